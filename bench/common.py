@@ -1,0 +1,198 @@
+"""Shared benchmark helpers: device timing, the memory floor, and result files.
+
+Every GPU benchmark checks correctness first, then times with CUDA-graph replay
+(falling back to CUDA events on an eager loop when a callable cannot be captured),
+and reports median µs, effective GB/s and the ratio to the memory floor
+(minimum bytes / measured device-to-device copy bandwidth), with the same numbers
+for each peer measured in the same run.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+RESULTS_DIR = Path(os.environ.get("SPECOPS_RESULTS_DIR", Path(__file__).resolve().parent / "results"))
+
+
+@dataclass
+class Row:
+    """One timed (op, implementation, shape) point."""
+
+    op: str
+    impl: str
+    shape: dict
+    median_us: float
+    min_bytes: int = 0
+    floor_us: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def gbps(self) -> float:
+        return self.min_bytes / (self.median_us * 1e-6) / 1e9 if self.median_us > 0 else 0.0
+
+    @property
+    def floor_ratio(self) -> float:
+        return self.median_us / self.floor_us if self.floor_us > 0 else float("nan")
+
+
+def env_info() -> dict:
+    """GPU name and versions, recorded with every result file."""
+    info = {
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
+    }
+    try:
+        import triton
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    for name in ("flashinfer", "xgrammar"):
+        try:
+            info[name] = __import__(name).__version__
+        except Exception:  # noqa: BLE001 - a peer that is absent or broken is just not recorded
+            info[name] = None
+    return info
+
+
+_COPY_BW: float | None = None
+
+
+def copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Measured device-to-device copy bandwidth in bytes/s (bytes read + bytes written)."""
+    global _COPY_BW
+    if _COPY_BW is None:
+        src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        us = time_us(lambda: dst.copy_(src), graph=False, warmup=5, iters=30)
+        _COPY_BW = nbytes / (us * 1e-6)
+    return _COPY_BW
+
+
+def floor_us(min_bytes: int) -> float:
+    """Time to move `min_bytes` at the measured copy bandwidth, in µs."""
+    return min_bytes / copy_bandwidth() * 1e6
+
+
+def time_us(fn: Callable[[], object], graph: bool = True, warmup: int = 10, iters: int = 100,
+            replays_per_graph: int = 10) -> float:
+    """Median device time of one call of `fn`, in µs.
+
+    With graph=True, `replays_per_graph` calls are captured in one CUDA graph and the
+    graph is replayed `iters` times (launch gaps shrink to what a serving engine sees);
+    if capture fails, times an eager loop with CUDA events instead.
+    """
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    if graph:
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    fn()
+            torch.cuda.current_stream().wait_stream(stream)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for _ in range(replays_per_graph):
+                    fn()
+            return _median_events(g.replay, iters) / replays_per_graph
+        except Exception:  # noqa: BLE001 - not capturable: fall back to eager timing
+            torch.cuda.synchronize()
+    return _median_events(fn, iters)
+
+
+def _median_events(fn: Callable[[], object], iters: int) -> float:
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for s, e in zip(starts, ends):
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
+
+
+def write_results(name: str, rows: list[Row], notes: str = "", x_key: str = "batch") -> Path:
+    """Write bench/results/<name>.md (table), .json (raw) and .png (µs against x_key)."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    info = env_info()
+    bw = _COPY_BW
+    header = [f"# {name}", "", "| " + " | ".join(f"{k}: {v}" for k, v in info.items()) + " |", ""]
+    if bw:
+        header.append(f"Measured copy bandwidth: {bw / 1e12:.2f} TB/s (floor = min bytes / this).")
+        header.append("")
+    if notes:
+        header += [notes, ""]
+    shape_keys = sorted({k for r in rows for k in r.shape})
+    extra_keys = sorted({k for r in rows for k in r.extra})
+    cols = ["op", "impl", *shape_keys, "median µs", "GB/s", "floor µs", "x floor", *extra_keys]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        vals = [r.op, r.impl, *[str(r.shape.get(k, "")) for k in shape_keys],
+                f"{r.median_us:.2f}", f"{r.gbps:.0f}", f"{r.floor_us:.2f}", f"{r.floor_ratio:.2f}",
+                *[_fmt(r.extra.get(k, "")) for k in extra_keys]]
+        lines.append("| " + " | ".join(vals) + " |")
+    md = RESULTS_DIR / f"{name}.md"
+    md.write_text("\n".join(header + lines) + "\n")
+    (RESULTS_DIR / f"{name}.json").write_text(json.dumps(
+        {"env": info, "copy_bandwidth": bw, "rows": [asdict(r) | {"gbps": r.gbps, "floor_ratio": r.floor_ratio}
+                                                     for r in rows]}, indent=1))
+    _plot(name, rows, x_key)
+    return md
+
+
+def _fmt(v) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def _plot(name: str, rows: list[Row], x_key: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    groups: dict[tuple, list[Row]] = {}
+    for r in rows:
+        if x_key not in r.shape:
+            continue
+        rest = tuple(sorted((k, v) for k, v in r.shape.items() if k != x_key))
+        groups.setdefault((r.op, rest), []).append(r)
+    if not groups:
+        return
+    panels = sorted({k for k in groups})
+    n = len({(op, rest) for op, rest in panels})
+    fig, axes = plt.subplots(n, 1, figsize=(7, 3.2 * n), squeeze=False)
+    for ax, key in zip(axes[:, 0], panels):
+        by_impl: dict[str, list[Row]] = {}
+        for r in groups[key]:
+            by_impl.setdefault(r.impl, []).append(r)
+        for impl, rs in sorted(by_impl.items()):
+            rs.sort(key=lambda r: r.shape[x_key])
+            ax.plot([r.shape[x_key] for r in rs], [r.median_us for r in rs], marker="o", label=impl)
+        floor = sorted({(r.shape[x_key], r.floor_us) for r in groups[key] if r.floor_us > 0})
+        if floor:
+            ax.plot([x for x, _ in floor], [f for _, f in floor], "k--", label="memory floor")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(x_key)
+        ax.set_ylabel("median µs")
+        ax.set_title(f"{key[0]} " + " ".join(f"{k}={v}" for k, v in key[1]), fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(RESULTS_DIR / f"{name}.png", dpi=90)
+    plt.close(fig)

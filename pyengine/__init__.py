@@ -1,0 +1,1 @@
+"""specops.engine: a thin reference engine built on the specops ops."""
