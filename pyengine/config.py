@@ -1,0 +1,73 @@
+"""EngineConfig: the knobs of the engine, with defaults that fit a laptop CPU and one GPU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineConfig:
+    """Engine settings.
+
+    Parameters
+    ----------
+    model : str or None
+        HF-layout directory or .gguf file; None = the default model (SmolLM2-135M-Instruct).
+    device : str or None
+        "cpu", "cuda", "cuda:1"...; None = cuda when available, else cpu.
+    dtype : str or None
+        "float32", "bfloat16", "float16"; None = float32 on CPU, bfloat16 on CUDA.
+    max_num_seqs : int
+        Most requests in one step (rows of the persistent batch).
+    max_num_batched_tokens : int
+        Token budget of one step (prefill chunks + decodes).
+    max_model_len : int or None
+        Context length (prompt + output); None = the model's max_position_embeddings, capped
+        by what the KV cache holds.
+    block_size : int
+        Tokens per KV block.
+    num_kv_blocks : int or None
+        Size of the KV pool; None = kv_cache_memory bytes' worth (at least one full context).
+    kv_cache_memory : int or None
+        Bytes for the KV cache when num_kv_blocks is None; None = 512 MiB on CPU, and on CUDA
+        gpu_memory_utilization of the free memory left after the weights.
+    gpu_memory_utilization : float
+        Share of free GPU memory that the KV cache may take.
+    enable_prefix_caching : bool
+        Share the KV of identical prompt prefixes.
+    enable_chunked_prefill : bool
+        Split long prompts over steps to fit the token budget.
+    attn_backend : str or None
+        Attention backend name passed to the model side; None = its default for the device.
+    seed : int
+        Engine seed for unseeded requests.
+    """
+
+    model: str | None = None
+    device: str | None = None
+    dtype: str | None = None
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory: int | None = None
+    gpu_memory_utilization: float = 0.5
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    attn_backend: str | None = None
+    seed: int = 0
+
+    def validate(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        for name in ("max_model_len", "num_kv_blocks", "kv_cache_memory"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be None or a positive int, got {value!r}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.dtype not in (None, "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")

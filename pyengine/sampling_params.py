@@ -1,0 +1,179 @@
+"""SamplingParams: what one request asks of the last step of decoding, checked on arrival."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling and stopping parameters (vLLM conventions).
+
+    Parameters
+    ----------
+    n : int
+        Number of independent completions of the prompt (they share its prefix-cache blocks).
+    temperature : float
+        0 means greedy (argmax); > 0 divides the logits before sampling.
+    top_k : int
+        Keep the k most likely tokens; 0 or -1 means off.
+    top_p : float
+        Keep the smallest set of most likely tokens whose probability reaches top_p; 1 means off.
+    min_p : float
+        Drop tokens whose probability is below min_p times the largest one; 0 means off.
+    repetition_penalty : float
+        Divides positive (multiplies negative) logits of tokens seen in the prompt or output; 1 means off.
+    frequency_penalty, presence_penalty : float
+        Subtract penalty * count(token in output) and penalty * [token in output]; 0 means off.
+    logit_bias : dict[int, float] or None
+        Added to the logits of the given token ids.
+    allowed_token_ids : list[int] or None
+        Only these tokens can be sampled.
+    bad_words : list[str] or None
+        Words that are never completed: the last token of a word is banned when the output ends
+        with the word's other tokens.
+    min_tokens : int
+        End-of-sequence and stop tokens are banned until this many tokens were generated.
+    max_tokens : int or None
+        Generate at most this many tokens (None: until the context is full).
+    stop : list[str] or None
+        Generation stops when the text contains one of these; it is cut off before it
+        unless include_stop_str_in_output.
+    stop_token_ids : list[int] or None
+        Generation stops after one of these tokens (kept in the token ids, not in the text).
+    ignore_eos : bool
+        Keep going past end-of-sequence tokens.
+    seed : int or None
+        Per-request seed: the request's draws depend only on it, its inputs and the position.
+    logprobs : int or None
+        Return the log-probabilities of this many most likely tokens (and of the sampled one).
+    skip_special_tokens : bool
+        Leave special tokens out of the text.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    min_tokens: int = 0
+    max_tokens: int | None = 256
+    stop: list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    seed: int | None = None
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    extra_args: dict = field(default_factory=dict)
+
+    MAX_N = 64
+    MAX_LOGPROBS = 20
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if isinstance(self.bad_words, str):
+            self.bad_words = [self.bad_words]
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
+                or self.presence_penalty != 0.0)
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise ValueError/TypeError naming the first bad field and what it must be."""
+        _int("n", self.n, lo=1, hi=self.MAX_N)
+        _num("temperature", self.temperature, lo=0.0)
+        _int("top_k", self.top_k, lo=-1)
+        if vocab_size is not None and self.top_k > vocab_size:
+            raise ValueError(f"top_k must be -1, 0 (off) or at most the vocabulary size {vocab_size}, "
+                             f"got {self.top_k}")
+        _num("top_p", self.top_p)
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        _num("min_p", self.min_p, lo=0.0, hi=1.0)
+        _num("repetition_penalty", self.repetition_penalty)
+        if not self.repetition_penalty > 0.0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        _num("frequency_penalty", self.frequency_penalty, lo=-2.0, hi=2.0)
+        _num("presence_penalty", self.presence_penalty, lo=-2.0, hi=2.0)
+        _int("min_tokens", self.min_tokens, lo=0)
+        if self.max_tokens is not None:
+            _int("max_tokens", self.max_tokens, lo=1)
+            if self.min_tokens > self.max_tokens:
+                raise ValueError(f"min_tokens ({self.min_tokens}) must be at most max_tokens ({self.max_tokens})")
+        if self.seed is not None:
+            _int("seed", self.seed, lo=-(2**63), hi=2**63 - 1)
+        if self.logprobs is not None:
+            _int("logprobs", self.logprobs, lo=0, hi=self.MAX_LOGPROBS)
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise TypeError(f"logit_bias must be a dict {{token_id: bias}}, got {type(self.logit_bias).__name__}")
+            for tok, bias in self.logit_bias.items():
+                _token("logit_bias", tok, vocab_size)
+                _num(f"logit_bias[{tok}]", bias, lo=-100.0, hi=100.0)
+        if self.allowed_token_ids is not None:
+            _token_list("allowed_token_ids", self.allowed_token_ids, vocab_size)
+            if not self.allowed_token_ids:
+                raise ValueError("allowed_token_ids must not be empty (use None for no restriction)")
+        if self.stop_token_ids is not None:
+            _token_list("stop_token_ids", self.stop_token_ids, vocab_size)
+        for name in ("stop", "bad_words"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not isinstance(value, (list, tuple)) or not all(isinstance(s, str) for s in value):
+                raise TypeError(f"{name} must be a list of strings, got {value!r}")
+            if any(s == "" for s in value):
+                raise ValueError(f"{name} must not contain the empty string")
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls) if f.name != "extra_args"]
+
+
+def _num(name: str, value, lo: float | None = None, hi: float | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    if lo is not None and value < lo or hi is not None and value > hi:
+        raise ValueError(f"{name} must be in [{lo if lo is not None else '-inf'}, "
+                         f"{hi if hi is not None else 'inf'}], got {value}")
+
+
+def _int(name: str, value, lo: int | None = None, hi: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if lo is not None and value < lo or hi is not None and value > hi:
+        raise ValueError(f"{name} must be in [{lo if lo is not None else '-inf'}, "
+                         f"{hi if hi is not None else 'inf'}], got {value}")
+
+
+def _token(name: str, tok, vocab_size: int | None) -> None:
+    if isinstance(tok, bool) or not isinstance(tok, int):
+        raise TypeError(f"{name} must hold int token ids, got {tok!r}")
+    if tok < 0 or vocab_size is not None and tok >= vocab_size:
+        raise ValueError(f"{name}: token id {tok} is outside the vocabulary [0, {vocab_size})")
+
+
+def _token_list(name: str, toks, vocab_size: int | None) -> None:
+    if not isinstance(toks, (list, tuple)):
+        raise TypeError(f"{name} must be a list of token ids, got {toks!r}")
+    for tok in toks:
+        _token(name, tok, vocab_size)

@@ -1,0 +1,199 @@
+"""Scheduler: which requests run this step and with how many tokens.
+
+One token budget covers prompt chunks and decodes alike (vLLM v1): running requests are
+served first, in admission order, each with `num_tokens_with_spec - num_computed_tokens`
+tokens (capped by what is left of the budget, so a long prompt is prefilled in chunks);
+then waiting requests are admitted while budget, rows (max_num_seqs) and KV blocks last.
+When a running request cannot get a block, the most recently admitted running request is
+preempted: its blocks are freed and it goes back to the front of the waiting queue, to be
+recomputed from its prompt and outputs (prefix caching usually gives most of it back).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .block_manager import BlockManager
+from .config import EngineConfig
+from .request import Request, RequestStatus
+
+
+@dataclass
+class SchedulerOutput:
+    """What one step computes: requests in order and their token counts."""
+
+    scheduled: list[Request]
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    preempted: list[Request] = field(default_factory=list)
+    # Draft tokens scheduled for verification, per request (speculative decoding; empty for now).
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    """Waiting/running queues over one BlockManager.
+
+    Parameters
+    ----------
+    config : EngineConfig
+        Uses max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, block_size.
+    max_model_len : int
+        Context length: a request stops when it holds this many tokens.
+    block_manager : BlockManager
+    num_lookahead_tokens : int
+        KV slots reserved beyond the scheduled tokens for draft tokens (speculative decoding).
+    """
+
+    def __init__(self, config: EngineConfig, max_model_len: int, block_manager: BlockManager,
+                 num_lookahead_tokens: int = 0):
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.chunked_prefill = config.enable_chunked_prefill
+        self.max_model_len = max_model_len
+        self.block_manager = block_manager
+        self.num_lookahead_tokens = num_lookahead_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}  # unfinished requests
+        self.num_preemptions = 0
+
+    # ---- queues -------------------------------------------------------------------------
+
+    def add_request(self, req: Request) -> None:
+        if req.request_id in self.requests:
+            raise ValueError(f"request_id {req.request_id!r} is already in use")
+        req.status = RequestStatus.WAITING
+        self.waiting.append(req)
+        self.requests[req.request_id] = req
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def finish_request(self, req: Request, status: RequestStatus) -> None:
+        """End req (stop, length, abort, error): leave the queues and free its blocks."""
+        assert status.finished, status
+        if req.is_finished:
+            return
+        if req.status == RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req.request_id in self.requests:
+            self.waiting.remove(req)
+        self.block_manager.free(req)
+        req.status = status
+        self.requests.pop(req.request_id, None)
+
+    def abort_request(self, request_id: str) -> Request | None:
+        req = self.requests.get(request_id)
+        if req is not None:
+            self.finish_request(req, RequestStatus.FINISHED_ABORTED)
+        return req
+
+    # ---- one step -----------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        scheduled: list[Request] = []
+        num_tokens: dict[str, int] = {}
+        preempted: list[Request] = []
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens_with_spec - req.num_computed_tokens, budget,
+                    self.max_model_len - req.num_computed_tokens)
+            assert n > 0, req
+            while not self.block_manager.allocate_slots(req, n, num_lookahead_tokens=self.num_lookahead_tokens):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is req:
+                    break
+            else:
+                scheduled.append(req)
+                num_tokens[req.request_id] = n
+                budget -= n
+                i += 1
+
+        # Admit waiting requests only when nothing was preempted: the pool is full otherwise.
+        while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.waiting[0]
+            hits, num_hit = self.block_manager.get_computed_blocks(req)
+            n = req.num_tokens - num_hit
+            if n > budget and not self.chunked_prefill:
+                break
+            n = min(n, budget)
+            if not self.block_manager.allocate_slots(req, n, hits, self.num_lookahead_tokens):
+                break
+            self.waiting.popleft()
+            if req.status == RequestStatus.WAITING:
+                req.num_cached_tokens = num_hit
+            req.num_computed_tokens = num_hit
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            scheduled.append(req)
+            num_tokens[req.request_id] = n
+            budget -= n
+
+        return SchedulerOutput(scheduled, num_tokens, self.max_num_batched_tokens - budget, preempted)
+
+    def _preempt(self, req: Request) -> None:
+        self.block_manager.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.spec_token_ids = []
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def update_from_output(self, out: SchedulerOutput, sampled: dict[str, list[int]]) -> list[Request]:
+        """Commit the step: advance num_computed_tokens, append sampled tokens, check stops.
+
+        sampled maps request id -> accepted tokens (one per request without speculation);
+        requests that were mid-prompt have no entry. Returns the requests that got tokens.
+        """
+        updated = []
+        for req in out.scheduled:
+            if req.is_finished:
+                continue
+            req.num_computed_tokens += out.num_scheduled_tokens[req.request_id]
+            self.block_manager.cache_blocks(req, min(req.num_computed_tokens, req.num_tokens))
+            new = sampled.get(req.request_id)
+            if not new:
+                continue
+            updated.append(req)
+            for tok in new:
+                req.append_token(tok)
+                status = self.check_stop(req, tok)
+                if status is not None:
+                    self.finish_request(req, status)
+                    break
+        return updated
+
+    def check_stop(self, req: Request, tok: int) -> RequestStatus | None:
+        """Stop conditions known from token ids (stop strings are checked on the text by the engine)."""
+        sp = req.sampling_params
+        if req.num_output_tokens >= sp.min_tokens:
+            if not sp.ignore_eos and tok in req.eos_token_ids:
+                return RequestStatus.FINISHED_STOPPED
+            if sp.stop_token_ids and tok in sp.stop_token_ids:
+                req.stop_reason = tok
+                return RequestStatus.FINISHED_STOPPED
+        if req.num_tokens >= self.max_model_len or (
+                sp.max_tokens is not None and req.num_output_tokens >= sp.max_tokens):
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def check(self) -> None:
+        """Assert queue and pool invariants (for tests)."""
+        ids = [r.request_id for r in self.waiting] + [r.request_id for r in self.running]
+        assert len(ids) == len(set(ids)) == len(self.requests), (ids, list(self.requests))
+        assert all(r.status == RequestStatus.RUNNING for r in self.running)
+        assert all(r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED) for r in self.waiting)
+        assert all(not r.block_ids for r in self.waiting)
+        assert len(self.running) <= self.max_num_seqs
+        self.block_manager.check(self.running)
