@@ -1,0 +1,31 @@
+"""specops.engine.model: Llama-family models over a paged KV cache, their loaders and tokenizers.
+
+The interface the engine uses:
+
+- ``load_model(path=None, device="cpu", dtype=None) -> LoadedModel`` (model, tokenizer, config)
+- ``model.forward(input_ids [T], positions [T], attn: AttnMetadata) -> hidden [T, H]``,
+  ``model.compute_logits(hidden [N, H]) -> [N, vocab] fp32``,
+  ``model.make_kv_caches(num_blocks, block_size) -> list of [2, num_blocks, block_size, kv_heads, head_dim]``
+- ``reference_forward(model, token_ids) -> [len, vocab]``: non-paged ground truth for tests.
+"""
+
+from .attention import AttnMetadata, flashinfer_available, make_attention_backend
+from .config import ModelConfig
+from .llama import LlamaForCausalLM
+from .loader import LoadedModel, default_dtype, default_model_path, load_model
+from .reference import reference_forward
+from .tokenizer import Tokenizer
+
+__all__ = [
+    "AttnMetadata",
+    "LlamaForCausalLM",
+    "LoadedModel",
+    "ModelConfig",
+    "Tokenizer",
+    "default_dtype",
+    "default_model_path",
+    "flashinfer_available",
+    "load_model",
+    "make_attention_backend",
+    "reference_forward",
+]

@@ -1,0 +1,208 @@
+"""Tokenizer: a `tokenizers` tokenizer plus the model's special tokens and jinja2 chat template.
+
+Built from a HF directory (tokenizer.json, tokenizer_config.json, chat_template.jinja)
+or from GGUF metadata (byte-level BPE rebuilt from the file's tokens and merges).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+
+import tokenizers
+from tokenizers import AddedToken, decoders, models, pre_tokenizers
+
+# GGUF token types (llama.cpp's llama_token_type).
+GGUF_TOKEN_NORMAL, GGUF_TOKEN_CONTROL, GGUF_TOKEN_USER_DEFINED = 1, 3, 4
+
+# Pre-tokenizer regexes of the GGUF "tokenizer.ggml.pre" names we know (llama.cpp's names).
+_LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                   r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def _gguf_pre_tokenizer(pre: str):
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    if pre in ("smollm", "default", "gpt-2", "gpt2", "starcoder"):
+        # SmolLM's tokenizer.json: digits split one by one, then GPT-2's byte-level regex.
+        first = [pre_tokenizers.Digits(individual_digits=True)] if pre == "smollm" else []
+        return pre_tokenizers.Sequence(first + [pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    if pre in ("llama-bpe", "llama3", "smaug-bpe"):
+        return pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(tokenizers.Regex(_LLAMA3_PATTERN), "isolated"), byte_level])
+    if pre in ("qwen2",):
+        return pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(tokenizers.Regex(_QWEN2_PATTERN), "isolated"), byte_level])
+    raise ValueError(f"GGUF tokenizer.ggml.pre {pre!r} is not supported "
+                     "(known: smollm, gpt2/default, llama-bpe, qwen2); load the HF directory instead")
+
+
+class Tokenizer:
+    """Text <-> token ids for one model, with its special tokens and chat template.
+
+    Attributes
+    ----------
+    eos_token_ids : list[int]
+        Tokens that end generation.
+    bos_token_id : int | None
+    vocab_size : int
+        Number of ids the tokenizer knows (may be smaller than the model's logits width).
+    chat_template : str | None
+        jinja2 source, or None when the model ships none.
+    """
+
+    def __init__(self, tok: tokenizers.Tokenizer, eos_token_ids: list[int], bos_token_id: int | None = None,
+                 chat_template: str | None = None, add_bos: bool = False):
+        self._tok = tok
+        self.eos_token_ids = list(eos_token_ids)
+        self.bos_token_id = bos_token_id
+        self.chat_template = chat_template
+        self.add_bos = add_bos
+        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+        self._template = None
+
+    # ---- construction -------------------------------------------------------------
+    @classmethod
+    def from_hf_dir(cls, path: str, config_eos_ids: list[int] | None = None,
+                    bos_token_id: int | None = None) -> "Tokenizer":
+        """Load tokenizer.json (+ tokenizer_config.json, chat_template.jinja, generation_config.json)."""
+        tj = os.path.join(path, "tokenizer.json")
+        if not os.path.isfile(tj):
+            raise ValueError(f"{path}: no tokenizer.json (a HF-layout model directory needs one)")
+        tok = tokenizers.Tokenizer.from_file(tj)
+        tcfg = _read_json(os.path.join(path, "tokenizer_config.json"))
+        gcfg = _read_json(os.path.join(path, "generation_config.json"))
+        template = tcfg.get("chat_template")
+        if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+            named = {t.get("name"): t.get("template") for t in template}
+            template = named.get("default") or next(iter(named.values()), None)
+        jinja_file = os.path.join(path, "chat_template.jinja")
+        if template is None and os.path.isfile(jinja_file):
+            with open(jinja_file, encoding="utf-8") as f:
+                template = f.read()
+        eos = list(config_eos_ids or [])
+        gen_eos = gcfg.get("eos_token_id")
+        for e in ([gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])):
+            if e not in eos:
+                eos.append(e)
+        eos_text = _token_text(tcfg.get("eos_token"))
+        if eos_text is not None and tok.token_to_id(eos_text) is not None and tok.token_to_id(eos_text) not in eos:
+            eos.append(tok.token_to_id(eos_text))
+        bos_text = _token_text(tcfg.get("bos_token"))
+        if bos_token_id is None and bos_text is not None:
+            bos_token_id = tok.token_to_id(bos_text)
+        return cls(tok, eos, bos_token_id, template, add_bos=False)
+
+    @classmethod
+    def from_gguf_fields(cls, fields: dict) -> "Tokenizer":
+        """Rebuild the tokenizer from GGUF metadata (``tokenizer.ggml.*``, ``tokenizer.chat_template``).
+
+        ``fields`` maps metadata keys to Python values (lists for arrays).
+        """
+        kind = fields.get("tokenizer.ggml.model")
+        if kind != "gpt2":
+            raise ValueError(f"GGUF tokenizer.ggml.model {kind!r} is not supported (only byte-level BPE 'gpt2'); "
+                             "load the HF directory instead")
+        tokens = fields.get("tokenizer.ggml.tokens")
+        merges = fields.get("tokenizer.ggml.merges")
+        if not tokens or merges is None:
+            raise ValueError("GGUF file lacks tokenizer.ggml.tokens or tokenizer.ggml.merges")
+        types = fields.get("tokenizer.ggml.token_type") or [GGUF_TOKEN_NORMAL] * len(tokens)
+        vocab = {t: i for i, t in enumerate(tokens)}
+        pairs = [tuple(m.split(" ", 1)) for m in merges]
+        tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=False))
+        tok.pre_tokenizer = _gguf_pre_tokenizer(fields.get("tokenizer.ggml.pre", "default"))
+        tok.decoder = decoders.ByteLevel()
+        specials = [AddedToken(t, special=True, normalized=False)
+                    for t, ty in zip(tokens, types) if ty == GGUF_TOKEN_CONTROL]
+        user = [AddedToken(t, special=False, normalized=False)
+                for t, ty in zip(tokens, types) if ty == GGUF_TOKEN_USER_DEFINED]
+        tok.add_special_tokens(specials)
+        if user:
+            tok.add_tokens(user)
+        if tok.get_vocab_size(with_added_tokens=True) != len(tokens):
+            raise ValueError("GGUF tokenizer: rebuilt vocabulary does not match the file's token list")
+        eos = fields.get("tokenizer.ggml.eos_token_id")
+        eot = fields.get("tokenizer.ggml.eot_token_id")
+        eos_ids = [int(e) for e in (eos, eot) if e is not None]
+        eos_ids = list(dict.fromkeys(eos_ids))
+        bos = fields.get("tokenizer.ggml.bos_token_id")
+        return cls(tok, eos_ids, None if bos is None else int(bos), fields.get("tokenizer.chat_template"),
+                   add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", False)))
+
+    # ---- the interface the engine uses ------------------------------------------------
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``; special-token strings in it (e.g. ``<|im_start|>``) map to their ids.
+
+        ``add_special_tokens`` lets the tokenizer add its BOS (HF post-processor, or GGUF
+        ``add_bos_token``); pass False for text rendered by a chat template that has its own.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        if add_special_tokens and self.add_bos and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:
+            ids = [self.bos_token_id] + ids
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """Text of ``ids``; ids outside the tokenizer's vocabulary (a model wider than it) are dropped."""
+        ids = [int(i) for i in ids if 0 <= int(i) < self.vocab_size]
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, i: int) -> str:
+        """The raw vocabulary string of token ``i`` (byte-level form, e.g. ``'Ġthe'``); '' if unknown."""
+        t = self._tok.id_to_token(int(i))
+        return "" if t is None else t
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    @property
+    def special_token_ids(self) -> list[int]:
+        """Ids of the special (control) tokens."""
+        return sorted(i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """Render ``messages`` ([{"role": ..., "content": ...}, ...]) with the model's chat template."""
+        if self.chat_template is None:
+            raise ValueError("this model has no chat template; pass plain prompts instead of chat messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
+            raise ValueError("messages must be a list of dicts with 'role' and 'content' keys")
+        if self._template is None:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+            def raise_exception(message):
+                raise ValueError(f"chat template: {message}")
+
+            env.globals["raise_exception"] = raise_exception
+            env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+            self._template = env.from_string(self.chat_template)
+        bos = self.id_to_token(self.bos_token_id) if self.bos_token_id is not None else ""
+        eos = self.id_to_token(self.eos_token_ids[0]) if self.eos_token_ids else ""
+        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                     bos_token=bos, eos_token=eos)
+
+    @property
+    def backend(self) -> tokenizers.Tokenizer:
+        """The underlying ``tokenizers.Tokenizer``."""
+        return self._tok
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+
+def _read_json(path: str) -> dict:
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _token_text(t) -> str | None:
+    if isinstance(t, dict):
+        return t.get("content")
+    return t
