@@ -1,0 +1,263 @@
+"""LLMEngine: requests in, one schedule -> forward -> sample -> commit step at a time, outputs out."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .block_manager import BlockManager
+from .config import EngineConfig
+from .detokenizer import IncrementalDetokenizer
+from .model_runner import ModelRunner
+from .outputs import CompletionOutput, RequestOutput
+from .request import Request, RequestStatus
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+_CPU_KV_BYTES = 512 << 20
+
+
+@dataclass
+class _Parent:
+    """A request as the user sees it: n samples (child Requests) of one prompt."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    children: list[Request]
+    detoks: list[IncrementalDetokenizer]
+    error: str | None = None
+    reported_final: bool = False
+
+
+class LLMEngine:
+    """The engine: a model, a KV pool, a scheduler and a runner.
+
+    Parameters
+    ----------
+    config : EngineConfig or None
+        None: EngineConfig(**kwargs).
+    loaded : LoadedModel or None
+        An already loaded model (from ``specops.engine.model.loader.load_model``) to share
+        between engines; None loads config.model.
+    """
+
+    def __init__(self, config: EngineConfig | None = None, loaded=None, **kwargs):
+        config = config if config is not None else EngineConfig(**kwargs)
+        config.validate()
+        self.config = config
+        if loaded is None:
+            from .model.loader import load_model
+
+            device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+            loaded = load_model(config.model, device=device, dtype=_DTYPES.get(config.dtype))
+        if config.attn_backend is not None:
+            loaded.model.set_attn_backend(config.attn_backend)
+        self.loaded = loaded
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.model_config = mc = loaded.config
+        self.vocab_size = mc.vocab_size
+        self.eos_token_ids = list(self.tokenizer.eos_token_ids or mc.eos_token_ids)
+        self.device = next(self.model.parameters()).device
+
+        max_len = config.max_model_len or mc.max_position_embeddings
+        if max_len > mc.max_position_embeddings:
+            raise ValueError(f"max_model_len ({max_len}) exceeds the model's max_position_embeddings "
+                             f"({mc.max_position_embeddings})")
+        num_blocks = self._num_kv_blocks(max_len)
+        if num_blocks * config.block_size < max_len:
+            if config.max_model_len is not None:
+                raise ValueError(f"the KV cache holds {num_blocks * config.block_size} tokens, fewer than "
+                                 f"max_model_len={max_len}: raise num_kv_blocks/kv_cache_memory or lower max_model_len")
+            max_len = num_blocks * config.block_size
+        self.max_model_len = max_len
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, max_len, self.block_manager)
+        self.runner = ModelRunner(self.model, mc.vocab_size, num_blocks, config.block_size, config.max_num_seqs,
+                                  max_len, seed=config.seed)
+        self.parents: dict[str, _Parent] = {}
+        self._child_parent: dict[str, _Parent] = {}
+        self._counter = itertools.count()
+        self._pending: list[RequestOutput] = []  # rejected or aborted requests to report at the next step
+        self.num_steps = 0
+        self.num_generated_tokens = 0
+
+    def _num_kv_blocks(self, max_len: int) -> int:
+        cfg, mc = self.config, self.model_config
+        if cfg.num_kv_blocks is not None:
+            return cfg.num_kv_blocks
+        itemsize = torch.empty((), dtype=self.model.dtype if hasattr(self.model, "dtype") else torch.float32).element_size()
+        per_block = mc.num_layers * 2 * cfg.block_size * mc.num_kv_heads * mc.head_dim * itemsize
+        if cfg.kv_cache_memory is not None:
+            budget = cfg.kv_cache_memory
+        elif self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget = int(free * cfg.gpu_memory_utilization)
+        else:
+            budget = _CPU_KV_BYTES
+        per_seq = -(-max_len // cfg.block_size)
+        return max(1, min(budget // per_block, per_seq * cfg.max_num_seqs + 1))
+
+    # ---- requests -----------------------------------------------------------------------
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        """Queue a request; returns its id.
+
+        A bad request (empty or too long prompt, invalid parameters) does not raise: it is
+        reported finished with `error` set by the next step(), and the others go on.
+        A duplicate request_id raises ValueError.
+        """
+        params = params if params is not None else SamplingParams()
+        rid = request_id if request_id is not None else str(next(self._counter))
+        if rid in self.parents:
+            raise ValueError(f"request_id {rid!r} is already in use")
+        text = prompt if isinstance(prompt, str) else None
+        ids: list[int] = []
+        try:
+            ids = self._prompt_ids(prompt)
+            if not isinstance(params, SamplingParams):
+                raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+            params.validate(self.vocab_size)
+        except (ValueError, TypeError) as exc:
+            parent = _Parent(rid, text, ids, [], [], error=f"{type(exc).__name__}: {exc}")
+            self.parents[rid] = parent
+            self._pending.append(self._make_output(parent))
+            return rid
+        children, detoks = [], []
+        for i in range(params.n):
+            sp = params
+            if params.n > 1:
+                sp = SamplingParams(**{**vars(params), "n": 1,
+                                       "seed": None if params.seed is None else params.seed + i})
+            child = Request(rid if params.n == 1 else f"{rid}#{i}", ids, sp, self.eos_token_ids, text,
+                            arrival=next(self._counter))
+            child.banned_words = self._bad_words(sp)
+            children.append(child)
+            detoks.append(IncrementalDetokenizer(self.tokenizer, ids, sp.skip_special_tokens, sp.stop,
+                                                 sp.include_stop_str_in_output))
+        parent = _Parent(rid, text, ids, children, detoks)
+        self.parents[rid] = parent
+        for child in children:
+            self._child_parent[child.request_id] = parent
+            self.scheduler.add_request(child)
+        return rid
+
+    def _prompt_ids(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt is empty")
+            ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = list(prompt)
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"prompt token ids must be in [0, {self.vocab_size}), got {bad[:5]}")
+        else:
+            raise TypeError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        if not ids:
+            raise ValueError("prompt is empty (no tokens)")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(ids)} tokens but the context holds max_model_len="
+                             f"{self.max_model_len}, leaving no room for output")
+        if not self.config.enable_chunked_prefill and len(ids) > self.config.max_num_batched_tokens:
+            raise ValueError(f"prompt has {len(ids)} tokens, more than max_num_batched_tokens="
+                             f"{self.config.max_num_batched_tokens}, and chunked prefill is off")
+        return ids
+
+    def _bad_words(self, sp: SamplingParams) -> list[list[int]]:
+        words = []
+        for w in sp.bad_words or []:
+            for variant in (w, " " + w):
+                ids = self.tokenizer.encode(variant)
+                if ids and ids not in words:
+                    words.append(ids)
+        return words
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request now; its final output (finish_reason "abort") comes with the next step."""
+        parent = self.parents.get(request_id)
+        if parent is None or parent.reported_final:
+            return
+        for child in parent.children:
+            self.scheduler.finish_request(child, RequestStatus.FINISHED_ABORTED)
+        self._pending.append(self._make_output(parent))
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests() or bool(self._pending)
+
+    # ---- one step -----------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one step; return the outputs of the requests that changed."""
+        outputs, self._pending = self._pending, []
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            if self.scheduler.has_unfinished_requests():
+                raise RuntimeError("scheduler made no progress with requests waiting: "
+                                   f"{list(self.scheduler.requests)}")
+            return self._drop_reported(outputs)
+        result = self.runner.execute_model(sched)
+        self.num_steps += 1
+        updated = self.scheduler.update_from_output(sched, result.sampled)
+        touched: dict[str, _Parent] = {}
+        for req in updated:
+            new = result.sampled[req.request_id]
+            self.num_generated_tokens += len(new)
+            parent = self._child_parent[req.request_id]
+            idx = parent.children.index(req) if len(parent.children) > 1 else 0
+            if req.logprobs is not None:
+                for lp in result.logprobs.get(req.request_id, []):
+                    req.logprobs.append(lp)
+                    req.cumulative_logprob += lp.logprob
+            stop = parent.detoks[idx].update(new, check_stop=req.num_output_tokens >= req.sampling_params.min_tokens)
+            if stop is not None and not req.is_finished:
+                self.scheduler.finish_request(req, RequestStatus.FINISHED_STOPPED)
+            if stop is not None:
+                req.stop_reason = stop
+            touched[parent.request_id] = parent
+        for parent in touched.values():
+            if not parent.reported_final:
+                outputs.append(self._make_output(parent, [r for r in parent.children if r in updated]))
+        return self._drop_reported(outputs)
+
+    def _drop_reported(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        for out in outputs:
+            if out.finished:
+                parent = self.parents.pop(out.request_id, None)
+                if parent is not None:
+                    for child in parent.children:
+                        self._child_parent.pop(child.request_id, None)
+        return outputs
+
+    def _make_output(self, parent: _Parent, updated: list[Request] = ()) -> RequestOutput:
+        outs = []
+        for i, (req, detok) in enumerate(zip(parent.children, parent.detoks)):
+            delta = detok.take_delta(req.is_finished)
+            n_new = 1 if req in updated else 0  # one token per step without speculation
+            outs.append(CompletionOutput(
+                index=i, text=detok.text[:detok.num_emitted], token_ids=list(req.output_token_ids), delta_text=delta,
+                delta_token_ids=req.output_token_ids[len(req.output_token_ids) - n_new:] if n_new else [],
+                finish_reason=req.finish_reason, stop_reason=req.stop_reason,
+                logprobs=list(req.logprobs) if req.logprobs is not None else None,
+                cumulative_logprob=req.cumulative_logprob if req.logprobs is not None else None))
+        finished = parent.error is not None or all(r.is_finished for r in parent.children)
+        parent.reported_final = finished
+        return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, outs, finished,
+                             parent.error, max((r.num_cached_tokens for r in parent.children), default=0))
+
+    # ---- conveniences -------------------------------------------------------------------
+
+    def stats(self) -> dict:
+        bm = self.block_manager
+        return {"steps": self.num_steps, "generated_tokens": self.num_generated_tokens,
+                "preemptions": self.scheduler.num_preemptions, "kv_usage": bm.usage,
+                "prefix_hit_rate": bm.num_prefix_hits / bm.num_prefix_queries if bm.num_prefix_queries else 0.0,
+                "time_forward_s": self.runner.time_forward, "time_sample_s": self.runner.time_sample,
+                "time_now": time.perf_counter()}

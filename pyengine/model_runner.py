@@ -1,0 +1,149 @@
+"""ModelRunner: turns a SchedulerOutput into one forward over the paged cache and sampled tokens.
+
+Per step: update the persistent batch (rows, block tables, BatchUpdate to the sampling
+state); flatten the scheduled tokens row by row (input ids, positions, slot mapping,
+query_start_loc, seq_lens, block tables) with numpy and move them to the device in one
+go; run the model; compute logits only at the last position of each sequence that
+completes its prompt or decodes this step; sample; read the tokens back (the step's one
+host sync).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .input_batch import InputBatch
+from .request import Logprob, Request
+from .sampling import BatchSampler, compute_logprobs
+from .scheduler import SchedulerOutput
+
+
+@dataclass
+class ModelRunnerOutput:
+    sampled: dict[str, list[int]] = field(default_factory=dict)  # request id -> accepted tokens
+    logprobs: dict[str, list[Logprob]] = field(default_factory=dict)
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    attn: object  # AttnMetadata
+    logits_indices: torch.Tensor  # [N] int64: token index of each sampled sequence's last position
+    sample_rows: torch.Tensor  # [N] int64: persistent-batch row of each sampled sequence
+    sample_positions: torch.Tensor  # [N] int64: position of the token being sampled
+    sample_reqs: list[Request]
+
+
+class ModelRunner:
+    """Owns the model, the KV caches, the persistent batch and the sampler.
+
+    Parameters
+    ----------
+    model : nn.Module
+        Follows the engine/model interface (forward, compute_logits, make_kv_caches).
+    vocab_size : int
+    num_blocks, block_size : int
+        KV pool shape.
+    max_num_reqs : int
+        Rows of the persistent batch.
+    max_model_len : int
+    seed : int
+        Engine seed for unseeded requests.
+    """
+
+    def __init__(self, model, vocab_size: int, num_blocks: int, block_size: int, max_num_reqs: int,
+                 max_model_len: int, seed: int = 0, num_lookahead_tokens: int = 0):
+        from .model.attention import AttnMetadata
+
+        self._attn_cls = AttnMetadata
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.block_size = block_size
+        self.kv_caches = model.make_kv_caches(num_blocks, block_size)
+        max_blocks = -(-(max_model_len + num_lookahead_tokens) // block_size)
+        self.input_batch = InputBatch(max_num_reqs, max_blocks)
+        self.sampler = BatchSampler(max_num_reqs, vocab_size, self.device, seed)
+        self.time_forward = 0.0  # seconds, for benchmarks (synchronised only when profile=True)
+        self.time_sample = 0.0
+        self.profile = False
+
+    @torch.inference_mode()
+    def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        self.sampler.update_state(self.input_batch.update(sched.scheduled))
+        if sched.is_empty:
+            return ModelRunnerOutput()
+        inputs = self._prepare_inputs(sched)
+        t0 = self._now()
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.attn)
+        out = ModelRunnerOutput()
+        if not inputs.sample_reqs:
+            self.time_forward += self._now() - t0
+            return out
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        t1 = self._now()
+        tokens = self.sampler.sample(logits, inputs.sample_rows, inputs.sample_positions, self.input_batch.num_reqs)
+        want = [i for i, r in enumerate(inputs.sample_reqs) if r.sampling_params.logprobs is not None]
+        lp = compute_logprobs(logits, tokens, want, [inputs.sample_reqs[i].sampling_params.logprobs for i in want])
+        t2 = self._now()
+        self.time_forward += t1 - t0
+        self.time_sample += t2 - t1
+        for req, tok in zip(inputs.sample_reqs, tokens.tolist()):
+            out.sampled[req.request_id] = [tok]
+        for i, entry in zip(want, lp):
+            out.logprobs[inputs.sample_reqs[i].request_id] = [entry]
+        return out
+
+    def _now(self) -> float:
+        if self.profile and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def _prepare_inputs(self, sched: SchedulerOutput) -> StepInputs:
+        batch = self.input_batch
+        n = batch.num_reqs
+        reqs = batch.reqs[:n]
+        num_new = np.array([sched.num_scheduled_tokens[r.request_id] for r in reqs], dtype=np.int64)
+        start = np.array([r.num_computed_tokens for r in reqs], dtype=np.int64)
+        total_tokens = np.array([r.num_tokens for r in reqs], dtype=np.int64)
+        qsl = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(num_new, out=qsl[1:])
+        num_tokens = int(qsl[-1])
+        ids: list[int] = []
+        for req, s, k in zip(reqs, start.tolist(), num_new.tolist()):
+            toks = req.all_token_ids if not req.spec_token_ids else req.all_token_ids + req.spec_token_ids
+            ids.extend(toks[s:s + k])
+        positions = np.arange(num_tokens, dtype=np.int64) - np.repeat(qsl[:-1] - start, num_new)
+        row_of_token = np.repeat(np.arange(n), num_new)
+        bs = self.block_size
+        slots = batch.block_table[row_of_token, positions // bs].astype(np.int64) * bs + positions % bs
+        seq_lens = start + num_new
+        max_blocks = int(-(-seq_lens.max() // bs))
+        done = seq_lens >= total_tokens  # prompt complete (or decoding): sample the next token
+        sample_rows = np.nonzero(done)[0]
+
+        dev = self.device
+        to = lambda a, dt: torch.from_numpy(np.ascontiguousarray(a)).to(device=dev, dtype=dt, non_blocking=True)  # noqa: E731
+        attn = self._attn_cls(
+            kv_caches=self.kv_caches,
+            slot_mapping=to(slots, torch.int64),
+            query_start_loc=to(qsl, torch.int32),
+            seq_lens=to(seq_lens, torch.int32),
+            block_tables=to(batch.block_table[:n, :max_blocks], torch.int32),
+            max_query_len=int(num_new.max()),
+            max_seq_len=int(seq_lens.max()),
+            block_size=bs,
+        )
+        return StepInputs(
+            input_ids=torch.tensor(ids, dtype=torch.int64).to(dev, non_blocking=True),
+            positions=to(positions, torch.int64),
+            attn=attn,
+            logits_indices=to(qsl[1:][sample_rows] - 1, torch.int64),
+            sample_rows=to(sample_rows, torch.int64),
+            sample_positions=to(seq_lens[sample_rows], torch.int64),
+            sample_reqs=[reqs[i] for i in sample_rows.tolist()],
+        )

