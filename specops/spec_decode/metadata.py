@@ -1,0 +1,180 @@
+"""Spec-decode metadata: where the target, bonus and draft rows sit in one step's logits.
+
+A request that verifies K drafts schedules 1 + K tokens this step: the token sampled
+last step followed by its K drafts. The forward keeps the logits of those 1 + K
+positions: the first K verify the drafts (target rows), the last one gives the bonus
+token when every draft is accepted. A request without drafts (plain decode or the
+last chunk of a prefill) keeps only its last position, which is a bonus row.
+
+Worked example (5 requests scheduling 4/100/3/100/2 tokens, drafts 3/0/2/0/1)::
+
+    cu_num_scheduled_tokens  [  4, 104, 107, 207, 209]
+    num_draft_tokens         [  3,   0,   2,   0,   1]
+    cu_num_draft_tokens      [  3,   3,   5,   5,   6]
+    logits_indices           [  0,   1,   2,   3, 103, 104, 105, 106, 206, 207, 208]
+    target_logits_indices    [  0,   1,   2,   5,   6,   9]
+    bonus_logits_indices     [  3,   4,   7,   8,  10]
+
+target/bonus indices point into the gathered logits (``logits[logits_indices]``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+MAX_SPEC_LEN = 128
+"""Largest number of drafts per request that the rejection kernels accept."""
+
+
+@dataclass
+class SpecDecodeMetadata:
+    """Row layout of one speculative step (device tensors, int32; host ints where noted).
+
+    Attributes
+    ----------
+    draft_token_ids : torch.Tensor or None
+        [num_draft_tokens_total] int32, drafts of all requests concatenated, when the
+        step's input ids were given to the builder.
+    num_draft_tokens : list[int]
+        Host copy of the drafts per request.
+    cu_num_draft_tokens : torch.Tensor
+        [num_reqs] int32, inclusive cumulative drafts per request.
+    logits_indices : torch.Tensor
+        [num_draft_tokens_total + num_reqs] int32, positions of the scheduled tokens
+        whose logits the forward must keep.
+    target_logits_indices : torch.Tensor
+        [num_draft_tokens_total] int32, target rows within ``logits[logits_indices]``.
+    bonus_logits_indices : torch.Tensor
+        [num_reqs] int32, bonus rows within ``logits[logits_indices]``.
+    max_spec_len : int
+        Host int, the largest draft count of the step (output has max_spec_len + 1 columns).
+    """
+
+    draft_token_ids: torch.Tensor | None
+    num_draft_tokens: list[int]
+    cu_num_draft_tokens: torch.Tensor
+    logits_indices: torch.Tensor
+    target_logits_indices: torch.Tensor
+    bonus_logits_indices: torch.Tensor
+    max_spec_len: int
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.num_draft_tokens)
+
+    @property
+    def total_draft_tokens(self) -> int:
+        return int(sum(self.num_draft_tokens))
+
+
+def _host_ints(name: str, values) -> np.ndarray:
+    if isinstance(values, torch.Tensor):
+        if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
+            raise TypeError(f"{name} must hold integers, got dtype {values.dtype}")
+        values = values.detach().cpu().numpy()
+    arr = np.asarray(values)
+    if arr.size == 0:
+        arr = arr.reshape(0).astype(np.int64)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be one-dimensional, got shape {tuple(arr.shape)}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"{name} must hold integers, got {arr.dtype}")
+    return arr.astype(np.int64)
+
+
+def build_spec_decode_metadata(
+    num_draft_tokens: Sequence[int] | np.ndarray | torch.Tensor,         # [num_reqs] host ints
+    cu_num_scheduled_tokens: Sequence[int] | np.ndarray | torch.Tensor,  # [num_reqs] host ints
+    input_ids: torch.Tensor | None = None,  # [num_scheduled_tokens] int, the step's input ids
+    device: torch.device | str | None = None,
+) -> SpecDecodeMetadata:
+    """Compute the spec-decode row layout from the scheduler's per-request counts.
+
+    Parameters
+    ----------
+    num_draft_tokens : sequence of int
+        Drafts scheduled per request (0 for requests that do not speculate).
+    cu_num_scheduled_tokens : sequence of int
+        Inclusive cumulative count of scheduled tokens per request. A request with K
+        drafts must schedule at least K + 1 tokens.
+    input_ids : torch.Tensor, optional
+        The step's input ids; when given, ``draft_token_ids`` is gathered from it on its
+        device (the drafts are the scheduled tokens after each target position).
+    device : torch.device or str, optional
+        Device of the index tensors; defaults to ``input_ids.device`` or CPU.
+
+    Returns
+    -------
+    SpecDecodeMetadata
+
+    Raises
+    ------
+    ValueError
+        On mismatched lengths, negative or too many drafts, non-increasing cumulative
+        counts, or more than ``MAX_SPEC_LEN`` drafts for one request.
+
+    Examples
+    --------
+    >>> md = build_spec_decode_metadata([3, 0, 2, 0, 1], [4, 104, 107, 207, 209])
+    >>> md.bonus_logits_indices.tolist()
+    [3, 4, 7, 8, 10]
+    """
+    nd = _host_ints("num_draft_tokens", num_draft_tokens)
+    cu = _host_ints("cu_num_scheduled_tokens", cu_num_scheduled_tokens)
+    if nd.shape != cu.shape:
+        raise ValueError(f"num_draft_tokens and cu_num_scheduled_tokens must have the same length, "
+                         f"got {nd.size} and {cu.size}")
+    if (nd < 0).any():
+        raise ValueError(f"num_draft_tokens must be >= 0, got {nd.tolist()}")
+    if nd.size and int(nd.max()) > MAX_SPEC_LEN:
+        raise ValueError(f"num_draft_tokens must be <= MAX_SPEC_LEN={MAX_SPEC_LEN}, got {int(nd.max())}")
+    num_sched = np.diff(cu, prepend=0)
+    if (num_sched < 1).any():
+        raise ValueError("cu_num_scheduled_tokens must be strictly increasing from a first value >= 1, "
+                         f"got {cu.tolist()}")
+    if (nd + 1 > num_sched).any():
+        bad = int(np.argmax(nd + 1 > num_sched))
+        raise ValueError(f"request {bad} schedules {int(num_sched[bad])} tokens but has {int(nd[bad])} "
+                         f"drafts: num_draft_tokens[r] + 1 <= scheduled tokens of r is required")
+    if input_ids is not None:
+        if input_ids.dim() != 1:
+            raise ValueError(f"input_ids must be one-dimensional, got shape {tuple(input_ids.shape)}")
+        if cu.size and input_ids.shape[0] < cu[-1]:
+            raise ValueError(f"input_ids has {input_ids.shape[0]} tokens, cu_num_scheduled_tokens "
+                             f"needs {int(cu[-1])}")
+        device = input_ids.device if device is None else device
+    device = torch.device("cpu") if device is None else torch.device(device)
+
+    rows = nd + 1                                   # logits rows kept per request
+    cu_rows = np.cumsum(rows)
+    first_row = cu_rows - rows                      # first kept row of each request
+    # logits_indices: the last (K + 1) scheduled positions of each request
+    within = np.arange(int(rows.sum())) - np.repeat(first_row, rows)
+    logits_indices = np.repeat(cu - rows, rows) + within
+    # target rows: the first K kept rows of each request; bonus: the last one
+    is_target = within < np.repeat(nd, rows)
+    target_logits_indices = np.nonzero(is_target)[0]
+    bonus_logits_indices = cu_rows - 1
+
+    def dev(a: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32))
+        return t.to(device, non_blocking=True) if device.type != "cpu" else t
+
+    target_t = dev(target_logits_indices)
+    logits_t = dev(logits_indices)
+    draft = None
+    if input_ids is not None:
+        draft = input_ids[logits_t[target_t.long() + 1].long()].to(torch.int32)
+    return SpecDecodeMetadata(
+        draft_token_ids=draft,
+        num_draft_tokens=[int(v) for v in nd],
+        cu_num_draft_tokens=dev(np.cumsum(nd)),
+        logits_indices=logits_t,
+        target_logits_indices=target_t,
+        bonus_logits_indices=dev(bonus_logits_indices),
+        max_spec_len=int(nd.max()) if nd.size else 0,
+    )

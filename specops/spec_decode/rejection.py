@@ -1,0 +1,220 @@
+"""rejection_sample: verify the drafts of a batch against the target logits (checks + dispatch).
+
+The Triton path reads every target row once (pass 1: softmax statistics, argmax,
+acceptance, output row) and, for requests whose first rejection is a random row, that
+one row again to draw the recovered token (pass 2). Everything stays on the device:
+no host sync, CUDA-graph capturable. The torch path (specops.spec_decode.rejection_torch)
+is the reference and the CPU fallback.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from specops.spec_decode.metadata import MAX_SPEC_LEN
+from specops.spec_decode.rejection_torch import rejection_sample_torch
+from specops.triton_kernels.rejection_recover import rejection_recover_pass
+from specops.triton_kernels.rejection_sample import chunk_size, rejection_sample_pass
+
+_INT_DTYPES = (torch.int32, torch.int64)
+_LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check_1d(name: str, t, length: int, dtypes, device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 1 or t.shape[0] != length:
+        raise ValueError(f"{name} must have shape [{length}], got {tuple(t.shape)}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on {device}, got {t.device}")
+
+
+def rejection_sample(
+    logits: torch.Tensor,               # [num_logits, V] fp32/bf16/fp16 target logits
+    draft_token_ids: torch.Tensor,      # [T] int32/int64, drafts of all requests concatenated
+    cu_num_draft_tokens: torch.Tensor,  # [num_reqs] int32/int64, inclusive cumulative drafts
+    max_spec_len: int,
+    bonus_token_ids: torch.Tensor,      # [num_reqs] int32/int64
+    *,
+    target_rows: torch.Tensor | None = None,   # [T] int32/int64 rows of logits to verify with
+    draft_probs: torch.Tensor | None = None,   # [T, V] fp32/bf16/fp16 draft distributions
+    temperature: torch.Tensor | None = None,   # [num_reqs] fp32, > 0 for random requests
+    is_greedy: torch.Tensor | bool = False,    # [num_reqs] bool, or one flag for the batch
+    seeds: torch.Tensor | None = None,         # [num_reqs] int64 request seeds
+    has_seed: torch.Tensor | None = None,      # [num_reqs] bool
+    positions: torch.Tensor | None = None,     # [num_reqs] int64 sequence position of draft 0
+    step: torch.Tensor | None = None,          # [] / [1] int64 engine step counter (device)
+    engine_seed: int = 0,
+    backend: str = "auto",
+    fuse_recover: bool | None = None,
+) -> torch.Tensor:                             # [num_reqs, max_spec_len + 1] int32
+    """Accept or reject each request's drafts; emit accepted drafts + one target token.
+
+    Request r owns draft rows [cu[r-1], cu[r]). For draft i with token x and target
+    distribution p = softmax(logits / T) of its row:
+
+    - greedy requests accept while x == argmax(logits); the first mismatch emits the argmax;
+    - random requests accept when p(x) >= u * q(x) (q = ``draft_probs``, or q(x) = 1 for
+      drafts without probabilities, i.e. accept with probability p(x)); the first
+      rejection emits a recovered token drawn from normalise(max(0, p - q)) (for one-hot
+      q: p without x) by an exponential race;
+    - a draft id outside [0, V) (e.g. -1 padding) is always rejected; the token emitted
+      there is drawn from p (greedy: the argmax);
+    - when every draft is accepted, ``bonus_token_ids[r]`` is appended.
+
+    The output row is the emitted tokens followed by -1. Uniforms come from
+    (seed, position + i, STREAM_ACCEPT), recovered noise from STREAM_RECOVER (see
+    specops.rng); a seeded request's output depends only on its own inputs.
+
+    Parameters
+    ----------
+    logits : torch.Tensor
+        Target logits, already processed (penalties, masks, ...) except for the
+        temperature when ``temperature`` is given. Rows ``target_rows`` (default: all,
+        then num_logits == T) are the draft rows, in draft order.
+    draft_token_ids, cu_num_draft_tokens, bonus_token_ids : torch.Tensor
+        See the shapes above. Every request has at most ``max_spec_len`` drafts and
+        ``cu[-1] == T``; these values are not read back to the host, so a violation is
+        not detected (rows beyond ``max_spec_len`` are ignored).
+    max_spec_len : int
+        Largest draft count of the batch, 0 <= max_spec_len <= MAX_SPEC_LEN (128).
+    draft_probs : torch.Tensor, optional
+        Draft distributions (rows sum to 1); None for n-gram style drafts.
+    temperature : torch.Tensor, optional
+        Per-request temperature applied inside the kernel (ignored for greedy requests);
+        None when the logits are already scaled.
+    is_greedy : torch.Tensor or bool
+        Per-request greedy flags, or one flag for every request.
+    seeds, has_seed, positions : torch.Tensor, optional
+        Per-request seeds: rows with ``has_seed`` use (seed, position + i); the other rows
+        use (engine_seed, lane, step) as in specops.rng.row_keys. ``seeds`` None: no row
+        is seeded.
+    step : torch.Tensor, optional
+        The engine's step counter on the device (default 0).
+    engine_seed : int
+        Seed of unseeded rows.
+    backend : {"auto", "triton", "torch"}
+        "auto": Triton on CUDA, torch elsewhere. "triton" on CPU needs TRITON_INTERPRET=1.
+    fuse_recover : bool, optional
+        Without draft probs, draw recovered-token candidates during the first pass (noise
+        on every random row, no second read) instead of re-reading the rejected row. Same
+        tokens either way; None picks by max_spec_len (fused for K == 1).
+
+    Returns
+    -------
+    torch.Tensor
+        [num_reqs, max_spec_len + 1] int32.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On a wrong type, dtype, shape or device, before any launch.
+
+    Examples
+    --------
+    >>> logits = torch.tensor([[0.0, 5.0, 0.0], [9.0, 0.0, 0.0]])
+    >>> rejection_sample(logits, torch.tensor([1, 2]), torch.tensor([2]), 2, torch.tensor([0]),
+    ...                  is_greedy=True, backend="torch")
+    tensor([[1, 0, -1]], dtype=torch.int32)
+    """
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        raise ValueError(f"logits must be a [num_logits, vocab] tensor, got "
+                         f"{tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__}")
+    if logits.dtype not in _LOGIT_DTYPES:
+        raise TypeError(f"logits must be float32, float16 or bfloat16, got {logits.dtype}")
+    device = logits.device
+    num_logits, vocab = logits.shape
+    if vocab == 0:
+        raise ValueError("logits must have vocab >= 1 columns")
+    if not isinstance(max_spec_len, int) or isinstance(max_spec_len, bool) or not 0 <= max_spec_len <= MAX_SPEC_LEN:
+        raise ValueError(f"max_spec_len must be an int in [0, {MAX_SPEC_LEN}] (MAX_SPEC_LEN), got {max_spec_len!r}")
+    if not isinstance(cu_num_draft_tokens, torch.Tensor) or cu_num_draft_tokens.dim() != 1:
+        raise ValueError("cu_num_draft_tokens must be a [num_reqs] tensor")
+    num_reqs = cu_num_draft_tokens.shape[0]
+    _check_1d("cu_num_draft_tokens", cu_num_draft_tokens, num_reqs, _INT_DTYPES, device)
+    if not isinstance(draft_token_ids, torch.Tensor) or draft_token_ids.dim() != 1:
+        raise ValueError("draft_token_ids must be a [num_draft_tokens] tensor")
+    num_drafts = draft_token_ids.shape[0]
+    _check_1d("draft_token_ids", draft_token_ids, num_drafts, _INT_DTYPES, device)
+    _check_1d("bonus_token_ids", bonus_token_ids, num_reqs, _INT_DTYPES, device)
+    if num_drafts > num_reqs * max_spec_len:
+        raise ValueError(f"draft_token_ids has {num_drafts} drafts, more than num_reqs * max_spec_len = "
+                         f"{num_reqs} * {max_spec_len}")
+    if target_rows is not None:
+        _check_1d("target_rows", target_rows, num_drafts, _INT_DTYPES, device)
+    elif num_logits != num_drafts:
+        raise ValueError(f"logits has {num_logits} rows; without target_rows it must have one row per "
+                         f"draft ({num_drafts})")
+    if draft_probs is not None:
+        if not isinstance(draft_probs, torch.Tensor) or tuple(draft_probs.shape) != (num_drafts, vocab):
+            raise ValueError(f"draft_probs must have shape [{num_drafts}, {vocab}], got "
+                             f"{tuple(draft_probs.shape) if isinstance(draft_probs, torch.Tensor) else draft_probs!r}")
+        if draft_probs.dtype not in _LOGIT_DTYPES:
+            raise TypeError(f"draft_probs must be float32, float16 or bfloat16, got {draft_probs.dtype}")
+        if draft_probs.device != device:
+            raise ValueError(f"draft_probs must be on {device}, got {draft_probs.device}")
+    if temperature is not None:
+        _check_1d("temperature", temperature, num_reqs, (torch.float32,), device)
+    if isinstance(is_greedy, torch.Tensor):
+        _check_1d("is_greedy", is_greedy, num_reqs, (torch.bool,), device)
+    elif not isinstance(is_greedy, bool):
+        raise TypeError(f"is_greedy must be a bool tensor or a bool, got {type(is_greedy).__name__}")
+    if seeds is not None:
+        _check_1d("seeds", seeds, num_reqs, (torch.int64,), device)
+        if has_seed is None or positions is None:
+            raise ValueError("seeds needs has_seed and positions ([num_reqs] bool and int64)")
+        _check_1d("has_seed", has_seed, num_reqs, (torch.bool,), device)
+        _check_1d("positions", positions, num_reqs, (torch.int64,), device)
+    elif has_seed is not None:
+        raise ValueError("has_seed was given without seeds")
+    if step is not None:
+        if not isinstance(step, torch.Tensor) or step.numel() != 1 or step.dtype != torch.int64:
+            raise ValueError("step must be an int64 tensor with one element")
+        if step.device != device:
+            raise ValueError(f"step must be on {device}, got {step.device}")
+    if not isinstance(engine_seed, int) or not -(1 << 63) <= engine_seed < (1 << 64):
+        raise ValueError(f"engine_seed must be an int in [-2^63, 2^64), got {engine_seed!r}")
+    if engine_seed >= 1 << 63:
+        engine_seed -= 1 << 64   # the same 64 bits as a signed int64, as torch holds seeds
+    if backend not in ("auto", "triton", "torch"):
+        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+    if backend == "auto":
+        backend = "triton" if device.type == "cuda" else "torch"
+    if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("backend='triton' on CPU needs TRITON_INTERPRET=1 (set before importing triton)")
+
+    if backend == "torch":
+        return rejection_sample_torch(
+            logits, draft_token_ids, cu_num_draft_tokens, max_spec_len, bonus_token_ids,
+            target_rows=target_rows, draft_probs=draft_probs, temperature=temperature, is_greedy=is_greedy,
+            seeds=seeds, has_seed=has_seed, positions=positions, step=step, engine_seed=engine_seed)
+
+    out = torch.empty((num_reqs, max_spec_len + 1), dtype=torch.int32, device=device)
+    if num_reqs == 0:
+        return out
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    if draft_probs is not None and draft_probs.stride(1) != 1:
+        draft_probs = draft_probs.contiguous()
+    if step is None:
+        step = torch.zeros(1, dtype=torch.int64, device=device)
+    step = step.reshape(1)
+    if fuse_recover is None:
+        fuse_recover = max_spec_len <= 1
+    fuse = bool(fuse_recover) and draft_probs is None and is_greedy is not True
+    args = dict(target_rows=target_rows, draft_token_ids=draft_token_ids.contiguous(),
+                draft_probs=draft_probs, cu_num_draft_tokens=cu_num_draft_tokens.contiguous(),
+                temperature=temperature, seeds=seeds, has_seed=has_seed, positions=positions,
+                step=step, engine_seed=engine_seed)
+    chunk = chunk_size(vocab)
+    rec_j, rec_ms = rejection_sample_pass(out, logits, bonus_token_ids=bonus_token_ids.contiguous(),
+                                          is_greedy=is_greedy, fuse_race=fuse, chunk=chunk, **args)
+    if not fuse and is_greedy is not True:
+        rejection_recover_pass(out, logits, rec_j=rec_j, rec_ms=rec_ms, chunk=chunk, **args)
+    return out
+
+

@@ -1,0 +1,179 @@
+"""Rejection sampling, pass 2: the recovered token of each request's first rejected random row.
+
+Grid (num_reqs, NUM_SPLITS). Pass 1 (rejection_sample.py) leaves, per request, the target
+row j of its first rejection (-1 when none or when it already wrote the token) with the
+row's softmax max and sum. Program (r, c) races chunk c of that row:
+
+- with draft probs and a valid draft: residual r_t = max(0, p_t - q_t), key r_t / E_t
+  (if every r_t is 0, which only rounding can cause, the plain race below decides);
+- otherwise (n-gram drafts, or a draft id outside the vocabulary): key l_t / T - log E_t
+  over t != x, i.e. a draw from p with the draft removed (p itself for an invalid id).
+
+E_t is Exp(1) from word t % 4 of random_words(seed, pos, STREAM_RECOVER, t // 4), with
+(seed, pos) the row's key as in pass 1. The last program of a request (atomic counter)
+combines the chunk winners and writes the token into the output row.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from specops.triton_kernels.rejection_sample import _INT_MAX, _pick_word, _row_key
+from specops.triton_kernels.rng import STREAM_RECOVER, exponential, random_words
+
+
+@triton.jit(do_not_specialize=["engine_seed"])
+def _rejection_recover_kernel(
+    out_ptr, out_stride,                      # [num_reqs, K + 1] int32
+    logits_ptr, logits_stride,                # [num_logits, V]
+    target_rows_ptr,                          # [T] int (HAS_TARGET_ROWS)
+    draft_ids_ptr,                            # [T] int
+    draft_probs_ptr, draft_probs_stride,      # [T, V] (HAS_DRAFT_PROBS)
+    cu_ptr,                                   # [num_reqs] inclusive cumulative drafts
+    temperature_ptr,                          # [num_reqs] fp32 (HAS_TEMPERATURE)
+    seeds_ptr, has_seed_ptr, positions_ptr,   # [num_reqs] (HAS_SEEDS)
+    step_ptr, engine_seed,                    # [1] int64, int
+    rec_j_ptr, rec_ms_ptr,                    # [num_reqs] int32, [num_reqs, 2] fp32 from pass 1
+    part_res_ptr, part_res_idx_ptr,           # [num_reqs * NUM_SPLITS]
+    part_log_ptr, part_log_idx_ptr,           # [num_reqs * NUM_SPLITS]
+    counter_ptr,                              # [num_reqs] int32, zero on entry
+    vocab_size,
+    NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
+    HAS_TARGET_ROWS: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, HAS_TEMPERATURE: tl.constexpr,
+    HAS_SEEDS: tl.constexpr,
+):
+    req = tl.program_id(0)
+    split = tl.program_id(1)
+    j = tl.load(rec_j_ptr + req)
+    if j >= 0:
+        start = tl.load(cu_ptr + req - 1, mask=req > 0, other=0).to(tl.int32)
+        i = j - start
+        if HAS_TARGET_ROWS:
+            row = tl.load(target_rows_ptr + j).to(tl.int64)
+        else:
+            row = j.to(tl.int64)
+        row_ptr = logits_ptr + row * logits_stride
+        q_ptr = draft_probs_ptr + j.to(tl.int64) * draft_probs_stride
+        inv_t = 1.0
+        if HAS_TEMPERATURE:
+            inv_t = 1.0 / tl.load(temperature_ptr + req).to(tl.float32)
+        row_max = tl.load(rec_ms_ptr + req * 2)
+        row_sum = tl.load(rec_ms_ptr + req * 2 + 1)
+        x = tl.load(draft_ids_ptr + j).to(tl.int32)
+        valid = (x >= 0) & (x < vocab_size)
+        if HAS_DRAFT_PROBS:
+            excluded = tl.where(valid, -1, x)
+        else:
+            excluded = x
+        if HAS_SEEDS:
+            seeded = tl.load(has_seed_ptr + req) != 0
+            seed = tl.load(seeds_ptr + req).to(tl.int64)
+            position = tl.load(positions_ptr + req).to(tl.int64)
+        else:
+            seeded = tl.full([], False, tl.int1)
+            seed = tl.full([], 0, tl.int64)
+            position = tl.full([], 0, tl.int64)
+        step = tl.load(step_ptr).to(tl.int64)
+        seed_r, pos_r = _row_key(seeded, seed, position, engine_seed.to(tl.int64), step,
+                                 i.to(tl.int64), j)
+
+        kk = tl.arange(0, BLOCK // 4)
+        ww = tl.arange(0, 4)[None, :]
+        lb = tl.full([], float("-inf"), tl.float32)
+        lbi = tl.full([], 0, tl.int32)
+        rb = tl.full([], 0.0, tl.float32)
+        rbi = tl.full([], 0, tl.int32)
+        chunk0 = split * CHUNK
+        for off in range(0, CHUNK, BLOCK):
+            base = chunk0 + off
+            t = base + kk[:, None] * 4 + ww
+            mask = t < vocab_size
+            v = tl.load(row_ptr + t, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
+            w0, w1, w2, w3 = random_words(seed_r, pos_r, STREAM_RECOVER, base // 4 + kk)
+            e = exponential(_pick_word(w0, w1, w2, w3, ww))
+            key = tl.where(mask & (t != excluded), v - tl.log(e), float("-inf"))
+            bk = tl.max(tl.max(key, 1), 0)
+            bki = tl.min(tl.min(tl.where(key == bk, t, _INT_MAX), 1), 0)
+            lbi = tl.where(bk > lb, bki, lbi)
+            lb = tl.maximum(lb, bk)
+            if HAS_DRAFT_PROBS:
+                q = tl.load(q_ptr + t, mask=mask, other=0.0).to(tl.float32)
+                p = tl.exp(v - row_max) / row_sum
+                res = tl.where(mask, tl.maximum(p - q, 0.0) / e, 0.0)
+                br = tl.max(tl.max(res, 1), 0)
+                bri = tl.min(tl.min(tl.where(res == br, t, _INT_MAX), 1), 0)
+                rbi = tl.where(br > rb, bri, rbi)
+                rb = tl.maximum(rb, br)
+        p_off = req * NUM_SPLITS + split
+        tl.store(part_log_ptr + p_off, lb)
+        tl.store(part_log_idx_ptr + p_off, lbi)
+        if HAS_DRAFT_PROBS:
+            tl.store(part_res_ptr + p_off, rb)
+            tl.store(part_res_idx_ptr + p_off, rbi)
+        tl.debug_barrier()
+        done = tl.atomic_add(counter_ptr + req, 1, sem="acq_rel")
+        if done == NUM_SPLITS - 1:
+            ss = tl.arange(0, SPLIT_BLOCK)
+            smask = ss < NUM_SPLITS
+            soff = req * NUM_SPLITS + ss
+            pl = tl.load(part_log_ptr + soff, mask=smask, other=float("-inf"), volatile=True)
+            best = tl.max(pl, 0)
+            pli = tl.load(part_log_idx_ptr + soff, mask=smask, other=_INT_MAX, volatile=True)
+            token = tl.min(tl.where(pl == best, pli, _INT_MAX), 0)
+            token = tl.where(best == float("-inf"), 0, token)   # no candidate: as torch.argmax
+            if HAS_DRAFT_PROBS:
+                pr = tl.load(part_res_ptr + soff, mask=smask, other=0.0, volatile=True)
+                rbest = tl.max(pr, 0)
+                pri = tl.load(part_res_idx_ptr + soff, mask=smask, other=_INT_MAX, volatile=True)
+                rtoken = tl.min(tl.where(pr == rbest, pri, _INT_MAX), 0)
+                token = tl.where(valid & (rbest > 0.0), rtoken, token)
+            tl.store(out_ptr + req.to(tl.int64) * out_stride + i, token)
+
+
+def rejection_recover_pass(
+    out: torch.Tensor,                   # [num_reqs, K + 1] int32, written in place
+    logits: torch.Tensor,                # [num_logits, V]
+    target_rows: torch.Tensor | None,    # [T] int
+    draft_token_ids: torch.Tensor,       # [T] int
+    draft_probs: torch.Tensor | None,    # [T, V]
+    cu_num_draft_tokens: torch.Tensor,   # [num_reqs]
+    temperature: torch.Tensor | None,    # [num_reqs] fp32
+    seeds: torch.Tensor | None,          # [num_reqs] int64
+    has_seed: torch.Tensor | None,       # [num_reqs] bool
+    positions: torch.Tensor | None,      # [num_reqs] int64
+    step: torch.Tensor,                  # [1] int64
+    engine_seed: int,
+    rec_j: torch.Tensor,                 # [num_reqs] int32 from pass 1
+    rec_ms: torch.Tensor,                # [num_reqs, 2] fp32 from pass 1
+    chunk: int,
+) -> None:
+    """Launch pass 2 (a program finds no work and exits when its request needs no draw)."""
+    num_reqs = out.shape[0]
+    vocab = logits.shape[1]
+    num_splits = triton.cdiv(vocab, chunk)
+    dev = logits.device
+    ws_f = torch.empty(2 * num_reqs * num_splits, dtype=torch.float32, device=dev)
+    ws_i = torch.empty(2 * num_reqs * num_splits, dtype=torch.int32, device=dev)
+    counters = torch.zeros(num_reqs, dtype=torch.int32, device=dev)
+    f = num_reqs * num_splits
+    _rejection_recover_kernel[(num_reqs, num_splits)](
+        out, out.stride(0),
+        logits, logits.stride(0),
+        target_rows if target_rows is not None else draft_token_ids,
+        draft_token_ids,
+        draft_probs if draft_probs is not None else logits,
+        draft_probs.stride(0) if draft_probs is not None else 0,
+        cu_num_draft_tokens,
+        temperature if temperature is not None else logits,
+        seeds if seeds is not None else step, has_seed if has_seed is not None else step,
+        positions if positions is not None else step,
+        step, engine_seed,
+        rec_j, rec_ms,
+        ws_f[:f], ws_i[:f], ws_f[f:], ws_i[f:], counters,
+        vocab,
+        NUM_SPLITS=num_splits, CHUNK=chunk, BLOCK=min(chunk, 1024),
+        SPLIT_BLOCK=triton.next_power_of_2(num_splits),
+        HAS_TARGET_ROWS=target_rows is not None, HAS_DRAFT_PROBS=draft_probs is not None,
+        HAS_TEMPERATURE=temperature is not None, HAS_SEEDS=seeds is not None,
+        num_warps=4,
+    )

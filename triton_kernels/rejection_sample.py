@@ -1,0 +1,319 @@
+"""Rejection sampling, pass 1: one read of every target row, then accept/reject per request.
+
+Grid (num_reqs * MAX_K, NUM_SPLITS): program (r, i, c) reads chunk c (CHUNK vocabulary
+entries) of the target row of draft i of request r and writes chunk partials: the max
+and argmax of the scaled logits, the sum of exp relative to that max and, when
+FUSE_RACE, the chunk's best recovered-token candidate. The last program to finish a
+request (an acq_rel atomic counter) combines the partials of all its rows, decides
+acceptance and writes the request's whole output row [K + 1].
+
+- greedy rows accept draft x while x == argmax of the row; the first mismatch writes the
+  argmax and stops;
+- random rows accept x when p(x) >= u * q(x) (q = draft prob, 1 without draft probs),
+  u = uniform_open(word 0 of random_words(seed, pos, STREAM_ACCEPT, 0));
+- a draft id outside [0, V) is rejected unconditionally;
+- every draft accepted: the bonus token is appended.
+
+The recovered token of a random row is an exponential race over the row. Without draft
+probs it is argmax_{t != x} (l_t / T - log E_t) (p with x removed); it is computed here
+when FUSE_RACE, else by rejection_recover.py over the one rejected row, which also
+handles the residual max(0, p - q) with draft probs. E_t is Exp(1) from word t % 4 of
+random_words(seed, pos, STREAM_RECOVER, t // 4).
+
+Per-row keys follow specops.rng.row_keys with the target rows as rows: a seeded request
+uses (seed, positions[r] + i), an unseeded one (engine_seed, ((j + 1) << 32) | step)
+with j the global target row. CHUNK depends on the vocabulary only, so every row is
+reduced in the same order whatever the batch: seeded requests are batch invariant.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from specops.triton_kernels.rng import STREAM_ACCEPT, STREAM_RECOVER, exponential, random_words, uniform_open
+
+_INT_MAX = tl.constexpr(2147483647)
+
+
+@triton.jit
+def _row_key(seeded, seed, position, engine_seed, step, i, j):
+    """Seed and position of target row j (draft i of its request), as specops.rng.row_keys."""
+    seed_r = tl.where(seeded, seed, engine_seed)
+    lane = (j + 1).to(tl.int64) << 32
+    pos_r = tl.where(seeded, position + i, lane | (step & 0xFFFFFFFF))
+    return seed_r, pos_r
+
+
+@triton.jit
+def _pick_word(w0, w1, w2, w3, sel):
+    """[N] words x 4 -> [N, 4]: column w holds word w (token 4 * k + w uses word w of call k)."""
+    return tl.where(sel == 0, w0[:, None], tl.where(sel == 1, w1[:, None],
+                    tl.where(sel == 2, w2[:, None], w3[:, None])))
+
+
+@triton.jit
+def _finalize_request(
+    out_ptr, out_stride, draft_ids_ptr, bonus_ptr,
+    part_m_ptr, part_s_ptr, part_idx_ptr, part_key_ptr, part_kidx_ptr, part_x_ptr,
+    rec_j_ptr, rec_ms_ptr,
+    req, start, n, greedy, seeded, seed, position, engine_seed, step, vocab_size,
+    MAX_K: tl.constexpr, NUM_SPLITS: tl.constexpr, OUT_BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
+    HAS_DRAFT_PROBS: tl.constexpr, FUSE_RACE: tl.constexpr,
+):
+    rr = tl.arange(0, OUT_BLOCK)          # draft index within the request = output column
+    rmask = rr < n
+    jj = start + rr
+    ss = tl.arange(0, SPLIT_BLOCK)
+    m2 = rmask[:, None] & (ss < NUM_SPLITS)[None, :]
+    poff = jj[:, None] * NUM_SPLITS + ss[None, :]
+    pm = tl.load(part_m_ptr + poff, mask=m2, other=float("-inf"), volatile=True)
+    row_max = tl.max(pm, 1)
+    pidx = tl.load(part_idx_ptr + poff, mask=m2, other=_INT_MAX, volatile=True)
+    argmax = tl.min(tl.where(pm == row_max[:, None], pidx, _INT_MAX), 1)
+    x = tl.load(draft_ids_ptr + jj, mask=rmask, other=-1).to(tl.int32)
+    valid = (x >= 0) & (x < vocab_size)
+
+    # random rows: p(x) from the combined softmax statistics
+    ps = tl.load(part_s_ptr + poff, mask=m2, other=0.0, volatile=True)
+    m_safe = tl.where(row_max == float("-inf"), 0.0, row_max)
+    row_sum = tl.sum(ps * tl.exp(pm - m_safe[:, None]), 1)
+    lx = tl.load(part_x_ptr + jj * 2, mask=rmask, other=float("-inf"), volatile=True)
+    p_x = tl.exp(lx - m_safe) / row_sum
+    if HAS_DRAFT_PROBS:
+        q_x = tl.load(part_x_ptr + jj * 2 + 1, mask=rmask, other=1.0, volatile=True)
+    else:
+        q_x = 1.0
+    seed_r, pos_r = _row_key(seeded, seed, position, engine_seed, step, rr.to(tl.int64), jj)
+    w0, _, _, _ = random_words(seed_r, pos_r, STREAM_ACCEPT, tl.zeros_like(rr))
+    u = uniform_open(w0)
+    acc_random = valid & (p_x > 0.0) & (p_x >= u * q_x)
+    acc_greedy = valid & (x == argmax)
+    accepted = tl.where(greedy, acc_greedy, acc_random)
+
+    first_rej = tl.min(tl.where(rmask & (accepted == 0), rr, OUT_BLOCK), 0)
+    num_accepted = tl.minimum(first_rej, n)
+    rejected = first_rej < n
+    if FUSE_RACE:
+        pk = tl.load(part_key_ptr + poff, mask=m2, other=float("-inf"), volatile=True)
+        best = tl.max(pk, 1)
+        pkidx = tl.load(part_kidx_ptr + poff, mask=m2, other=_INT_MAX, volatile=True)
+        recovered = tl.min(tl.where(pk == best[:, None], pkidx, _INT_MAX), 1)
+        recovered = tl.where(best == float("-inf"), 0, recovered)  # no candidate: as torch.argmax
+        fill = tl.where(greedy, argmax, recovered)
+    else:
+        fill = tl.where(greedy, argmax, -1)   # -1: rejection_recover writes it
+    at_rej = rr == first_rej
+    token = tl.sum(tl.where(at_rej, fill, 0), 0)
+    bonus = tl.load(bonus_ptr + req).to(tl.int32)
+    row = tl.where(rr < num_accepted, x, -1)
+    row = tl.where(rr == num_accepted, tl.where(rejected, token, bonus), row)
+    tl.store(out_ptr + req.to(tl.int64) * out_stride + rr, row, mask=rr < MAX_K + 1)  # width K + 1
+
+    # the one row whose recovered token rejection_recover must draw
+    rec_j = tl.where(rejected & (greedy == 0), start + first_rej, -1)
+    if FUSE_RACE:
+        rec_j = tl.full([], -1, tl.int32)
+    tl.store(rec_j_ptr + req, rec_j)
+    tl.store(rec_ms_ptr + req * 2, tl.sum(tl.where(at_rej, m_safe, 0.0), 0))
+    tl.store(rec_ms_ptr + req * 2 + 1, tl.sum(tl.where(at_rej, row_sum, 0.0), 0))
+
+
+@triton.jit(do_not_specialize=["num_target_rows", "engine_seed"])
+def _rejection_sample_kernel(
+    out_ptr, out_stride,                      # [num_reqs, MAX_K + 1] int32
+    logits_ptr, logits_stride,                # [num_logits, V] target logits (rows via target_rows)
+    target_rows_ptr,                          # [T] int, row of logits for each draft (HAS_TARGET_ROWS)
+    draft_ids_ptr,                            # [T] int
+    draft_probs_ptr, draft_probs_stride,      # [T, V] (HAS_DRAFT_PROBS)
+    cu_ptr,                                   # [num_reqs] inclusive cumulative drafts
+    bonus_ptr,                                # [num_reqs] int
+    temperature_ptr,                          # [num_reqs] fp32 (HAS_TEMPERATURE)
+    greedy_ptr,                               # [num_reqs] bool (GREEDY_MODE == 0)
+    seeds_ptr, has_seed_ptr, positions_ptr,   # [num_reqs] int64, bool, int64 (HAS_SEEDS)
+    step_ptr, engine_seed,                    # [1] int64, int
+    part_m_ptr, part_s_ptr, part_idx_ptr,     # [T * NUM_SPLITS]
+    part_key_ptr, part_kidx_ptr,              # [T * NUM_SPLITS] (FUSE_RACE)
+    part_x_ptr,                               # [T, 2] fp32: l_x / T, q(x)
+    rec_j_ptr, rec_ms_ptr,                    # [num_reqs] int32, [num_reqs, 2] fp32
+    counter_ptr,                              # [num_reqs] int32, zero on entry
+    num_target_rows, vocab_size,
+    MAX_K: tl.constexpr, GRID_K: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
+    HAS_TARGET_ROWS: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, HAS_TEMPERATURE: tl.constexpr,
+    GREEDY_MODE: tl.constexpr,                # 0: per-request flags, 1: all greedy, 2: all random
+    HAS_SEEDS: tl.constexpr, FUSE_RACE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    req = pid // GRID_K
+    i = pid % GRID_K
+    start = tl.load(cu_ptr + req - 1, mask=req > 0, other=0).to(tl.int32)
+    end = tl.minimum(tl.load(cu_ptr + req).to(tl.int32), num_target_rows)
+    n = tl.maximum(tl.minimum(end - start, MAX_K), 0)
+
+    if GREEDY_MODE == 0:
+        greedy = tl.load(greedy_ptr + req) != 0
+    else:
+        greedy = tl.full([], GREEDY_MODE == 1, tl.int1)
+    if HAS_SEEDS:
+        seeded = tl.load(has_seed_ptr + req) != 0
+        seed = tl.load(seeds_ptr + req).to(tl.int64)
+        position = tl.load(positions_ptr + req).to(tl.int64)
+    else:
+        seeded = tl.full([], False, tl.int1)
+        seed = tl.full([], 0, tl.int64)
+        position = tl.full([], 0, tl.int64)
+    step = tl.load(step_ptr).to(tl.int64)
+    engine_seed = engine_seed.to(tl.int64)
+
+    if i < n:
+        j = start + i
+        if HAS_TARGET_ROWS:
+            row = tl.load(target_rows_ptr + j).to(tl.int64)
+        else:
+            row = j.to(tl.int64)
+        row_ptr = logits_ptr + row * logits_stride
+        inv_t = 1.0
+        if HAS_TEMPERATURE:
+            inv_t = tl.where(greedy, 1.0, 1.0 / tl.load(temperature_ptr + req).to(tl.float32))
+        x = tl.load(draft_ids_ptr + j).to(tl.int32)
+        seed_r, pos_r = _row_key(seeded, seed, position, engine_seed, step, i.to(tl.int64), j)
+
+        kk = tl.arange(0, BLOCK // 4)
+        ww = tl.arange(0, 4)[None, :]
+        m = tl.full([], float("-inf"), tl.float32)
+        s = tl.full([], 0.0, tl.float32)
+        am = tl.full([], 0, tl.int32)
+        kb = tl.full([], float("-inf"), tl.float32)
+        kbi = tl.full([], 0, tl.int32)
+        chunk0 = split * CHUNK
+        for off in range(0, CHUNK, BLOCK):
+            base = chunk0 + off
+            t = base + kk[:, None] * 4 + ww
+            mask = t < vocab_size
+            v = tl.load(row_ptr + t, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
+            bm = tl.max(tl.max(v, 1), 0)
+            bi = tl.min(tl.min(tl.where(v == bm, t, _INT_MAX), 1), 0)
+            am = tl.where(bm > m, bi, am)
+            m_new = tl.maximum(m, bm)
+            if GREEDY_MODE != 1:
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                s = s * tl.exp(m - m_safe) + tl.sum(tl.sum(tl.exp(v - m_safe), 1), 0)
+            m = m_new
+            if FUSE_RACE:
+                if not greedy:
+                    w0, w1, w2, w3 = random_words(seed_r, pos_r, STREAM_RECOVER, base // 4 + kk)
+                    key = v - tl.log(exponential(_pick_word(w0, w1, w2, w3, ww)))
+                    key = tl.where(mask & (t != x), key, float("-inf"))
+                    bk = tl.max(tl.max(key, 1), 0)
+                    bki = tl.min(tl.min(tl.where(key == bk, t, _INT_MAX), 1), 0)
+                    kbi = tl.where(bk > kb, bki, kbi)
+                    kb = tl.maximum(kb, bk)
+        p = j * NUM_SPLITS + split
+        tl.store(part_m_ptr + p, m)
+        tl.store(part_s_ptr + p, s)
+        tl.store(part_idx_ptr + p, am)
+        if FUSE_RACE:
+            tl.store(part_key_ptr + p, kb)
+            tl.store(part_kidx_ptr + p, kbi)
+        if split == 0:
+            xc = tl.where((x >= 0) & (x < vocab_size), x, 0)
+            tl.store(part_x_ptr + j * 2, tl.load(row_ptr + xc).to(tl.float32) * inv_t)
+            if HAS_DRAFT_PROBS:
+                q_x = tl.load(draft_probs_ptr + j.to(tl.int64) * draft_probs_stride + xc).to(tl.float32)
+                tl.store(part_x_ptr + j * 2 + 1, q_x)
+        tl.debug_barrier()
+        done = tl.atomic_add(counter_ptr + req, 1, sem="acq_rel")
+        if done == n * NUM_SPLITS - 1:
+            _finalize_request(
+                out_ptr, out_stride, draft_ids_ptr, bonus_ptr,
+                part_m_ptr, part_s_ptr, part_idx_ptr, part_key_ptr, part_kidx_ptr, part_x_ptr,
+                rec_j_ptr, rec_ms_ptr,
+                req, start, n, greedy, seeded, seed, position, engine_seed, step, vocab_size,
+                MAX_K, NUM_SPLITS, OUT_BLOCK, SPLIT_BLOCK, HAS_DRAFT_PROBS, FUSE_RACE)
+    else:
+        if (i == 0) & (split == 0):
+            # a request without drafts: its output is the bonus token
+            rr = tl.arange(0, OUT_BLOCK)
+            bonus = tl.load(bonus_ptr + req).to(tl.int32)
+            tl.store(out_ptr + req.to(tl.int64) * out_stride + rr, tl.where(rr == 0, bonus, -1),
+                     mask=rr < MAX_K + 1)
+            tl.store(rec_j_ptr + req, -1)
+
+
+def chunk_size(vocab: int) -> int:
+    """Vocabulary entries per program: 8192, or about a quarter of a small vocabulary.
+
+    A function of the vocabulary only, so a row is reduced in the same order whatever
+    the batch (batch invariance of seeded requests).
+    """
+    return min(8192, max(64, triton.next_power_of_2(triton.cdiv(vocab, 4))))
+
+
+def rejection_sample_pass(
+    out: torch.Tensor,                   # [num_reqs, max_spec_len + 1] int32 (written whole)
+    logits: torch.Tensor,                # [num_logits, V] fp32/bf16/fp16, unit stride over V
+    target_rows: torch.Tensor | None,    # [T] int, or None: logits rows are the target rows
+    draft_token_ids: torch.Tensor,       # [T] int
+    draft_probs: torch.Tensor | None,    # [T, V] or None (n-gram drafts: q = one-hot)
+    cu_num_draft_tokens: torch.Tensor,   # [num_reqs] int32/int64
+    bonus_token_ids: torch.Tensor,       # [num_reqs] int
+    temperature: torch.Tensor | None,    # [num_reqs] fp32, None: logits already scaled
+    is_greedy: torch.Tensor | bool,      # [num_reqs] bool, or True / False for the whole batch
+    seeds: torch.Tensor | None,          # [num_reqs] int64 (None: no seeded request)
+    has_seed: torch.Tensor | None,       # [num_reqs] bool
+    positions: torch.Tensor | None,      # [num_reqs] int64, sequence position of draft 0
+    step: torch.Tensor,                  # [1] int64 engine step counter
+    engine_seed: int,
+    fuse_race: bool,
+    chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch pass 1; returns (rec_j [num_reqs] int32, rec_ms [num_reqs, 2] fp32) for pass 2.
+
+    Inputs are checked by specops.spec_decode.rejection; this launcher only asserts layout.
+    """
+    num_reqs, width = out.shape
+    max_k = width - 1
+    num_target_rows = draft_token_ids.shape[0]
+    vocab = logits.shape[1]
+    assert logits.stride(1) == 1 and out.is_contiguous()
+    assert chunk >= 16 and chunk & (chunk - 1) == 0, "chunk must be a power of two >= 16"
+    assert draft_probs is None or draft_probs.stride(1) == 1
+    dev = logits.device
+    num_splits = triton.cdiv(vocab, chunk)
+    block = min(chunk, 1024)
+    nt = max(num_target_rows, 1)
+    ws_f = torch.empty(3 * nt * num_splits + 2 * nt + 2 * num_reqs, dtype=torch.float32, device=dev)
+    ws_i = torch.empty(2 * nt * num_splits + num_reqs, dtype=torch.int32, device=dev)
+    counters = torch.zeros(num_reqs, dtype=torch.int32, device=dev)
+    f = nt * num_splits
+    part_m, part_s, part_key = ws_f[:f], ws_f[f:2 * f], ws_f[2 * f:3 * f]
+    part_x = ws_f[3 * f:3 * f + 2 * nt]
+    rec_ms = ws_f[3 * f + 2 * nt:].view(num_reqs, 2)
+    part_idx, part_kidx, rec_j = ws_i[:f], ws_i[f:2 * f], ws_i[2 * f:]
+    greedy_mode = 0 if isinstance(is_greedy, torch.Tensor) else (1 if is_greedy else 2)
+    dummy = draft_token_ids
+    grid = (num_reqs * max(max_k, 1), num_splits)
+    _rejection_sample_kernel[grid](
+        out, out.stride(0),
+        logits, logits.stride(0),
+        target_rows if target_rows is not None else dummy,
+        draft_token_ids,
+        draft_probs if draft_probs is not None else logits,
+        draft_probs.stride(0) if draft_probs is not None else 0,
+        cu_num_draft_tokens, bonus_token_ids,
+        temperature if temperature is not None else logits,
+        is_greedy if greedy_mode == 0 else dummy,
+        seeds if seeds is not None else step, has_seed if has_seed is not None else step,
+        positions if positions is not None else step,
+        step, engine_seed,
+        part_m, part_s, part_idx, part_key, part_kidx, part_x, rec_j, rec_ms, counters,
+        num_target_rows, vocab,
+        MAX_K=max_k, GRID_K=max(max_k, 1), NUM_SPLITS=num_splits, CHUNK=chunk, BLOCK=block,
+        OUT_BLOCK=triton.next_power_of_2(max_k + 1), SPLIT_BLOCK=triton.next_power_of_2(num_splits),
+        HAS_TARGET_ROWS=target_rows is not None, HAS_DRAFT_PROBS=draft_probs is not None,
+        HAS_TEMPERATURE=temperature is not None, GREEDY_MODE=greedy_mode,
+        HAS_SEEDS=seeds is not None, FUSE_RACE=fuse_race,
+        num_warps=4,
+    )
+    return rec_j, rec_ms
