@@ -52,6 +52,14 @@ class IncrementalDetokenizer:
                 self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         return self._check_stop(start) if check_stop and self.stop and len(self.text) > start else None
 
+    def flush(self) -> None:
+        """At the end: add what is still pending (an incomplete UTF-8 tail decodes to U+FFFD)."""
+        if self.read_offset < len(self.ids):
+            prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset], skip_special_tokens=self.skip)
+            full = self.tokenizer.decode(self.ids[self.prefix_offset:], skip_special_tokens=self.skip)
+            self.text += full[len(prefix):]
+            self.prefix_offset = self.read_offset = len(self.ids)
+
     def _check_stop(self, start: int) -> str | None:
         best = None
         for s in self.stop:

@@ -221,6 +221,8 @@ class LLMEngine:
                 self.scheduler.finish_request(req, RequestStatus.FINISHED_STOPPED)
             if stop is not None:
                 req.stop_reason = stop
+            elif req.is_finished:
+                parent.detoks[idx].flush()
             touched[parent.request_id] = parent
         for parent in touched.values():
             if not parent.reported_final:

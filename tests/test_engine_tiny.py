@@ -1,0 +1,273 @@
+"""The engine end to end on the tiny random checkpoint: greedy tokens equal the reference forward's,
+scheduling (chunked prefill, prefix caching, preemption) never changes them, nothing is lost,
+aborts free every block, bad requests fail alone."""
+
+import random
+
+import pytest
+import torch
+from model_fixtures import EOS_ID, make_tiny_checkpoint, tiny_checkpoint  # noqa: F401  (fixture)
+
+from specops.engine.config import EngineConfig
+from specops.engine.llm import LLM
+from specops.engine.llm_engine import LLMEngine
+from specops.engine.model.loader import load_model
+from specops.engine.model.reference import reference_forward
+from specops.engine.sampling_params import SamplingParams
+
+_LOADED = {}
+
+
+def loaded_model(path, device, dtype=torch.float32):
+    key = (path, device, dtype)
+    if key not in _LOADED:
+        _LOADED[key] = load_model(path, device=device, dtype=dtype)
+    return _LOADED[key]
+
+
+def engine(lm, **kw) -> LLMEngine:
+    kw.setdefault("max_model_len", 256)
+    return LLMEngine(EngineConfig(**kw), loaded=lm)
+
+
+def run_all(eng, prompts, params):
+    """Add everything, step to the end; return {request_id: RequestOutput} and check the pool."""
+    ids = [eng.add_request(p, sp) for p, sp in zip(prompts, params)]
+    done = {}
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                assert out.request_id not in done, "finished twice"
+                done[out.request_id] = out
+        eng.scheduler.check()
+    assert set(done) == set(ids), "a request was lost"
+    assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
+    return [done[i] for i in ids]
+
+
+def assert_reference_greedy(lm, prompt_ids, out_ids, exact=True):
+    """Teacher-forced: every engine token is the reference argmax after its prefix, which makes the
+    engine's sequence the reference's greedy decoding (by induction). One reference forward."""
+    seq = list(prompt_ids) + list(out_ids)
+    logits = reference_forward(lm.model, seq[:-1])[len(prompt_ids) - 1:]  # row j predicts out_ids[j]
+    toks = torch.tensor(out_ids, device=logits.device)
+    best = logits.max(dim=-1).values
+    chosen = logits.gather(1, toks[:, None]).squeeze(1)
+    if exact:
+        assert torch.equal(logits.argmax(dim=-1), toks), (logits.argmax(dim=-1).tolist(), out_ids)
+    else:  # bf16 paged vs bf16 reference: near-ties may flip
+        assert bool((chosen >= best - 0.25).all()), (best - chosen).max()
+        assert float((logits.argmax(dim=-1) == toks).float().mean()) >= 0.9
+
+
+def mixed_prompts(n, seed, vocab=384, shared=True):
+    rng = random.Random(seed)
+    prefix = [rng.randrange(3, vocab) for _ in range(40)]
+    out = []
+    for _ in range(n):
+        body = [rng.randrange(3, vocab) for _ in range(rng.randrange(1, 50))]
+        out.append((prefix[:rng.choice([0, 16, 33, 40])] if shared else []) + body)
+    return out
+
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+
+
+def test_greedy_matches_reference(tiny_checkpoint, device):  # noqa: F811
+    lm = loaded_model(tiny_checkpoint, device)
+    prompts = mixed_prompts(6, seed=1)
+    outs = run_all(engine(lm), prompts, [GREEDY] * len(prompts))
+    for p, o in zip(prompts, outs):
+        assert len(o.token_ids) == 20 and o.outputs[0].finish_reason == "length"
+        assert_reference_greedy(lm, p, o.token_ids)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 + FlashInfer path runs on CUDA")
+def test_greedy_matches_reference_bf16_cuda(tiny_checkpoint):  # noqa: F811
+    lm = load_model(tiny_checkpoint, device="cuda", dtype=torch.bfloat16)  # FlashInfer when installed
+    prompts = mixed_prompts(6, seed=2)
+    outs = run_all(engine(lm), prompts, [GREEDY] * len(prompts))
+    for p, o in zip(prompts, outs):
+        assert_reference_greedy(lm, p, o.token_ids, exact=False)
+
+
+SCHEDULES = {
+    "chunked": dict(max_num_batched_tokens=16, max_num_seqs=3),
+    "tiny-kv-preempt": dict(num_kv_blocks=12, block_size=8, max_num_batched_tokens=64, max_model_len=96),
+    "no-prefix-cache": dict(enable_prefix_caching=False, max_num_batched_tokens=40),
+    "block-size-1": dict(block_size=1, max_num_batched_tokens=33),
+}
+
+
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_scheduling_does_not_change_outputs(tiny_checkpoint, device, name):  # noqa: F811
+    lm = loaded_model(tiny_checkpoint, device)
+    prompts = mixed_prompts(8, seed=3)
+    base = run_all(engine(lm), prompts, [GREEDY] * len(prompts))
+    eng = engine(lm, **SCHEDULES[name])
+    outs = run_all(eng, prompts, [GREEDY] * len(prompts))
+    assert [o.token_ids for o in outs] == [o.token_ids for o in base]
+    if name == "tiny-kv-preempt":
+        assert eng.scheduler.num_preemptions > 0
+    if name == "chunked":
+        assert eng.block_manager.num_prefix_hits > 0  # shared prefixes came from the cache
+
+
+def test_prefix_cache_hit_reuses_kv(tiny_checkpoint, device):  # noqa: F811
+    lm = loaded_model(tiny_checkpoint, device)
+    eng = engine(lm, block_size=4)
+    prompt = mixed_prompts(1, seed=4, shared=False)[0] + list(range(3, 40))
+    first = run_all(eng, [prompt], [GREEDY])[0]
+    second = run_all(eng, [prompt], [GREEDY])[0]
+    assert second.num_cached_tokens == (len(prompt) - 1) // 4 * 4 > 0
+    assert second.token_ids == first.token_ids
+    assert_reference_greedy(lm, prompt, second.token_ids)
+
+
+def test_many_requests_mixed_lengths_none_lost(tiny_checkpoint):  # noqa: F811
+    lm = loaded_model(tiny_checkpoint, "cpu")
+    rng = random.Random(5)
+    eng = engine(lm, max_num_batched_tokens=48, max_num_seqs=16, num_kv_blocks=40, block_size=8, max_model_len=128)
+    prompts = mixed_prompts(60, seed=5)
+    want = {}
+    done = {}
+    step = 0
+    while prompts or eng.has_unfinished_requests():
+        for _ in range(rng.randrange(0, 4)):  # continuous arrivals
+            if prompts:
+                sp = SamplingParams(temperature=0.0, max_tokens=rng.randrange(1, 12), ignore_eos=rng.random() < 0.5)
+                want[eng.add_request(prompts.pop(), sp)] = sp
+        for out in eng.step():
+            if out.finished:
+                assert out.request_id not in done
+                done[out.request_id] = out
+        eng.scheduler.check()
+        step += 1
+        assert step < 3000
+    assert set(done) == set(want)
+    for rid, out in done.items():
+        n = len(out.token_ids)
+        assert 1 <= n <= want[rid].max_tokens and out.error is None
+        assert out.outputs[0].finish_reason == ("length" if n == want[rid].max_tokens else "stop") or \
+            out.token_ids[-1] == EOS_ID
+    assert eng.scheduler.num_preemptions > 0
+    assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
+
+
+def test_abort_frees_every_block(tiny_checkpoint):  # noqa: F811
+    lm = loaded_model(tiny_checkpoint, "cpu")
+    eng = engine(lm, max_num_batched_tokens=24)
+    ids = [eng.add_request(p, SamplingParams(max_tokens=50, ignore_eos=True)) for p in mixed_prompts(6, seed=6)]
+    for _ in range(4):
+        eng.step()
+    assert eng.block_manager.num_free_blocks < eng.block_manager.num_blocks
+    eng.abort_request(ids[0])  # running
+    eng.abort_request(ids[5])  # possibly still waiting / mid-prefill
+    outs = {o.request_id: o for o in eng.step()}
+    for rid in (ids[0], ids[5]):
+        assert outs[rid].finished and outs[rid].outputs[0].finish_reason == "abort"
+    for rid in ids[1:5]:
+        eng.abort_request(rid)
+    eng.step()
+    eng.scheduler.check()
+    assert not eng.has_unfinished_requests()
+    assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
+    eng.abort_request("unknown")  # no-op
+
+
+def test_bad_requests_fail_alone(tiny_checkpoint):  # noqa: F811
+    lm = loaded_model(tiny_checkpoint, "cpu")
+    eng = engine(lm, max_model_len=64)
+    good = mixed_prompts(2, seed=7, shared=False)
+    bad = [
+        ("", GREEDY, "prompt is empty"),
+        ([], GREEDY, "prompt is empty"),
+        (list(range(3, 70)), GREEDY, "max_model_len=64"),
+        ([5, 9999], GREEDY, "token ids must be in"),
+        (3.5, GREEDY, "prompt must be a string"),
+        ("hello", SamplingParams(temperature=-1.0), "temperature"),
+        ("hello", SamplingParams(top_p=0.0), "top_p"),
+        ("hello", SamplingParams(top_k=10**6), "top_k"),
+        ("hello", SamplingParams(logit_bias={10**6: 1.0}), "logit_bias"),
+        ("hello", SamplingParams(max_tokens=0), "max_tokens"),
+        ("hello", SamplingParams(stop=[""]), "stop"),
+        ("hello", "not params", "SamplingParams"),
+    ]
+    prompts = [good[0]] + [b[0] for b in bad] + [good[1]]
+    params = [GREEDY] + [b[1] for b in bad] + [GREEDY]
+    outs = run_all(eng, prompts, params)
+    for out, (_, _, msg) in zip(outs[1:-1], bad):
+        assert out.finished and out.error is not None and msg in out.error, (msg, out.error)
+    ref = run_all(engine(lm, max_model_len=64), good, [GREEDY] * 2)
+    assert [outs[0].token_ids, outs[-1].token_ids] == [r.token_ids for r in ref]
+    assert outs[0].error is None and outs[-1].error is None
+
+
+def test_stream_deltas_add_up(tiny_checkpoint):  # noqa: F811
+    lm = loaded_model(tiny_checkpoint, "cpu")
+    llm = LLM(loaded=lm, max_model_len=256)
+    sp = SamplingParams(temperature=10.0, seed=3, max_tokens=40, ignore_eos=True)
+    full = llm.generate("the quick brown fox", sp)[0]
+    assert full.text == lm.tokenizer.decode(full.token_ids)
+    outs = list(llm.stream("the quick brown fox", sp))
+    assert "".join(o.outputs[0].delta_text for o in outs) == full.text
+    assert sum(len(o.outputs[0].delta_token_ids) for o in outs) == 40
+    assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
+
+
+def test_seeded_sampling_is_batch_invariant(tiny_checkpoint):  # noqa: F811
+    lm = loaded_model(tiny_checkpoint, "cpu")
+    prompt = mixed_prompts(1, seed=8, shared=False)[0]
+    sp = SamplingParams(temperature=10.0, seed=1234, max_tokens=16, ignore_eos=True)
+    alone = run_all(engine(lm), [prompt], [sp])[0].token_ids
+    others = mixed_prompts(5, seed=9)
+    mixed = run_all(engine(lm, max_num_batched_tokens=20), others[:2] + [prompt] + others[2:],
+                    [SamplingParams(temperature=0.7, max_tokens=10)] * 2 + [sp] + [GREEDY] * 3)
+    assert mixed[2].token_ids == alone
+    other_seed = run_all(engine(lm), [prompt], [SamplingParams(temperature=10.0, seed=99, max_tokens=16,
+                                                               ignore_eos=True)])[0].token_ids
+    assert other_seed != alone
+
+
+def test_n_samples_and_logprobs(tiny_checkpoint):  # noqa: F811
+    lm = loaded_model(tiny_checkpoint, "cpu")
+    prompt = mixed_prompts(1, seed=10, shared=False)[0]
+    out = run_all(engine(lm), [prompt], [SamplingParams(n=3, temperature=10.0, seed=5, max_tokens=8,
+                                                        ignore_eos=True, logprobs=3)])[0]
+    assert len(out.outputs) == 3 and all(len(c.token_ids) == 8 for c in out.outputs)
+    assert len({tuple(c.token_ids) for c in out.outputs}) > 1
+    c = out.outputs[0]
+    ref = torch.log_softmax(reference_forward(lm.model, prompt + c.token_ids[:-1]).double(), dim=-1)
+    for j, lp in enumerate(c.logprobs):
+        row = ref[len(prompt) - 1 + j]
+        assert lp.token_id == c.token_ids[j]
+        assert abs(lp.logprob - float(row[lp.token_id])) < 1e-4
+        assert lp.rank == int((row > row[lp.token_id] + 1e-6).sum()) + 1
+        assert len(lp.top) == 3 and max(lp.top.values()) == pytest.approx(float(row.max()), abs=1e-4)
+    assert c.cumulative_logprob == pytest.approx(sum(lp.logprob for lp in c.logprobs))
+
+
+def test_unknown_and_malformed_model(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        LLM(str(tmp_path / "nope"))
+    bad = make_tiny_checkpoint(tmp_path / "bad")
+    import json
+    cfg = json.loads((tmp_path / "bad" / "config.json").read_text())
+    del cfg["hidden_size"]
+    (tmp_path / "bad" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="hidden_size"):
+        LLM(bad, device="cpu")
+
+
+def test_engine_config_errors(tiny_checkpoint):  # noqa: F811
+    lm = loaded_model(tiny_checkpoint, "cpu")
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine(lm, max_model_len=10**6)
+    with pytest.raises(ValueError, match="KV cache holds"):
+        engine(lm, num_kv_blocks=2, block_size=4, max_model_len=64)
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        engine(lm, max_num_seqs=0)
+    eng = engine(lm)
+    eng.add_request("hi", GREEDY, request_id="x")
+    with pytest.raises(ValueError, match="already in use"):
+        eng.add_request("hi", GREEDY, request_id="x")
