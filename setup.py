@@ -10,6 +10,7 @@ specops.triton_kernels and specops.engine: no other top-level name is installed.
 """
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -45,9 +46,22 @@ class CMakeBuild(build_ext):
             f"-DSPECOPS_CUDA_ARCHS={os.environ.get('SPECOPS_CUDA_ARCHS', '90')}",
             "-GNinja",
         ]
+        if with_cuda:
+            nvcc = _find_nvcc()
+            if nvcc:  # else CMake searches PATH itself, and fails with a clear message
+                root = Path(nvcc).resolve().parent.parent
+                args += [f"-DCMAKE_CUDA_COMPILER={nvcc}", f"-DCUDAToolkit_ROOT={root}", f"-DCUDA_TOOLKIT_ROOT_DIR={root}"]
         jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
         subprocess.run(["cmake", ext.source_dir, *args], cwd=build_dir, check=True)
         subprocess.run(["cmake", "--build", ".", "-j", jobs], cwd=build_dir, check=True)
+
+
+def _find_nvcc() -> str | None:
+    """nvcc from CUDACXX, CUDA_HOME/CUDA_PATH, PATH, or /usr/local/cuda, in that order."""
+    candidates = [os.environ.get("CUDACXX")]
+    candidates += [str(Path(os.environ[k]) / "bin" / "nvcc") for k in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(k)]
+    candidates += [shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"]
+    return next((c for c in candidates if c and Path(c).is_file()), None)
 
 
 def packages() -> tuple[list[str], dict[str, str]]:

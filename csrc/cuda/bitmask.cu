@@ -1,0 +1,25 @@
+// Grammar bitmask apply kernel and its launcher (no torch: see launch.cuh).
+#include "cuda/bitmask_kernels.cuh"
+
+namespace specops {
+
+template <typename T, int VEC, int UNROLL>
+__global__ void __launch_bounds__(kBlock) apply_token_bitmask_kernel(const BitmaskParams p) {
+  bitmask_thread<T, VEC, UNROLL>(p, Coord::here());
+}
+
+cudaError_t launch_apply_token_bitmask(const BitmaskParams& p, FloatType dtype, int num_sms,
+                                       cudaStream_t stream) {
+  const LaunchConfig cfg = bitmask_config(p, dtype, num_sms);
+  if (cfg.empty()) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>(cfg.grid_x), static_cast<unsigned>(cfg.grid_y));
+  with_float_type(dtype, [&](auto t) {
+    using T = typename decltype(t)::type;
+    with_vec_unroll<T>(cfg, [&](auto vec, auto unroll) {
+      apply_token_bitmask_kernel<T, decltype(vec)::value, decltype(unroll)::value><<<grid, cfg.block, 0, stream>>>(p);
+    });
+  });
+  return cudaGetLastError();
+}
+
+}  // namespace specops
