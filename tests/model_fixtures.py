@@ -43,3 +43,42 @@ def make_tiny_checkpoint(path, vocab_size: int = 384, num_layers: int = 2, dtype
 def tiny_checkpoint(tmp_path_factory) -> str:
     """Path of a session-wide tiny Llama checkpoint (default arguments of make_tiny_checkpoint)."""
     return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny_llama"))
+
+
+class PagedRunner:
+    """Minimal paged bookkeeping to drive ``model.forward`` in tests, without the engine.
+
+    Every sequence owns a fixed, shuffled set of blocks (so block tables are not the
+    identity), enough for ``max_len`` tokens. ``step({seq: [new token ids], ...})``
+    runs one forward over all given sequences (in the dict's order) and returns each
+    sequence's logits for its new tokens.
+    """
+
+    def __init__(self, model, num_seqs: int, max_len: int, block_size: int, seed: int = 0):
+        per_seq = -(-max_len // block_size)
+        total = num_seqs * per_seq + 1
+        perm = torch.randperm(total, generator=torch.Generator().manual_seed(seed)).tolist()
+        self.model = model
+        self.block_size = block_size
+        self.tables = [perm[i * per_seq:(i + 1) * per_seq] for i in range(num_seqs)]
+        self.caches = model.make_kv_caches(total, block_size)
+        self.ctx = [0] * num_seqs
+
+    def step(self, chunks: dict[int, list[int]]) -> dict[int, torch.Tensor]:
+        from specops.engine.model import AttnMetadata
+
+        seqs = list(chunks)
+        attn = AttnMetadata.build(self.caches, [self.ctx[s] for s in seqs], [len(chunks[s]) for s in seqs],
+                                  [self.tables[s] for s in seqs], self.block_size)
+        dev = self.model.device
+        ids = torch.tensor([t for s in seqs for t in chunks[s]], dtype=torch.int64, device=dev)
+        pos = torch.tensor([p for s in seqs for p in range(self.ctx[s], self.ctx[s] + len(chunks[s]))],
+                           dtype=torch.int64, device=dev)
+        logits = self.model.compute_logits(self.model(ids, pos, attn))
+        out, start = {}, 0
+        for s in seqs:
+            n = len(chunks[s])
+            out[s] = logits[start:start + n]
+            start += n
+            self.ctx[s] += n
+        return out

@@ -1,0 +1,224 @@
+"""The paged model on tiny generated checkpoints (HF layout): forward vs reference, loader errors, tokenizer."""
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+from model_fixtures import PagedRunner, make_tiny_checkpoint, tiny_checkpoint  # noqa: F401  (fixture)
+
+from specops.engine.model import flashinfer_available, load_model, reference_forward
+from specops.engine.model.random_checkpoint import llama3_8b_shapes_config, random_model
+from specops.engine.model.llama import expected_shapes
+
+ARCHS = {
+    "llama_tied": dict(),
+    "qwen2_bias_untied": dict(architecture="Qwen2ForCausalLM", tie_word_embeddings=False, num_heads=4,
+                              num_kv_heads=2, hidden_size=192),
+    "mistral_mha_hd32": dict(architecture="MistralForCausalLM", num_heads=4, num_kv_heads=4, head_dim=32),
+}
+
+
+@pytest.fixture(scope="module", params=list(ARCHS))
+def tiny_model(request, tmp_path_factory):
+    path = make_tiny_checkpoint(tmp_path_factory.mktemp(request.param), **ARCHS[request.param])
+    return load_model(path)
+
+
+def run_schedule(model, prompts, block_size, split):
+    """Chunked prefill of prompt 0 across two steps, the others' prefill in step 1, then
+    three all-decode steps (greedy tokens from the paged logits). Returns per-sequence
+    (all token ids, paged logits for every position)."""
+    runner = PagedRunner(model, len(prompts), max_len=max(map(len, prompts)) + 8, block_size=block_size)
+    toks = [list(p) for p in prompts]
+    logits = [[] for _ in prompts]
+    first = {0: prompts[0][:split], **{i: list(p) for i, p in enumerate(prompts) if i}}
+    for s, lg in runner.step(first).items():
+        logits[s].append(lg)
+    second = {0: prompts[0][split:]}
+    for i in range(1, len(prompts)):  # the others decode while prompt 0 finishes its prefill
+        nxt = int(logits[i][-1][-1].argmax())
+        toks[i].append(nxt)
+        second[i] = [nxt]
+    for s, lg in runner.step(second).items():
+        logits[s].append(lg)
+    for _ in range(3):
+        step = {}
+        for i in range(len(prompts)):
+            nxt = int(logits[i][-1][-1].argmax())
+            toks[i].append(nxt)
+            step[i] = [nxt]
+        for s, lg in runner.step(step).items():
+            logits[s].append(lg)
+    return [(t, torch.cat(lg)) for t, lg in zip(toks, logits)]
+
+
+@pytest.mark.parametrize("block_size", [5, 16])
+def test_paged_forward_matches_reference(tiny_model, block_size):
+    g = torch.Generator().manual_seed(1)
+    v = tiny_model.config.vocab_size
+    prompts = [torch.randint(3, v, (n,), generator=g).tolist() for n in (23, 11, 1, 16)]
+    for toks, paged in run_schedule(tiny_model.model, prompts, block_size, split=9):
+        ref = reference_forward(tiny_model.model, toks)
+        assert paged.shape == ref.shape == (len(toks), v)
+        assert paged.dtype == torch.float32
+        torch.testing.assert_close(paged, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_model_interface(tiny_checkpoint):
+    lm = load_model(tiny_checkpoint)
+    c = lm.config
+    assert lm.model.attn_backend_name == "torch" and lm.dtype == torch.float32
+    caches = lm.model.make_kv_caches(7, 4)
+    assert len(caches) == c.num_layers
+    assert all(x.shape == (2, 7, 4, c.num_kv_heads, c.head_dim) and x.dtype == torch.float32 for x in caches)
+    assert lm.model.compute_logits(torch.randn(3, c.hidden_size)).shape == (3, c.vocab_size)
+    lm16 = load_model(tiny_checkpoint, dtype=torch.bfloat16)
+    assert lm16.model.make_kv_caches(2, 4)[0].dtype == torch.bfloat16
+    assert lm16.model.compute_logits(torch.randn(2, c.hidden_size, dtype=torch.bfloat16)).dtype == torch.float32
+
+
+def test_tokenizer(tiny_checkpoint):
+    tok = load_model(tiny_checkpoint).tokenizer
+    assert tok.vocab_size == 384 and tok.eos_token_ids == [2] and tok.bos_token_id == 1
+    for text in ["Hello world!", "The capital of France is Paris.", "  spaces\tand\nnewlines ", "ünïcödé ✓ 🚀",
+                 "1234567890"]:
+        assert tok.decode(tok.encode(text)) == text
+    chat = tok.apply_chat_template([{"role": "user", "content": "Hi"}])
+    assert chat == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    ids = tok.encode(chat)
+    assert ids[0] == 1 and ids.count(2) == 1 and ids.count(1) == 2  # special tokens parsed as single ids
+    assert tok.decode(ids) == "user\nHi\nassistant\n"
+    assert tok.id_to_token(2) == "<|im_end|>"
+    assert tok.decode([5, 10**6, -1]) == tok.decode([5])  # ids outside the vocabulary are dropped
+    with pytest.raises(TypeError):
+        tok.encode(123)
+
+
+# ---- bad checkpoints ---------------------------------------------------------------------------
+
+
+def test_unknown_path():
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_model("/nonexistent/model/dir")
+
+
+def _edit_config(path, **changes):
+    cfg_path = os.path.join(path, "config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k)
+        else:
+            cfg[k] = v
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+
+
+def _edit_tensors(path, fn):
+    from safetensors.torch import load_file, save_file
+    f = os.path.join(path, "model.safetensors")
+    t = load_file(f)
+    fn(t)
+    save_file(t, f)
+
+
+@pytest.mark.parametrize("breakage,match", [
+    (lambda p: _edit_config(p, hidden_size=None), "missing required keys.*hidden_size"),
+    (lambda p: _edit_config(p, architectures=["GPT2LMHeadModel"]), "not supported"),
+    (lambda p: _edit_config(p, hidden_act="gelu"), "hidden_act"),
+    (lambda p: _edit_config(p, num_key_value_heads=3), "multiple of"),
+    (lambda p: open(os.path.join(p, "config.json"), "w").write("{not json"), "invalid JSON"),
+    (lambda p: os.remove(os.path.join(p, "config.json")), "no config.json"),
+    (lambda p: os.remove(os.path.join(p, "tokenizer.json")), "no tokenizer.json"),
+    (lambda p: os.remove(os.path.join(p, "model.safetensors")), "no \\*.safetensors"),
+    (lambda p: open(os.path.join(p, "model.safetensors"), "wb").write(b"junk"), "not a readable safetensors"),
+    (lambda p: _edit_tensors(p, lambda t: t.pop("model.layers.1.mlp.up_proj.weight")),
+     "missing tensor 'model.layers.1.mlp.up_proj.weight'"),
+    (lambda p: _edit_tensors(p, lambda t: t.update({"model.layers.0.self_attn.k_proj.weight": torch.zeros(32, 128)})),
+     r"k_proj.weight' has shape \(32, 128\), expected \(64, 128\)"),
+    (lambda p: _edit_tensors(p, lambda t: t.update({"model.extra.weight": torch.zeros(3)})), "does not use"),
+    (lambda p: _edit_config(p, tie_word_embeddings=False), "missing tensor 'lm_head.weight'"),
+])
+def test_malformed_checkpoint(tiny_checkpoint, tmp_path, breakage, match):
+    path = str(tmp_path / "broken")
+    shutil.copytree(tiny_checkpoint, path)
+    breakage(path)
+    with pytest.raises(ValueError, match=match):
+        load_model(path)
+
+
+def test_bad_arguments(tiny_checkpoint, tmp_path):
+    with pytest.raises(ValueError, match="dtype"):
+        load_model(tiny_checkpoint, dtype=torch.int32)
+    with pytest.raises(TypeError, match="path"):
+        load_model(123)
+    with pytest.raises(ValueError, match="attn_backend"):
+        load_model(tiny_checkpoint, attn_backend="nope")
+    junk = tmp_path / "model.bin"
+    junk.write_bytes(b"not a model")
+    with pytest.raises(ValueError, match="neither a directory nor a .gguf"):
+        load_model(str(junk))
+    fake_gguf = tmp_path / "model.gguf"
+    fake_gguf.write_bytes(b"GGUF but truncated")
+    with pytest.raises(ValueError, match="GGUF"):
+        load_model(str(fake_gguf))
+
+
+def test_llama3_8b_shapes_config():
+    c = llama3_8b_shapes_config(num_layers=2)
+    shapes = expected_shapes(c)
+    assert shapes["layers.0.qkv_proj.weight"] == ((32 + 2 * 8) * 128, 4096)
+    assert shapes["layers.1.gate_up_proj.weight"] == (2 * 14336, 4096)
+    assert shapes["lm_head.weight"] == (128256, 4096)
+    per_layer = sum(int(torch.tensor(s).prod()) for k, s in shapes.items() if k.startswith("layers.0."))
+    assert per_layer == 218_112_000  # Llama-3-8B: 4096*(4096+1024+1024+4096) + 3*4096*14336 + 2*4096
+
+
+# ---- CUDA ----------------------------------------------------------------------------------------
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+needs_flashinfer = pytest.mark.skipif(not flashinfer_available(), reason="needs CUDA and flashinfer")
+
+
+@needs_cuda
+def test_cuda_fp32_torch_backend_matches_reference(tiny_checkpoint):
+    lm = load_model(tiny_checkpoint, device="cuda", dtype=torch.float32, attn_backend="torch")
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, 384, (n,), generator=g).tolist() for n in (20, 7, 13)]
+    for toks, paged in run_schedule(lm.model, prompts, 16, split=8):
+        ref = reference_forward(lm.model, toks)
+        torch.testing.assert_close(paged, ref, rtol=1e-3, atol=1e-3)
+
+
+@needs_flashinfer
+def test_cuda_bf16_flashinfer_matches_torch_backend(tiny_checkpoint):
+    lm = load_model(tiny_checkpoint, device="cuda")  # bf16, FlashInfer by default
+    assert lm.dtype == torch.bfloat16 and lm.model.attn_backend_name == "flashinfer"
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 384, (n,), generator=g).tolist() for n in (40, 9, 17, 1)]
+    fi = run_schedule(lm.model, prompts, 16, split=25)
+    lm.model.set_attn_backend("torch")
+    agree = total = 0
+    for (toks, a), _ in zip(fi, prompts):
+        # Teacher-force the FlashInfer run's tokens through the torch backend.
+        ref = reference_forward(lm.model, toks)
+        assert (a - ref).abs().max() < 0.05 * ref.abs().max() + 0.1
+        agree += int((a.argmax(-1) == ref.argmax(-1)).sum())
+        total += a.shape[0]
+    assert agree >= 0.9 * total
+
+
+@needs_flashinfer
+def test_cuda_llama3_8b_shapes_flashinfer_vs_torch():
+    lm = random_model(llama3_8b_shapes_config(num_layers=2), device="cuda")
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, 128256, (n,), generator=g).tolist() for n in (70, 33, 5)]
+    fi = run_schedule(lm.model, prompts, 16, split=40)
+    lm.model.set_attn_backend("torch")
+    for toks, a in fi:
+        runner_logits = reference_forward(lm.model, toks)
+        rel = (a - runner_logits).norm() / runner_logits.norm()
+        assert rel < 0.05, f"relative logits error {rel:.3g}"
