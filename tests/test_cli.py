@@ -1,0 +1,86 @@
+"""`specops generate`: options for every SamplingParams field, streaming, batch files, clear errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from model_fixtures import tiny_checkpoint  # noqa: F401  (fixture)
+
+from specops.cli import _sampling_params, build_parser
+from specops.engine.sampling_params import SamplingParams
+
+
+def run_cli(*args, timeout=300):
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return subprocess.run([sys.executable, "-m", "specops.cli", "generate", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def test_every_sampling_field_has_an_option():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices["generate"]
+    options = {s for a in sub._actions for s in a.option_strings}
+    for name in SamplingParams.field_names():
+        assert "--" + name.replace("_", "-") in options, name
+
+
+def test_options_reach_sampling_params():
+    args = build_parser().parse_args([
+        "generate", "hi", "--temperature", "0.7", "--top-k", "5", "--top-p", "0.9", "--min-p", "0.05",
+        "--repetition-penalty", "1.1", "--frequency-penalty", "0.2", "--presence-penalty", "0.3",
+        "--logit-bias", '{"3": -1.5}', "--allowed-token-ids", "3", "4", "5", "--bad-words", "foo",
+        "--min-tokens", "2", "--max-tokens", "9", "--stop", "a", "--stop", "b", "--stop-token-ids", "7",
+        "--ignore-eos", "--seed", "11", "--logprobs", "2", "--n", "2", "--no-skip-special-tokens"])
+    sp = _sampling_params(args)
+    assert sp == SamplingParams(n=2, temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, repetition_penalty=1.1,
+                                frequency_penalty=0.2, presence_penalty=0.3, logit_bias={3: -1.5},
+                                allowed_token_ids=[3, 4, 5], bad_words=["foo"], min_tokens=2, max_tokens=9,
+                                stop=["a", "b"], stop_token_ids=[7], ignore_eos=True, seed=11, logprobs=2,
+                                skip_special_tokens=False)
+    assert _sampling_params(build_parser().parse_args(["generate", "hi"])).temperature == 0.0  # greedy default
+
+
+def test_generate_streams_and_reports_speed(tiny_checkpoint):  # noqa: F811
+    r = run_cli("hello world", "--model", tiny_checkpoint, "--max-tokens", "6", "--ignore-eos", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() and "tokens/s" in r.stderr and "[6 tokens" in r.stderr
+
+
+def test_batch_file_with_a_bad_line(tiny_checkpoint, tmp_path):  # noqa: F811
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("\n".join([json.dumps("plain string prompt"),
+                              json.dumps({"id": "b", "prompt": "with overrides", "max_tokens": 3}),
+                              json.dumps({"id": "c", "prompt": ""}),
+                              json.dumps({"id": "d", "messages": [{"role": "user", "content": "hi"}]})]) + "\n")
+    r = run_cli("--model", tiny_checkpoint, "--prompts-file", str(src), "--output", str(dst), "--max-tokens", "5",
+                "--ignore-eos")
+    assert r.returncode == 1, r.stderr  # one request failed; the others completed
+    rows = [json.loads(line) for line in dst.read_text().splitlines()]
+    assert [row["id"] for row in rows] == [0, "b", "c", "d"]
+    assert [row["num_output_tokens"] for row in rows] == [5, 3, 0, 5]
+    assert rows[2]["error"] and "empty" in rows[2]["error"]
+    assert rows[3]["prompt"].startswith("<|im_start|>")
+    assert "1 errors" in r.stderr
+
+
+def test_clear_errors(tmp_path):
+    r = run_cli("hi", "--temperature", "-1")
+    assert r.returncode == 2 and "temperature" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("hi", "--model", str(tmp_path / "missing"))
+    assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli()
+    assert r.returncode == 2 and "give a prompt" in r.stderr
+
+
+def test_quickstart_default_model():
+    from specops.engine.model.loader import default_model_path
+    try:
+        default_model_path()
+    except FileNotFoundError as exc:  # pragma: no cover
+        pytest.skip(str(exc))
+    r = run_cli("--chat", "What is the capital of France?", "--max-tokens", "16")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout and "tokens/s" in r.stderr
