@@ -65,21 +65,30 @@ class DraftBatch:
         Per request, its drafts (possibly fewer than asked, possibly none). This is what
         the scheduler stores in ``request.spec_token_ids``.
     probs : torch.Tensor or None
-        [num_reqs, max_k, vocab] fp32 draft distributions (a draft model that samples);
-        row r, column i is the distribution draft i of request r was drawn from. None when
-        the proposer has none (n-gram: verification uses q = one-hot).
+        [num_prob_rows, max_k, vocab] fp32 draft distributions (a draft model that samples):
+        row r, column i is the distribution that draft i of request ``prob_request_ids[r]``
+        was drawn from. None when the proposer has none (n-gram: verification uses
+        q = one-hot).
+    prob_request_ids : list[str] or None
+        The request of each row of ``probs``; None means ``request_ids``.
     """
 
     request_ids: list[str]
     token_ids: list[list[int]]
     probs: torch.Tensor | None = None
+    prob_request_ids: list[str] | None = None
     _row: dict[str, int] = field(default_factory=dict, repr=False)
+    _drafts: dict[str, list[int]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if len(self.request_ids) != len(self.token_ids):
             raise ValueError(f"request_ids and token_ids must have the same length, got "
                              f"{len(self.request_ids)} and {len(self.token_ids)}")
-        self._row = {rid: i for i, rid in enumerate(self.request_ids)}
+        rows = self.request_ids if self.prob_request_ids is None else self.prob_request_ids
+        if self.probs is not None and self.probs.shape[0] != len(rows):
+            raise ValueError(f"probs has {self.probs.shape[0]} rows for {len(rows)} requests")
+        self._row = {rid: i for i, rid in enumerate(rows)}
+        self._drafts = dict(zip(self.request_ids, self.token_ids))
 
     @property
     def num_draft_tokens(self) -> int:
@@ -123,9 +132,10 @@ class DraftBatch:
             if n == 0:
                 continue
             row = self._row.get(rid)
-            if row is None or n > len(self.token_ids[row]):
-                raise ValueError(f"request {rid!r}: {n} drafts to verify but "
-                                 f"{0 if row is None else len(self.token_ids[row])} were proposed")
+            proposed = len(self._drafts.get(rid, ()))
+            if row is None or n > proposed:
+                raise ValueError(f"request {rid!r}: {n} drafts to verify but {proposed} were proposed"
+                                 + ("" if row is not None else " (with no draft probabilities)"))
             index.extend(range(row * max_k, row * max_k + n))
         flat = self.probs.view(-1, self.probs.shape[-1])
         idx = torch.from_numpy(np.asarray(index, dtype=np.int64)).to(flat.device, non_blocking=True)
