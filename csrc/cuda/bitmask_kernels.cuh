@@ -12,6 +12,14 @@ inline LaunchConfig bitmask_config(const BitmaskParams& p, FloatType dtype, int 
   return row_chunk_config(p.n, p.vocab, vectorised ? vec : 1, num_sms);
 }
 
+// -inf as a 32-bit word: one float, or two 16-bit halves.
+template <typename T>
+SPECOPS_HD uint32_t neg_inf_word() {
+  if constexpr (std::is_same<T, float>::value) return 0xFF800000u;
+  else if constexpr (std::is_same<T, __half>::value) return 0xFC00FC00u;
+  else return 0xFF80FF80u;  // bfloat16
+}
+
 // One thread: UNROLL groups of VEC consecutive logits of each row it visits (all bitmask
 // words loaded before any store), rows visited with stride gridDim.y.
 template <typename T, int VEC, int UNROLL>
@@ -35,11 +43,9 @@ SPECOPS_HD void bitmask_thread(const BitmaskParams& p, const Coord& c) {
     for (int u = 0; u < UNROLL; ++u) {
       if (bits[u] == kAll) continue;  // every token of the group allowed (or past the end)
       T* dst = lrow + (g0 + u * c.bdim) * VEC;
-      if (bits[u] == 0) {
-        Vec<T, VEC> v;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) v.v[j] = neg_inf;
-        store_vec<T, VEC>(dst, v);
+      if (VEC > 1 && bits[u] == 0) {  // one 16-byte store of -inf
+        const uint32_t w = neg_inf_word<T>();
+        store_vec<uint32_t, 4>(reinterpret_cast<uint32_t*>(dst), Vec<uint32_t, 4>{{w, w, w, w}});
       } else {
 #pragma unroll
         for (int j = 0; j < VEC; ++j)
