@@ -69,6 +69,23 @@ def setup_env(work: Path, archs: str, cuda_includes: list[str]) -> None:
     os.environ["FLASHINFER_WORKSPACE_BASE"] = str(work / "ws")
     os.environ.setdefault("CUDA_HOME", "/usr/local/cuda")
     os.environ.setdefault("FLASHINFER_DISABLE_VERSION_CHECK", "1")
+    stub = Path(os.environ["CUDA_HOME"]) / "lib64" / "stubs" / "libcuda.so"
+    if not stub.exists():
+        os.environ["FLASHINFER_EXTRA_LDFLAGS"] = f"-L{libcuda_stub(work)}"
+
+
+def libcuda_stub(work: Path) -> Path:
+    """A symbol-less libcuda.so (soname libcuda.so.1) for FlashInfer's `-lcuda` where the
+    toolkit ships no driver stub (as here): a shared library may keep undefined symbols, so
+    the module records NEEDED libcuda.so.1 and the real driver resolves them at load time,
+    exactly as with NVIDIA's stub."""
+    d = work / "cudastub"
+    lib = d / "libcuda.so"
+    if not lib.exists():
+        d.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cc", "-shared", "-x", "c", "/dev/null", "-o", str(lib), "-Wl,-soname,libcuda.so.1"],
+                       check=True)
+    return d
 
 
 def module_specs(prefill_dtypes: list[str], head_dims: list[int]):
@@ -79,7 +96,7 @@ def module_specs(prefill_dtypes: list[str], head_dims: list[int]):
     from flashinfer.jit.topk import gen_topk_module
 
     specs = [gen_sampling_module()]
-    for dt in prefill_dtypes:
+    for dt in [d for d in prefill_dtypes if d]:
         dtype = getattr(torch, DTYPES[dt])
         for hd in head_dims:
             # Exactly the arguments prefill.get_batch_prefill_module("fa2", ...) passes for
