@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -41,6 +41,9 @@ class EngineConfig:
         Attention backend name passed to the model side; None = its default for the device.
     seed : int
         Engine seed for unseeded requests.
+    logits_processors : list
+        Custom specops LogitsProcessor classes or "module:Class" names (installed packages'
+        "specops.logits_processors" entry points are loaded too).
     """
 
     model: str | None = None
@@ -57,6 +60,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     attn_backend: str | None = None
     seed: int = 0
+    logits_processors: list = field(default_factory=list)
 
     def validate(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):

@@ -80,7 +80,8 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, max_len, self.block_manager)
         self.runner = ModelRunner(self.model, mc.vocab_size, num_blocks, config.block_size, config.max_num_seqs,
-                                  max_len, seed=config.seed)
+                                  max_len, seed=config.seed, eos_token_ids=self.eos_token_ids,
+                                  logits_processors=config.logits_processors)
         self.parents: dict[str, _Parent] = {}
         self._child_parent: dict[str, _Parent] = {}
         self._counter = itertools.count()
@@ -251,8 +252,9 @@ class LLMEngine:
                 cumulative_logprob=req.cumulative_logprob if req.logprobs is not None else None))
         finished = parent.error is not None or all(r.is_finished for r in parent.children)
         parent.reported_final = finished
+        error = parent.error or next((r.error for r in parent.children if r.error), None)
         return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, outs, finished,
-                             parent.error, max((r.num_cached_tokens for r in parent.children), default=0))
+                             error, max((r.num_cached_tokens for r in parent.children), default=0))
 
     # ---- conveniences -------------------------------------------------------------------
 

@@ -34,8 +34,8 @@ class StepInputs:
     positions: torch.Tensor  # [T] int64
     attn: object  # AttnMetadata
     logits_indices: torch.Tensor  # [N] int64: token index of each sampled sequence's last position
-    sample_rows: torch.Tensor  # [N] int64: persistent-batch row of each sampled sequence
-    sample_positions: torch.Tensor  # [N] int64: position of the token being sampled
+    sample_rows: list[int]  # persistent-batch row of each sampled sequence
+    sample_positions: list[int]  # position of the token being sampled
     sample_reqs: list[Request]
 
 
@@ -57,7 +57,8 @@ class ModelRunner:
     """
 
     def __init__(self, model, vocab_size: int, num_blocks: int, block_size: int, max_num_reqs: int,
-                 max_model_len: int, seed: int = 0, num_lookahead_tokens: int = 0):
+                 max_model_len: int, seed: int = 0, num_lookahead_tokens: int = 0, eos_token_ids: list[int] = (),
+                 logits_processors: list = ()):
         from .model.attention import AttnMetadata
 
         self._attn_cls = AttnMetadata
@@ -67,14 +68,15 @@ class ModelRunner:
         self.kv_caches = model.make_kv_caches(num_blocks, block_size)
         max_blocks = -(-(max_model_len + num_lookahead_tokens) // block_size)
         self.input_batch = InputBatch(max_num_reqs, max_blocks)
-        self.sampler = BatchSampler(max_num_reqs, vocab_size, self.device, seed)
+        self.sampler = BatchSampler(max_num_reqs, vocab_size, self.device, seed, eos_token_ids, logits_processors)
         self.time_forward = 0.0  # seconds, for benchmarks (synchronised only when profile=True)
         self.time_sample = 0.0
         self.profile = False
 
     @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        self.sampler.update_state(self.input_batch.update(sched.scheduled))
+        upd = self.input_batch.update(sched.scheduled)
+        self.sampler.update_state(upd, self.input_batch.reqs[:self.input_batch.num_reqs])
         if sched.is_empty:
             return ModelRunnerOutput()
         inputs = self._prepare_inputs(sched)
@@ -86,9 +88,12 @@ class ModelRunner:
             return out
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         t1 = self._now()
-        tokens = self.sampler.sample(logits, inputs.sample_rows, inputs.sample_positions, self.input_batch.num_reqs)
         want = [i for i, r in enumerate(inputs.sample_reqs) if r.sampling_params.logprobs is not None]
-        lp = compute_logprobs(logits, tokens, want, [inputs.sample_reqs[i].sampling_params.logprobs for i in want])
+        want_t = torch.tensor(want, dtype=torch.int64).to(self.device) if want else None
+        raw = logits[want_t] if want else None  # a copy: sampling processes logits in place
+        tokens = self.sampler.sample(logits, inputs.sample_rows, inputs.sample_positions)
+        lp = compute_logprobs(raw, tokens[want_t], [inputs.sample_reqs[i].sampling_params.logprobs for i in want]) \
+            if want else []
         t2 = self._now()
         self.time_forward += t1 - t0
         self.time_sample += t2 - t1
@@ -143,7 +148,7 @@ class ModelRunner:
             positions=to(positions, torch.int64),
             attn=attn,
             logits_indices=to(qsl[1:][sample_rows] - 1, torch.int64),
-            sample_rows=to(sample_rows, torch.int64),
-            sample_positions=to(seq_lens[sample_rows], torch.int64),
+            sample_rows=sample_rows.tolist(),
+            sample_positions=seq_lens[sample_rows].tolist(),
             sample_reqs=[reqs[i] for i in sample_rows.tolist()],
         )

@@ -1,22 +1,37 @@
-"""The engine side of sampling: per-row parameters of the persistent batch, then one call to sample.
+"""The engine side of sampling: the persistent batch's sampling state, and the one call that draws.
 
-`BatchSampler` keeps, for every row of the persistent batch, the request's sampling
-parameters (host arrays moved to the device when the batch changes) and, once a request
-with penalties arrives, the prompt-token mask and output-token counts that penalties
-need ([rows, vocab] on the device, updated incrementally after every step). It follows
-the batch through the same BatchUpdate that the logits processors get.
+`BatchSampler` follows the persistent batch through its BatchUpdates: it feeds them to the
+logits processors (min_tokens, logit_bias, min_p and any custom ones), rebuilds the
+batch's `SamplingMetadata` when the batch changed, and keeps the penalty state that
+penalties need: a prompt-token mask and output-token counts per row ([rows, vocab] on
+the device, allocated when the first request with penalties arrives, updated after
+every step with `specops.ops.token_bincount_update_`, so the cost of a step does not
+grow with the length of the outputs).
 
-`sample()` is the one place that draws tokens.
+Each step, `sample` gathers the metadata of the rows that sample (`expand`: rows that
+are mid-prompt have no logits) and runs the specops pipeline: allowed tokens, bad words,
+the non-argmax-invariant processors, penalties, then temperature/min-p/top-k/top-p and the
+counter-based draw (`specops.sampling.sample`). Seeded rows are keyed by (seed, token
+position), so their draws do not depend on the rest of the batch.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from specops import rng
+from specops.ops import apply_penalties_, token_bincount_update_
+from specops.sampling import SamplingMetadata
+from specops.sampling import sample as specops_sample
+from specops.sampling.logits_processors import LogitsRows, MinPLogitsProcessor, build_logits_processors
+from specops.sampling.sampler_torch import apply_allowed_token_mask_, apply_bad_words_
 
 from .input_batch import BatchUpdate
+from .request import Logprob, Request
+
+
+def sampler_name() -> str:
+    """Which sampling path the engine uses (reported by benchmarks)."""
+    return "specops.sampling.sample"
 
 
 class BatchSampler:
@@ -25,123 +40,132 @@ class BatchSampler:
     Parameters
     ----------
     max_num_reqs : int
+        Rows of the persistent batch.
     vocab_size : int
+        Width of the logits.
     device : torch.device
     seed : int
         Engine seed for requests without one.
+    eos_token_ids : list[int]
+        Banned by min_tokens until a request has generated enough tokens.
+    logits_processors : list
+        Custom LogitsProcessor classes or "module:Class" names.
     """
 
-    def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device, seed: int = 0):
+    def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device, seed: int = 0,
+                 eos_token_ids: list[int] = (), logits_processors: list = ()):
         self.max_num_reqs = max_num_reqs
         self.vocab_size = vocab_size
-        self.device = device
+        self.device = torch.device(device)
         self.seed = seed
-        self.step = 0
-        self.params: list = [None] * max_num_reqs
-        self.temperature = np.zeros(max_num_reqs, dtype=np.float32)
-        self.seeds = np.zeros(max_num_reqs, dtype=np.int64)
-        self.has_seed = np.zeros(max_num_reqs, dtype=bool)
-        self._dev: dict[str, torch.Tensor] | None = None
-        self.prompt_mask: torch.Tensor | None = None  # [rows, vocab] bool, allocated on demand
+        self.procs = build_logits_processors(max_num_reqs, vocab_size, self.device, custom=logits_processors,
+                                             eos_token_ids=eos_token_ids)
+        # min_p is applied by the fused draw from the metadata; the other processors run here.
+        self._before_penalties = self.procs.non_argmax_invariant
+        self._after_temperature = [p for p in self.procs.argmax_invariant if not isinstance(p, MinPLogitsProcessor)]
+        self.step = torch.zeros((), dtype=torch.int64, device=self.device)  # read by the metadata's row keys
+        self.prompt_mask: torch.Tensor | None = None  # [rows, vocab] bool
         self.output_counts: torch.Tensor | None = None  # [rows, vocab] int32
-        self._token_lists: list = [None] * max_num_reqs  # (prompt ids, output ids reference)
+        self._md: SamplingMetadata | None = None
+        self._reqs: list[Request] = []
 
-    # ---- persistent state ---------------------------------------------------------------
+    # ---- following the batch ------------------------------------------------------------
 
-    def update_state(self, upd: BatchUpdate | None) -> None:
+    def update_state(self, upd: BatchUpdate | None, reqs: list[Request]) -> None:
+        """Apply the step's BatchUpdate; `reqs` are the batch's rows after it."""
+        self.procs.update_state(upd)  # every step: min_tokens drops requests that reached their minimum
         if upd is None:
             return
-        self._dev = None
-        for row in upd.removed:
-            self.params[row] = None
-            self._token_lists[row] = None
-        for row, params, prompt_ids, output_ids in upd.added:
-            self.params[row] = params
-            self.temperature[row] = params.temperature
-            self.has_seed[row] = params.seed is not None
-            self.seeds[row] = params.seed if params.seed is not None else 0
-            self._token_lists[row] = (prompt_ids, output_ids)
-            if params.has_penalties and self.output_counts is None:
-                self._alloc_penalty_state()
-            if self.output_counts is not None:
-                self._fill_penalty_row(row)
-        for src, dst, _ in upd.moved:
-            for arr in (self.params, self._token_lists):
-                arr[dst], arr[src] = arr[src], None
-            for arr in (self.temperature, self.seeds, self.has_seed):
-                arr[dst] = arr[src]
-            if self.output_counts is not None:
-                self.prompt_mask[dst] = self.prompt_mask[src]
-                self.output_counts[dst] = self.output_counts[src]
+        self._md = None
+        self._reqs = reqs
+        if self.output_counts is None:
+            if any(r.sampling_params.has_penalties for r in reqs):
+                shape = (self.max_num_reqs, self.vocab_size)
+                self.prompt_mask = torch.zeros(shape, dtype=torch.bool, device=self.device)
+                self.output_counts = torch.zeros(shape, dtype=torch.int32, device=self.device)
+                for row in range(len(reqs)):
+                    self._fill_penalty_row(row, reqs[row])
+            return
+        for src, dst, _ in upd.moved:  # moves come after removals and additions
+            self.prompt_mask[dst] = self.prompt_mask[src]
+            self.output_counts[dst] = self.output_counts[src]
+        for row, *_ in upd.added:
+            self._fill_penalty_row(row, reqs[_final_row(row, upd.moved)])
 
-    def _alloc_penalty_state(self) -> None:
-        shape = (self.max_num_reqs, self.vocab_size)
-        self.prompt_mask = torch.zeros(shape, dtype=torch.bool, device=self.device)
-        self.output_counts = torch.zeros(shape, dtype=torch.int32, device=self.device)
-        for row, toks in enumerate(self._token_lists):
-            if toks is not None:
-                self._fill_penalty_row(row)
-
-    def _fill_penalty_row(self, row: int) -> None:
-        prompt_ids, output_ids = self._token_lists[row]
+    def _fill_penalty_row(self, row: int, req: Request) -> None:
+        dev = self.device
         self.prompt_mask[row].zero_()
-        self.prompt_mask[row, torch.tensor(prompt_ids, dtype=torch.int64, device=self.device)] = True
-        self.output_counts[row] = torch.bincount(
-            torch.tensor(output_ids, dtype=torch.int64, device=self.device),
-            minlength=self.vocab_size)[:self.vocab_size].to(torch.int32)
+        self.prompt_mask[row, torch.tensor(req.prompt_token_ids, dtype=torch.int64).to(dev)] = True
+        counts = torch.bincount(torch.tensor(req.output_token_ids, dtype=torch.int64), minlength=self.vocab_size)
+        self.output_counts[row] = counts[:self.vocab_size].to(dev, torch.int32)
 
-    def _device_arrays(self, num_reqs: int) -> dict[str, torch.Tensor]:
-        if self._dev is None:
-            to = lambda a: torch.from_numpy(a[:num_reqs].copy()).to(self.device, non_blocking=True)  # noqa: E731
-            self._dev = {"temperature": to(self.temperature), "seeds": to(self.seeds), "has_seed": to(self.has_seed)}
-        return self._dev
+    def _batch_metadata(self) -> SamplingMetadata:
+        if self._md is None:
+            reqs = self._reqs
+            n = len(reqs)
+            pen = self.output_counts is not None and any(r.sampling_params.has_penalties for r in reqs)
+            bad = {i: r.banned_words for i, r in enumerate(reqs) if r.banned_words}
+            self._md = SamplingMetadata.from_sampling_params(
+                [r.sampling_params for r in reqs], vocab_size=self.vocab_size, device=self.device,
+                engine_seed=self.seed, step=self.step,
+                prompt_mask=self.prompt_mask[:n] if pen else None,
+                output_counts=self.output_counts[:n] if pen else None,
+                bad_words_token_ids=bad or None,
+                output_token_ids=[r.output_token_ids for r in reqs] if bad else None,
+                logitsprocs=self.procs)
+        return self._md
 
     # ---- the draw -----------------------------------------------------------------------
 
     def sample(
         self,
-        logits: torch.Tensor,  # [N, vocab] fp32
-        rows: torch.Tensor,  # [N] int64: persistent-batch row of each logits row
-        positions: torch.Tensor,  # [N] int64: sequence position of the token being sampled
-        num_reqs: int,
-    ) -> torch.Tensor:  # [N] int64
-        """Draw one token per logits row (greedy rows take the argmax)."""
-        self.step += 1
-        dev = self._device_arrays(num_reqs)
-        temp = dev["temperature"][rows]
-        seeds, pos = rng.row_keys(dev["seeds"][rows], dev["has_seed"][rows], positions, self.seed,
-                                  torch.tensor(self.step, dtype=torch.int64, device=logits.device))
-        tokens = logits.argmax(dim=-1)
-        if bool((self.temperature[:num_reqs] > 0).any()):  # host arrays: no device sync
-            probs = torch.softmax(logits / torch.where(temp > 0, temp, 1.0).unsqueeze(1), dim=-1)
-            noise = rng.vocab_noise(seeds, pos, rng.STREAM_SAMPLE, logits.shape[1])
-            tokens = torch.where(temp > 0, (probs / noise).argmax(dim=-1), tokens)
+        logits: torch.Tensor,  # [N, vocab] fp32 raw logits of the sampling rows (modified in place)
+        rows: list[int],  # persistent-batch row of each logits row
+        positions: list[int],  # sequence position of the token each row samples
+    ) -> torch.Tensor:  # [N] int64, -1 where the logits were invalid (NaN, +inf, all -inf)
+        """Run the sampling pipeline on the rows that sample this step and draw one token each."""
+        reqs = [self._reqs[r] for r in rows]
+        md = self._batch_metadata().expand(
+            rows, position_offsets=positions,
+            rows=LogitsRows(list(rows), [len(r.output_token_ids) for r in reqs]),
+            output_token_ids=[r.output_token_ids for r in reqs] if self._md.bad_words_token_ids else None)
+        x = logits.float()
+        apply_allowed_token_mask_(x, md.allowed_token_mask)
+        apply_bad_words_(x, md.bad_words_token_ids, md.output_token_ids)
+        for proc in self._before_penalties:
+            x = proc.apply(x, md.rows)
+        if md.repetition_penalties is not None:
+            apply_penalties_(x, md.prompt_mask, md.output_counts, md.repetition_penalties,
+                             md.frequency_penalties, md.presence_penalties)
+        for proc in self._after_temperature:  # argmax-invariant custom processors
+            x = proc.apply(x, md.rows)
+        tokens = specops_sample(x, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds,
+                                md.positions).tokens
         if self.output_counts is not None:
-            self.output_counts.index_put_((rows, tokens), torch.ones_like(tokens, dtype=torch.int32),
-                                          accumulate=True)
+            token_bincount_update_(self.output_counts, md.rows.req_index_tensor(self.device), tokens)
+        self.step += 1
         return tokens
 
 
-def compute_logprobs(
-    logits: torch.Tensor,  # [N, vocab] fp32, as the model produced them ("raw" logprobs)
-    tokens: torch.Tensor,  # [N] int64 sampled tokens
-    want: list[int],  # logits rows that asked for logprobs
-    num_top: list[int],  # top-n per wanted row
-) -> list:
-    """Logprob of the sampled token, its rank (1 = most likely) and the top-n alternatives."""
-    from .request import Logprob
+def _final_row(row: int, moved) -> int:
+    """Where a row added this step sits after the step's moves."""
+    for src, dst, _ in moved:
+        if src == row:
+            row = dst
+    return row
 
-    if not want:
-        return []
-    idx = torch.tensor(want, dtype=torch.int64, device=logits.device)
-    lp = torch.log_softmax(logits[idx].float(), dim=-1)
-    tok = tokens[idx]
+
+def compute_logprobs(
+    logits: torch.Tensor,  # [M, vocab] fp32 raw logits of the rows that want logprobs (vLLM's "raw_logprobs")
+    tokens: torch.Tensor,  # [M] int64 sampled tokens (-1 for invalid rows)
+    num_top: list[int],  # top-n per row
+) -> list[Logprob]:
+    """Logprob of the sampled token, its rank (1 = most likely) and the top-n alternatives."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    tok = tokens.clamp(min=0)
     chosen = lp.gather(1, tok.unsqueeze(1)).squeeze(1)
     rank = (lp > chosen.unsqueeze(1)).sum(dim=1) + 1
     k = max(num_top)
     top_v, top_i = lp.topk(k, dim=-1) if k > 0 else (lp[:, :0], lp[:, :0].long())
-    out = []
-    for j, n in enumerate(num_top):
-        top = dict(zip(top_i[j, :n].tolist(), top_v[j, :n].tolist()))
-        out.append(Logprob(int(tok[j]), float(chosen[j]), int(rank[j]), top))
-    return out
+    top_v, top_i, chosen, rank, tok = top_v.tolist(), top_i.tolist(), chosen.tolist(), rank.tolist(), tok.tolist()
+    return [Logprob(tok[j], chosen[j], rank[j], dict(zip(top_i[j][:n], top_v[j][:n]))) for j, n in enumerate(num_top)]

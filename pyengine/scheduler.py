@@ -167,6 +167,10 @@ class Scheduler:
                 continue
             updated.append(req)
             for tok in new:
+                if tok < 0:  # the sampler flags rows whose logits were NaN/inf
+                    req.error = "sampling failed: the model produced invalid (NaN or infinite) logits"
+                    self.finish_request(req, RequestStatus.FINISHED_ERROR)
+                    break
                 req.append_token(tok)
                 status = self.check_stop(req, tok)
                 if status is not None:
