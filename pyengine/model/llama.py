@@ -113,6 +113,17 @@ class _Linear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
+class _Embedding(nn.Module):
+    """A lookup table without initialisation (nn.Embedding would randomly initialise it)."""
+
+    def __init__(self, num: int, dim: int, dtype, device):
+        super().__init__()
+        self.weight = _param((num, dim), dtype, device)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
+
+
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, dtype, device):
         super().__init__()
@@ -170,8 +181,7 @@ class LlamaForCausalLM(nn.Module):
         c = config
         self.config = c
         self.dtype = dtype
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size, dtype=dtype, device="meta")
-        self.embed_tokens.weight = _param((c.vocab_size, c.hidden_size), dtype, device)
+        self.embed_tokens = _Embedding(c.vocab_size, c.hidden_size, dtype, device)
         self.layers = nn.ModuleList(LlamaDecoderLayer(c, dtype, device) for _ in range(c.num_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype, device)
         self.lm_head = None if c.tie_word_embeddings else _Linear(c.vocab_size, c.hidden_size, False, dtype, device)
