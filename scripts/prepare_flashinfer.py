@@ -239,20 +239,57 @@ def cmd_pack(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """In a fresh process with only the unpacked trimmed copy on the path: import flashinfer,
-    and check that every module resolves to a prebuilt AOT .so (nothing would compile)."""
-    import torch  # noqa: F401
+    check that every module resolves to a prebuilt AOT .so, and load each one through
+    FlashInfer's own run-time getters with JIT disabled (dlopen through TVM-FFI works without
+    a GPU, given libcudart.so.13 on LD_LIBRARY_PATH): nothing would compile on the GPU machine."""
+    os.environ["FLASHINFER_DISABLE_JIT"] = "1"
+    import torch
     import flashinfer
-    import flashinfer.prefill  # noqa: F401
-    import flashinfer.sampling  # noqa: F401
-    import flashinfer.topk  # noqa: F401
+    import flashinfer.prefill
+    import flashinfer.sampling
+    import flashinfer.topk
+    from flashinfer.jit.attention.modules import _gen_batch_prefill_independent_paged_module
 
     log(f"flashinfer {flashinfer.__version__} from {flashinfer.__file__}")
-    specs = module_specs(args.prefill_dtypes.split(","), [int(x) for x in args.head_dims.split(",")])
+    dtypes = [d for d in args.prefill_dtypes.split(",") if d]
+    head_dims = [int(x) for x in args.head_dims.split(",") if x]
     bad = 0
-    for spec in specs:
+    for spec in module_specs(dtypes, head_dims):
         ok = spec.is_aot and spec.aot_path.exists()
         bad += not ok
-        log(f"{'prebuilt' if ok else 'NOT PREBUILT'}: {spec.name} -> {spec.aot_path}")
+        log(f"{'prebuilt' if ok else 'NOT PREBUILT'}: {spec.name}")
+
+    def load(what, fn, names):
+        nonlocal bad
+        try:
+            mod = fn()
+            missing = [n for n in names if getattr(mod, n, None) is None]
+            if missing:
+                raise RuntimeError(f"missing functions {missing}")
+            log(f"loaded: {what} ({', '.join(names)})")
+        except Exception as e:  # noqa: BLE001 - report every module
+            bad += 1
+            log(f"LOAD FAILED: {what}: {type(e).__name__}: {str(e)[:400]}")
+
+    load("sampling", flashinfer.sampling.get_sampling_module,
+         ["softmax", "sampling_from_logits", "top_k_mask_logits", "top_p_sampling_from_probs",
+          "top_k_top_p_sampling_from_probs", "chain_speculative_sampling"])
+    load("topk", flashinfer.topk.get_topk_module, ["radix_topk"])
+    for dt in dtypes:
+        dtype = getattr(torch, DTYPES[dt])
+        for hd in head_dims:
+            cfg = ("fa2", dtype, dtype, dtype, torch.int32, hd, hd, 0, False, False, False)
+            load(f"batch prefill fa2 {dt} head_dim {hd}",
+                 lambda cfg=cfg: flashinfer.prefill.get_batch_prefill_module(*cfg),
+                 ["plan", "paged_run", "ragged_run"])
+            # Lazy variant for K/V caches of different strides: its spec must still be
+            # creatable (FlashInfer renders it at plan time), though it is not prebuilt.
+            try:
+                lazy = _gen_batch_prefill_independent_paged_module(*cfg)
+                log(f"spec ok, not prebuilt (used only if K and V strides differ): {lazy.name}")
+            except Exception as e:  # noqa: BLE001
+                bad += 1
+                log(f"SPEC FAILED: independent-stride prefill {dt} {hd}: {type(e).__name__}: {e}")
     return 1 if bad else 0
 
 

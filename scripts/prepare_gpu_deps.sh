@@ -137,7 +137,8 @@ flashinfer_verify() {
   tmp=$(mktemp -d)
   tar -xJf "$GPU_DIR/flashinfer.tar.xz" -C "$tmp" || return 1
   echo "unpacked: $(du -sh "$tmp" | cut -f1) in $(find "$tmp" -type f | wc -l) files"
-  (cd /tmp && PYTHONPATH=$tmp:$CACHE/cpu-site "$PY" "$ROOT/scripts/prepare_flashinfer.py" verify \
+  (cd /tmp && LD_LIBRARY_PATH=${CUDA_HOME:-/usr/local/cuda}/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+      PYTHONPATH=$tmp:$CACHE/cpu-site "$PY" "$ROOT/scripts/prepare_flashinfer.py" verify \
       --work "$tmp/work" --prefill-dtypes "$FI_PREFILL_DTYPES" --head-dims "$FI_HEAD_DIMS") || rc=1
   # SASS architecture of every prebuilt module.
   local cuobjdump so
