@@ -58,7 +58,7 @@ def _finalize_request(
     rec_j_ptr, rec_ms_ptr,
     req, start, n, greedy, seeded, seed, position, engine_seed, step, vocab_size,
     MAX_K: tl.constexpr, NUM_SPLITS: tl.constexpr, OUT_BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
-    HAS_DRAFT_PROBS: tl.constexpr, FUSE_RACE: tl.constexpr,
+    HAS_DRAFT_PROBS: tl.constexpr, FUSE_RACE: tl.constexpr, GREEDY_MODE: tl.constexpr,
 ):
     rr = tl.arange(0, OUT_BLOCK)          # draft index within the request = output column
     rmask = rr < n
@@ -73,22 +73,26 @@ def _finalize_request(
     x = tl.load(draft_ids_ptr + jj, mask=rmask, other=-1).to(tl.int32)
     valid = (x >= 0) & (x < vocab_size)
 
-    # random rows: p(x) from the combined softmax statistics
-    ps = tl.load(part_s_ptr + poff, mask=m2, other=0.0, volatile=True)
-    m_safe = tl.where(row_max == float("-inf"), 0.0, row_max)
-    row_sum = tl.sum(ps * tl.exp(pm - m_safe[:, None]), 1)
-    lx = tl.load(part_x_ptr + jj * 2, mask=rmask, other=float("-inf"), volatile=True)
-    p_x = tl.exp(lx - m_safe) / row_sum
-    if HAS_DRAFT_PROBS:
-        q_x = tl.load(part_x_ptr + jj * 2 + 1, mask=rmask, other=1.0, volatile=True)
-    else:
-        q_x = 1.0
-    seed_r, pos_r = _row_key(seeded, seed, position, engine_seed, step, rr.to(tl.int64), jj)
-    w0, _, _, _ = random_words(seed_r, pos_r, STREAM_ACCEPT, tl.zeros_like(rr))
-    u = uniform_open(w0)
-    acc_random = valid & (p_x > 0.0) & (p_x >= u * q_x)
     acc_greedy = valid & (x == argmax)
-    accepted = tl.where(greedy, acc_greedy, acc_random)
+    m_safe = tl.where(row_max == float("-inf"), 0.0, row_max)
+    if GREEDY_MODE == 1:
+        accepted = acc_greedy
+        row_sum = tl.zeros_like(m_safe)
+    else:
+        # random rows: p(x) from the combined softmax statistics
+        ps = tl.load(part_s_ptr + poff, mask=m2, other=0.0, volatile=True)
+        row_sum = tl.where(rmask, tl.sum(ps * tl.exp(pm - m_safe[:, None]), 1), 1.0)
+        lx = tl.load(part_x_ptr + jj * 2, mask=rmask, other=float("-inf"), volatile=True)
+        p_x = tl.exp(lx - m_safe) / row_sum
+        if HAS_DRAFT_PROBS:
+            q_x = tl.load(part_x_ptr + jj * 2 + 1, mask=rmask, other=1.0, volatile=True)
+        else:
+            q_x = 1.0
+        seed_r, pos_r = _row_key(seeded, seed, position, engine_seed, step, rr.to(tl.int64), jj)
+        w0, _, _, _ = random_words(seed_r, pos_r, STREAM_ACCEPT, tl.zeros_like(rr))
+        u = uniform_open(w0)
+        acc_random = valid & (p_x > 0.0) & (p_x >= u * q_x)
+        accepted = tl.where(greedy, acc_greedy, acc_random)
 
     first_rej = tl.min(tl.where(rmask & (accepted == 0), rr, OUT_BLOCK), 0)
     num_accepted = tl.minimum(first_rej, n)
@@ -230,7 +234,7 @@ def _rejection_sample_kernel(
                 part_m_ptr, part_s_ptr, part_idx_ptr, part_key_ptr, part_kidx_ptr, part_x_ptr,
                 rec_j_ptr, rec_ms_ptr,
                 req, start, n, greedy, seeded, seed, position, engine_seed, step, vocab_size,
-                MAX_K, NUM_SPLITS, OUT_BLOCK, SPLIT_BLOCK, HAS_DRAFT_PROBS, FUSE_RACE)
+                MAX_K, NUM_SPLITS, OUT_BLOCK, SPLIT_BLOCK, HAS_DRAFT_PROBS, FUSE_RACE, GREEDY_MODE)
     else:
         if (i == 0) & (split == 0):
             # a request without drafts: its output is the bonus token

@@ -57,63 +57,68 @@ def rejection_sample_torch(
     step: torch.Tensor | None = None,          # [] / [1] int64
     engine_seed: int = 0,
 ) -> torch.Tensor:                             # [num_reqs, max_spec_len + 1] int32
-    """Reference of ``specops.spec_decode.rejection_sample``; same arguments and output."""
+    """Reference of ``specops.spec_decode.rejection_sample``; same arguments and output.
+
+    Every draft row is decided independently (accept or the token it would emit on
+    rejection); a request then emits its rows up to and including its first rejection,
+    or all of them and the bonus token.
+    """
     device = logits.device
     num_reqs = cu_num_draft_tokens.shape[0]
     vocab = logits.shape[1]
-    rows = logits[target_rows.long()] if target_rows is not None else logits
-    rows = rows.double()
     out = torch.full((num_reqs, max_spec_len + 1), -1, dtype=torch.int32, device=device)
     if num_reqs == 0:
         return out
-    cu = [0] + cu_num_draft_tokens.long().tolist()
+    cu = cu_num_draft_tokens.long()
+    counts = torch.diff(cu, prepend=torch.zeros(1, dtype=torch.long, device=device))
+    if int(counts.max()) > max_spec_len:
+        raise ValueError(f"a request has {int(counts.max())} drafts, more than max_spec_len={max_spec_len}")
+    if int(cu[-1]) == 0:    # no drafts at all: every request emits its bonus token
+        out[:, 0] = bonus_token_ids.to(torch.int32)
+        return out
+    req = torch.repeat_interleave(torch.arange(num_reqs, device=device), counts)       # [T]
+    within = torch.arange(req.shape[0], device=device) - (cu - counts)[req]           # [T]
     if isinstance(is_greedy, torch.Tensor):
-        greedy = is_greedy.bool().tolist()
+        greedy = is_greedy.bool()[req]
     else:
-        greedy = [bool(is_greedy)] * num_reqs
+        greedy = torch.full_like(req, bool(is_greedy), dtype=torch.bool)
+    rows = (logits[target_rows.long()] if target_rows is not None else logits).double()  # [T, V]
+    temp = torch.ones_like(rows[:, 0]) if temperature is None else temperature.double()[req]
+    scaled = rows / torch.where(greedy, torch.ones_like(temp), temp)[:, None]
+    p = torch.softmax(scaled, dim=1)
+
+    x = draft_token_ids.long()
+    valid = (x >= 0) & (x < vocab)
+    xc = torch.where(valid, x, torch.zeros_like(x))[:, None]
     row_seeds, row_pos = row_keys_for_drafts(cu_num_draft_tokens, seeds, has_seed, positions, step,
                                              engine_seed)
     u = rng.uniform_open(rng.random_words(row_seeds, row_pos, rng.STREAM_ACCEPT,
                                           torch.zeros_like(row_seeds))[0]).double()
-    drafts = draft_token_ids.long().tolist()
-    bonus = bonus_token_ids.long().tolist()
-    for r in range(num_reqs):
-        start, end = cu[r], cu[r + 1]
-        if end - start > max_spec_len:
-            raise ValueError(f"request {r} has {end - start} drafts, more than max_spec_len={max_spec_len}")
-        temp = 1.0 if (temperature is None or greedy[r]) else float(temperature[r])
-        emitted = []
-        for j in range(start, end):
-            x = drafts[j]
-            valid = 0 <= x < vocab
-            scaled = rows[j] / temp
-            if greedy[r]:
-                target = int(torch.argmax(rows[j]))
-                if valid and x == target:
-                    emitted.append(x)
-                    continue
-                emitted.append(target)
-                break
-            p = torch.softmax(scaled, dim=0)
-            q_x = float(draft_probs[j, x]) if (draft_probs is not None and valid) else 1.0
-            p_x = float(p[x]) if valid else 0.0
-            if valid and p_x > 0.0 and p_x >= float(u[j]) * q_x:
-                emitted.append(x)
-                continue
-            noise = rng.vocab_noise(row_seeds[j:j + 1], row_pos[j:j + 1], rng.STREAM_RECOVER, vocab)[0].double()
-            token = None
-            if draft_probs is not None and valid:
-                residual = torch.clamp(p - draft_probs[j].double(), min=0.0)
-                if float(residual.max()) > 0.0:
-                    token = int(torch.argmax(residual / noise))
-            if token is None:
-                key = scaled - torch.log(noise)
-                if valid and draft_probs is None:
-                    key[x] = float("-inf")
-                token = int(torch.argmax(key))
-            emitted.append(token)
-            break
-        else:
-            emitted.append(bonus[r])
-        out[r, :len(emitted)] = torch.tensor(emitted, dtype=torch.int32, device=device)
+    p_x = torch.where(valid, p.gather(1, xc)[:, 0], torch.zeros_like(u))
+    q_x = draft_probs.double().gather(1, xc)[:, 0] if draft_probs is not None else torch.ones_like(u)
+    target_argmax = torch.argmax(rows, dim=1)
+    accepted = torch.where(greedy, valid & (x == target_argmax), valid & (p_x > 0) & (p_x >= u * q_x))
+
+    # the token each row emits if it is its request's first rejection
+    noise = rng.vocab_noise(row_seeds, row_pos, rng.STREAM_RECOVER, vocab).double()   # [T, V] Exp(1)
+    plain_key = scaled - torch.log(noise)               # race over p
+    if draft_probs is None:                             # one-hot q: p without the draft
+        plain_key = plain_key.scatter(1, xc, torch.where(valid[:, None], float("-inf"), plain_key.gather(1, xc)))
+    recovered = torch.argmax(plain_key, dim=1)
+    if draft_probs is not None:
+        residual = torch.clamp(p - draft_probs.double(), min=0.0)
+        use_residual = valid & (residual.max(dim=1).values > 0)
+        recovered = torch.where(use_residual, torch.argmax(residual / noise, dim=1), recovered)
+    emitted = torch.where(accepted, x, torch.where(greedy, target_argmax, recovered))
+
+    # a row is emitted when no earlier row of its request was rejected
+    rejected = (~accepted).long()
+    rejections_before = torch.cumsum(rejected, dim=0) - rejected                        # [T] in the batch
+    at_start = torch.cat([torch.zeros(1, dtype=torch.long, device=device), torch.cumsum(rejected, dim=0)])
+    keep = rejections_before == at_start[cu - counts][req]                             # none earlier in req
+    out[req[keep], within[keep]] = emitted[keep].to(torch.int32)
+    num_rejected = torch.zeros_like(counts).index_add_(0, req, rejected)
+    all_accepted = num_rejected == 0
+    ids = torch.arange(num_reqs, device=device)
+    out[ids[all_accepted], counts[all_accepted]] = bonus_token_ids.to(torch.int32)[all_accepted]
     return out

@@ -1,0 +1,297 @@
+"""Rejection sampling kernels against the torch reference, greedy against step-by-step greedy,
+seeded repeatability and batch invariance, bad inputs.
+
+On CPU the Triton kernels run under the interpreter at small shapes; CUDA adds full shapes.
+"""
+
+import pytest
+import torch
+
+from specops.spec_decode import MAX_SPEC_LEN, rejection_sample
+
+CUDA = torch.cuda.is_available()
+
+
+def make_case(num_drafts, vocab, *, device, dtype=torch.float32, draft_probs=False, greedy="mixed",
+              temperature=True, target_rows=False, seeded="mixed", invalid=True, gen=None, scale=3.0,
+              correct_frac=0.5):
+    """A random batch; about `correct_frac` of the drafts are the row's argmax (so that
+    requests get past their first position)."""
+    g = gen or torch.Generator().manual_seed(0)
+    counts = torch.tensor(num_drafts, dtype=torch.int64)
+    num_reqs, total = counts.shape[0], int(counts.sum())
+    rows = torch.randn(total, vocab, generator=g) * scale
+    drafts = torch.randint(0, vocab, (total,), generator=g)
+    hit = torch.rand(total, generator=g) < correct_frac
+    drafts = torch.where(hit, rows.argmax(1), drafts)
+    if invalid and total >= 3:
+        drafts[1] = -1
+        drafts[total - 2] = vocab + 3
+    kw = {}
+    if target_rows:   # target rows scattered among other rows of a bigger logits tensor
+        n_logits = 2 * total + 1
+        perm = torch.randperm(n_logits, generator=g)[:total]
+        logits = torch.randn(n_logits, vocab, generator=g)
+        logits[perm] = rows
+        kw["target_rows"] = perm.to(device)
+    else:
+        logits = rows
+    if draft_probs:
+        q = torch.softmax(torch.randn(total, vocab, generator=g) * scale, dim=1)
+        q = (q + torch.softmax(rows, 1)) / 2           # overlap with p so that some drafts are accepted
+        kw["draft_probs"] = q.to(device, dtype)
+    if temperature:
+        kw["temperature"] = (torch.rand(num_reqs, generator=g) * 1.5 + 0.3).to(device)
+    if greedy == "mixed":
+        kw["is_greedy"] = (torch.rand(num_reqs, generator=g) < 0.4).to(device)
+    else:
+        kw["is_greedy"] = greedy
+    if seeded != "none":
+        kw["seeds"] = torch.randint(-2**62, 2**62, (num_reqs,), generator=g).to(device)
+        has = torch.rand(num_reqs, generator=g) < 0.5 if seeded == "mixed" else torch.ones(num_reqs, dtype=torch.bool)
+        kw["has_seed"] = has.to(device)
+        kw["positions"] = torch.randint(0, 2**31, (num_reqs,), generator=g).to(device)
+    kw["step"] = torch.tensor([int(torch.randint(0, 2**40, (1,), generator=g))], device=device)
+    kw["engine_seed"] = 2**63 + 12345
+    args = (logits.to(device, dtype), drafts.to(device), torch.cumsum(counts, 0).to(device),
+            int(counts.max()) if num_reqs else 0,
+            torch.randint(0, vocab, (num_reqs,), generator=g).to(device))
+    return args, kw
+
+
+def check_same(args, kw, **extra):
+    got = rejection_sample(*args, backend="triton", **kw, **extra)
+    ref = rejection_sample(*args, backend="torch", **kw)
+    assert got.dtype == torch.int32 and got.shape == ref.shape
+    assert torch.equal(got.cpu(), ref.cpu()), f"\n{got}\n{ref}"
+    return got
+
+
+# (vocab, drafts per request): vocab 17 is one chunk, 300 three (the last partial), 1000 four
+SMALL = [(17, [2, 0, 3, 1]), (300, [3, 1, 0, 4, 2]), (1000, [1, 2])]
+
+
+@pytest.mark.parametrize("vocab, drafts", SMALL)
+@pytest.mark.parametrize("draft_probs", [False, True])
+def test_triton_matches_reference(device, vocab, drafts, draft_probs):
+    args, kw = make_case(drafts, vocab, device=device, draft_probs=draft_probs, target_rows=vocab == 300)
+    out = check_same(args, kw)
+    assert (out[:, 0] >= 0).all()
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_fused_and_second_pass_recovery_agree(device, fuse):
+    # without draft probs, the recovered token is raced in pass 1 (fused) or in pass 2
+    args, kw = make_case([2, 3, 1], 300, device=device, greedy=False, correct_frac=0.3)
+    check_same(args, kw, fuse_recover=fuse)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_inputs(device, dtype):
+    args, kw = make_case([3, 2], 300, device=device, dtype=dtype, draft_probs=True, seeded="all")
+    check_same(args, kw)
+
+
+def test_all_greedy_no_temperature_no_seeds(device):
+    args, kw = make_case([4, 0, 2], 300, device=device, greedy=True, temperature=False, seeded="none")
+    check_same(args, kw)
+
+
+def test_requests_without_drafts(device):
+    # every request has 0 drafts: each output row is [bonus]; max_spec_len 0 gives one column
+    logits = torch.zeros(0, 17, device=device)
+    empty = torch.zeros(0, dtype=torch.int64, device=device)
+    bonus = torch.tensor([4, 5, 6], device=device)
+    cu = torch.zeros(3, dtype=torch.int64, device=device)
+    for backend in ("triton", "torch"):
+        out = rejection_sample(logits, empty, cu, 0, bonus, backend=backend)
+        assert out.tolist() == [[4], [5], [6]]
+        out = rejection_sample(logits, empty, cu, 2, bonus, backend=backend)
+        assert out.tolist() == [[4, -1, -1], [5, -1, -1], [6, -1, -1]]
+    out = rejection_sample(logits, empty, cu[:0], 0, bonus[:0], backend="triton")
+    assert out.shape == (0, 1)
+
+
+def test_invalid_drafts_are_rejected(device):
+    # p puts almost all its mass on token 2; drafts -1 / V / V + 5 must still be rejected
+    logits = torch.full((3, 5), -20.0, device=device)
+    logits[:, 2] = 20.0
+    drafts = torch.tensor([-1, 5, 2], device=device)
+    cu = torch.tensor([1, 2, 3], device=device)
+    bonus = torch.tensor([0, 1, 3], device=device)
+    for greedy in (True, False):
+        for backend in ("triton", "torch"):
+            out = rejection_sample(logits, drafts, cu, 1, bonus, is_greedy=greedy, backend=backend)
+            assert out.tolist() == [[2, -1], [2, -1], [2, 3]], (greedy, backend)
+
+
+# ---- greedy speculation == step-by-step greedy decoding --------------------------------------
+
+class TrigramModel:
+    """Logits of the next token from the last two tokens (a random table, no ties)."""
+
+    def __init__(self, vocab, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.table = torch.randn(vocab, vocab, vocab, generator=g) * 4
+        self.vocab = vocab
+
+    def logits(self, seq):
+        return self.table[seq[-2], seq[-1]]
+
+    def greedy(self, seq, n):
+        seq = list(seq)
+        for _ in range(n):
+            seq.append(int(self.logits(seq).argmax()))
+        return seq
+
+
+@pytest.mark.parametrize("kind", ["random", "correct", "wrong"])
+def test_greedy_speculation_equals_greedy_decoding(device, kind):
+    vocab, length = 150, 6
+    model = TrigramModel(vocab)
+    g = torch.Generator().manual_seed(1)
+    starts = [[1, 2], [7, 3], [5, 5], [0, 9]]
+    ks = [3, 1, 0, 4]          # per-request draft counts (one request never speculates)
+    expected = [model.greedy(s, length) for s in starts]
+    seqs = [list(s) for s in starts]
+    backends = ["triton", "torch"] if device == "cpu" else ["triton"]
+    while min(len(s) for s in seqs) < length + 2:
+        drafts, rows, bonus = [], [], []
+        for s, k in zip(seqs, ks):
+            truth = model.greedy(s, k)[len(s):]
+            d = {"random": torch.randint(0, vocab, (k,), generator=g).tolist(),
+                 "correct": truth, "wrong": [(t + 1) % vocab for t in truth]}[kind]
+            ctx = list(s)
+            for t in d:
+                rows.append(model.logits(ctx))
+                ctx.append(t)
+            bonus.append(int(model.logits(ctx).argmax()))
+            drafts += d
+        args = (torch.stack(rows).to(device), torch.tensor(drafts, dtype=torch.int64, device=device),
+                torch.cumsum(torch.tensor(ks), 0).to(device), max(ks), torch.tensor(bonus, device=device))
+        outs = [rejection_sample(*args, is_greedy=True, backend=b) for b in backends]
+        for o in outs[1:]:
+            assert torch.equal(o.cpu(), outs[0].cpu())
+        for s, row in zip(seqs, outs[0].tolist()):
+            emitted = row[:row.index(-1)] if -1 in row else row
+            s += emitted
+        if kind == "correct":
+            assert all(len(r) - r.count(-1) == k + 1 for r, k in zip(outs[0].tolist(), ks))
+        if kind == "wrong":
+            assert all(len(r) - r.count(-1) == 1 for r in outs[0].tolist())
+    for s, e in zip(seqs, expected):
+        n = min(len(s), len(e))
+        assert s[:n] == e[:n]
+
+
+# ---- seeds ------------------------------------------------------------------------------------
+
+def _single_request(vocab, k, seed, position, g, device):
+    rows = torch.randn(k, vocab, generator=g) * 2
+    q = torch.softmax(torch.randn(k, vocab, generator=g), 1)
+    drafts = torch.multinomial(q, 1, generator=g)[:, 0]
+    return rows, q, drafts, seed, position
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_seeded_requests_repeat_and_are_batch_invariant(device, backend):
+    vocab = 150
+    g = torch.Generator().manual_seed(5)
+    reqs = [_single_request(vocab, k, s, p, g, device) for k, s, p in
+            [(3, 11, 40), (2, 12, 7), (4, 13, 100), (1, 14, 3), (3, 15, 40)]]
+    temps = [0.7, 1.0, 1.3, 0.9, 2.0]
+
+    def run(order, seeded_mask, step):
+        rows = torch.cat([reqs[i][0] for i in order])
+        q = torch.cat([reqs[i][1] for i in order])
+        d = torch.cat([reqs[i][2] for i in order])
+        counts = torch.tensor([reqs[i][0].shape[0] for i in order])
+        return rejection_sample(
+            rows.to(device), d.to(device), torch.cumsum(counts, 0).to(device), 4,
+            torch.tensor([100 + i for i in order], device=device), draft_probs=q.to(device),
+            temperature=torch.tensor([temps[i] for i in order], device=device),
+            seeds=torch.tensor([reqs[i][3] for i in order], device=device),
+            has_seed=torch.tensor(seeded_mask, device=device),
+            positions=torch.tensor([reqs[i][4] for i in order], device=device),
+            step=torch.tensor([step], device=device), engine_seed=99, backend=backend).cpu()
+
+    a = run([0, 1, 2, 3, 4], [True, True, False, True, False], step=1)
+    b = run([0, 1, 2, 3, 4], [True, True, False, True, False], step=1)
+    assert torch.equal(a, b)
+    c = run([3, 2, 0], [True, True, True], step=8)         # other neighbours, other rows, other step
+    assert torch.equal(c[2], a[0]) and torch.equal(c[0], a[3])
+    d = run([1], [True], step=123)
+    assert torch.equal(d[0], a[1])
+
+
+# ---- bad inputs ---------------------------------------------------------------------------------
+
+def test_bad_inputs():
+    logits = torch.zeros(3, 10)
+    d = torch.tensor([1, 2, 3])
+    cu = torch.tensor([2, 3])
+    b = torch.tensor([0, 0])
+    cases = [
+        (dict(logits=torch.zeros(3)), ValueError, "logits must be a"),
+        (dict(logits=torch.zeros(3, 10, dtype=torch.int32)), TypeError, "logits must be float32"),
+        (dict(max_spec_len=MAX_SPEC_LEN + 1), ValueError, "max_spec_len must be an int in"),
+        (dict(max_spec_len=1), ValueError, "more than num_reqs"),
+        (dict(draft_token_ids=d.float()), TypeError, "draft_token_ids must have dtype"),
+        (dict(cu_num_draft_tokens=cu[:1]), ValueError, "bonus_token_ids must have shape"),
+        (dict(logits=torch.zeros(4, 10)), ValueError, "one row per draft"),
+        (dict(draft_probs=torch.zeros(3, 9)), ValueError, "draft_probs must have shape"),
+        (dict(temperature=torch.ones(2, dtype=torch.float64)), TypeError, "temperature must have dtype"),
+        (dict(is_greedy=torch.ones(2)), TypeError, "is_greedy must have dtype"),
+        (dict(is_greedy=1), TypeError, "is_greedy must be"),
+        (dict(seeds=torch.ones(2, dtype=torch.int64)), ValueError, "seeds needs has_seed"),
+        (dict(has_seed=torch.ones(2, dtype=torch.bool)), ValueError, "has_seed was given without seeds"),
+        (dict(step=torch.zeros(2, dtype=torch.int64)), ValueError, "step must be"),
+        (dict(engine_seed=2**64), ValueError, "engine_seed must be"),
+        (dict(backend="cuda"), ValueError, "backend must be"),
+        (dict(target_rows=torch.tensor([0, 1])), ValueError, "target_rows must have shape"),
+    ]
+    base = dict(logits=logits, draft_token_ids=d, cu_num_draft_tokens=cu, max_spec_len=2, bonus_token_ids=b)
+    for change, exc, match in cases:
+        kw = dict(base, **change)
+        pos = [kw.pop(k) for k in ("logits", "draft_token_ids", "cu_num_draft_tokens", "max_spec_len",
+                                    "bonus_token_ids")]
+        with pytest.raises(exc, match=match):
+            rejection_sample(*pos, **kw)
+
+
+# ---- CUDA: full shapes and graph capture -------------------------------------------------------
+
+@pytest.mark.skipif(not CUDA, reason="full vocabularies run on CUDA only")
+@pytest.mark.parametrize("vocab", [128256, 151936])
+@pytest.mark.parametrize("batch, k", [(1, 1), (8, 4), (33, 8), (128, 4)])
+@pytest.mark.parametrize("draft_probs", [False, True])
+def test_full_shapes_cuda(vocab, batch, k, draft_probs):
+    g = torch.Generator().manual_seed(batch * k)
+    drafts = torch.randint(0, k + 1, (batch,), generator=g).tolist()
+    drafts[0] = k
+    args, kw = make_case(drafts, vocab, device="cuda", draft_probs=draft_probs, gen=g,
+                         target_rows=batch == 8, scale=2.0)
+    check_same(args, kw)
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need CUDA")
+def test_cuda_graph_capture():
+    args, kw = make_case([3, 0, 2, 4], 151936, device="cuda", draft_probs=True)
+    ref = rejection_sample(*args, **kw)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        rejection_sample(*args, **kw)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = rejection_sample(*args, **kw)
+    kw["step"].add_(0)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, ref)
+    # new inputs in the same buffers: the graph recomputes
+    args[0].mul_(0.5)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, rejection_sample(*args, **kw))
