@@ -1,0 +1,149 @@
+"""apply_penalties_ / apply_repetition_penalties_ against their torch references (CPU always, CUDA when present)."""
+
+import pytest
+import torch
+
+from specops.ops import (
+    apply_penalties_,
+    apply_penalties_torch,
+    apply_repetition_penalties_,
+    apply_repetition_penalties_torch,
+)
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# (rows, vocab): every awkward batch and vocab at least once, each with every dtype.
+SHAPES = [(0, 128256), (1, 151936), (1, 128256), (5, 50021), (7, 32000), (1023, 17), (1024, 64), (1025, 33)]
+CUDA_SHAPES = [(1024, 128256), (1025, 151936), (1023, 50021)]
+
+
+def tol(dtype):
+    # The fast paths compute exactly the reference's float32 operations; the slack covers a
+    # last-bit difference in a float32 division and the one rounding to a 16-bit dtype.
+    return {torch.float32: dict(rtol=1e-6, atol=1e-6), torch.bfloat16: dict(rtol=8e-3, atol=1e-6),
+            torch.float16: dict(rtol=1e-3, atol=1e-6)}[dtype]
+
+
+def make_inputs(rows, vocab, dtype, device):
+    logits = (torch.randn(rows, vocab, device=device) * 4).to(dtype)
+    if rows > 0 and vocab > 4:  # special values survive as the reference says
+        logits[0, :4] = torch.tensor([float("-inf"), float("inf"), float("nan"), 0.0])
+    prompt_mask = torch.rand(rows, vocab, device=device) < 0.2
+    counts = torch.randint(0, 4, (rows, vocab), device=device, dtype=torch.int32)
+    counts = torch.where(torch.rand(rows, vocab, device=device) < 0.7, torch.zeros_like(counts), counts)
+    kind = torch.randint(0, 4, (rows,), device=device)  # 0: all neutral, 1: repetition only, else all three
+    rep = torch.where(kind == 0, 1.0, torch.rand(rows, device=device) * 1.5 + 0.5)
+    freq = torch.where(kind <= 1, 0.0, torch.randn(rows, device=device))
+    pres = torch.where(kind <= 1, 0.0, torch.randn(rows, device=device))
+    return logits, prompt_mask, counts, rep, freq, pres
+
+
+@pytest.mark.parametrize("shape", SHAPES + CUDA_SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_penalties_match_reference(device, shape, dtype):
+    if shape in CUDA_SHAPES and device == "cpu":
+        pytest.skip("large shape: CUDA only")
+    logits, prompt_mask, counts, rep, freq, pres = make_inputs(*shape, dtype, device)
+    expected = logits.clone()
+    apply_penalties_torch(expected, prompt_mask, counts, rep, freq, pres)
+    apply_penalties_(logits, prompt_mask, counts, rep, freq, pres)
+    torch.testing.assert_close(logits, expected, equal_nan=True, **tol(dtype))
+
+
+@pytest.mark.parametrize("shape", SHAPES + CUDA_SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_repetition_matches_reference(device, shape, dtype):
+    if shape in CUDA_SHAPES and device == "cpu":
+        pytest.skip("large shape: CUDA only")
+    logits, prompt_mask, counts, rep, _, _ = make_inputs(*shape, dtype, device)
+    output_mask = counts > 0
+    expected = logits.clone()
+    apply_repetition_penalties_torch(expected, prompt_mask, output_mask, rep)
+    apply_repetition_penalties_(logits, prompt_mask, output_mask, rep)
+    torch.testing.assert_close(logits, expected, equal_nan=True, **tol(dtype))
+
+
+def test_known_answer(device):
+    logits = torch.tensor([[2.0, -2.0, 2.0, -2.0, 1.0, 3.0]], device=device)
+    prompt = torch.tensor([[True, True, False, False, False, False]], device=device)
+    counts = torch.tensor([[0, 0, 2, 1, 0, 0]], device=device, dtype=torch.int32)
+    one = lambda v: torch.tensor([v], device=device)  # noqa: E731
+    apply_penalties_(logits, prompt, counts, one(2.0), one(0.5), one(0.25))
+    # rep: 2/2, -2*2, 2/2, -2*2; freq: -0.5*count; presence: -0.25 where count > 0
+    assert logits.tolist() == [[1.0, -4.0, 1.0 - 1.0 - 0.25, -4.0 - 0.5 - 0.25, 1.0, 3.0]]
+
+
+def test_order_matters_like_vllm(device):
+    """Repetition is applied before frequency/presence: (x / r) - f, not (x - f) / r."""
+    logits = torch.tensor([[3.0]], device=device)
+    apply_penalties_(logits, torch.tensor([[False]], device=device), torch.tensor([[1]], device=device, dtype=torch.int32),
+                     torch.tensor([3.0], device=device), torch.tensor([1.0], device=device), torch.tensor([0.0], device=device))
+    assert logits.item() == 0.0
+
+
+def test_neutral_rows_untouched_and_strided(device):
+    rows, vocab = 6, 1000
+    buf = torch.randn(rows, vocab + 24, device=device)
+    logits = buf[:, :vocab]  # strided rows
+    before = buf.clone()
+    _, prompt_mask, counts, rep, freq, pres = make_inputs(rows, vocab, torch.float32, device)
+    rep[::2], freq[::2], pres[::2] = 1.0, 0.0, 0.0
+    expected = logits.clone()
+    apply_penalties_torch(expected, prompt_mask, counts, rep, freq, pres)
+    apply_penalties_(logits, prompt_mask, counts, rep, freq, pres)
+    torch.testing.assert_close(logits, expected, **tol(torch.float32))
+    assert torch.equal(buf[::2], before[::2])  # neutral rows, bit for bit
+    assert torch.equal(buf[:, vocab:], before[:, vocab:])  # padding past the view untouched
+
+
+def _args(device, rows=2, vocab=8, **override):
+    a = dict(logits=torch.zeros(rows, vocab, device=device), prompt_mask=torch.zeros(rows, vocab, dtype=torch.bool, device=device),
+             output_counts=torch.zeros(rows, vocab, dtype=torch.int32, device=device),
+             repetition_penalties=torch.ones(rows, device=device), frequency_penalties=torch.zeros(rows, device=device),
+             presence_penalties=torch.zeros(rows, device=device))
+    a.update({k: v(device) for k, v in override.items()})
+    return a
+
+
+BAD = [
+    (dict(logits=lambda d: torch.zeros(2, 8, dtype=torch.float64, device=d)), TypeError, "logits must be float32, bfloat16 or float16"),
+    (dict(logits=lambda d: torch.zeros(2, 8, 1, device=d)), ValueError, "logits must be 2-D"),
+    (dict(logits=lambda d: torch.zeros(8, 2, device=d).t()), ValueError, "logits must have a contiguous last dimension"),
+    (dict(prompt_mask=lambda d: torch.zeros(2, 8, dtype=torch.uint8, device=d)), TypeError, "prompt_mask must be bool"),
+    (dict(prompt_mask=lambda d: torch.zeros(2, 7, dtype=torch.bool, device=d)), ValueError, r"prompt_mask must have shape \(2, 8\)"),
+    (dict(output_counts=lambda d: torch.zeros(2, 8, dtype=torch.int64, device=d)), TypeError, "output_counts must be int32"),
+    (dict(output_counts=lambda d: torch.zeros(3, 8, dtype=torch.int32, device=d)), ValueError, r"output_counts must have shape \(2, 8\)"),
+    (dict(repetition_penalties=lambda d: torch.ones(2, dtype=torch.float16, device=d)), TypeError, "repetition_penalties must be float32"),
+    (dict(frequency_penalties=lambda d: torch.ones(3, device=d)), ValueError, r"frequency_penalties must have shape \(2,\)"),
+    (dict(presence_penalties=lambda d: torch.ones(4, device=d)[::2]), ValueError, "presence_penalties must have a contiguous"),
+    (dict(presence_penalties=lambda d: [0.0, 0.0]), TypeError, "presence_penalties must be a torch.Tensor"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(BAD)))
+def test_bad_inputs(device, case):
+    override, exc, msg = BAD[case]
+    with pytest.raises(exc, match=msg):
+        apply_penalties_(**_args(device, **override))
+
+
+def test_bad_inputs_repetition(device):
+    a = _args(device)
+    with pytest.raises(TypeError, match="output_mask must be bool"):
+        apply_repetition_penalties_(a["logits"], a["prompt_mask"], a["output_counts"], a["repetition_penalties"])
+    with pytest.raises(ValueError, match=r"repetition_penalties must have shape \(2,\)"):
+        apply_repetition_penalties_(a["logits"], a["prompt_mask"], a["prompt_mask"], torch.ones(1, device=device))
+
+
+def test_direct_op_call_is_checked_too(device):
+    """torch.ops.specops.* called without the wrapper still refuses bad shapes (no out-of-bounds access)."""
+    a = _args(device)
+    a["output_counts"] = torch.zeros(2, 4, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="output_counts must have shape"):
+        torch.ops.specops.apply_penalties_(*a.values())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_device_mismatch():
+    a = _args("cuda", prompt_mask=lambda d: torch.zeros(2, 8, dtype=torch.bool))
+    with pytest.raises(ValueError, match="prompt_mask must be on cuda"):
+        apply_penalties_(**a)
