@@ -17,8 +17,11 @@ position), so their draws do not depend on the rest of the batch.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
+from specops import rng
 from specops.ops import apply_penalties_, token_bincount_update_
 from specops.sampling import SamplingMetadata
 from specops.sampling import sample as specops_sample
@@ -125,10 +128,17 @@ class BatchSampler:
     ) -> torch.Tensor:  # [N] int64, -1 where the logits were invalid (NaN, +inf, all -inf)
         """Run the sampling pipeline on the rows that sample this step and draw one token each."""
         reqs = [self._reqs[r] for r in rows]
-        md = self._batch_metadata().expand(
-            rows, position_offsets=positions,
-            rows=LogitsRows(list(rows), [len(r.output_token_ids) for r in reqs]),
-            output_token_ids=[r.output_token_ids for r in reqs] if self._md.bad_words_token_ids else None)
+        batch_md = self._batch_metadata()
+        lrows = LogitsRows(list(rows), [len(r.output_token_ids) for r in reqs])
+        history = [r.output_token_ids for r in reqs] if batch_md.bad_words_token_ids else None
+        if len(rows) == len(self._reqs) and rows == list(range(len(rows))):
+            # Every row samples (steady decoding): only the generator keys change.
+            pos = torch.tensor(positions, dtype=torch.int64).to(self.device)
+            seeds, keys = rng.row_keys(batch_md.request_seeds, batch_md.has_seed, pos, self.seed, self.step)
+            md = replace(batch_md, seeds=seeds, positions=keys, token_positions=pos, rows=lrows,
+                         output_token_ids=history)
+        else:
+            md = batch_md.expand(rows, position_offsets=positions, rows=lrows, output_token_ids=history)
         x = logits.float()
         apply_allowed_token_mask_(x, md.allowed_token_mask)
         apply_bad_words_(x, md.bad_words_token_ids, md.output_token_ids)
