@@ -1,0 +1,301 @@
+"""StructuredOutputOptions: what a request asks its output to match, checked on arrival.
+
+Exactly one of ``json_schema``, ``json_object``, ``regex``, ``choice``, ``grammar`` is set.
+``validate()`` rejects malformed specifications with a ValueError/TypeError that names the
+option and the problem; it does only cheap work (JSON parsing, the JSON Schema meta-schema,
+xgrammar's regex/EBNF parsers, no tokenizer), so it runs on the request's arrival path.
+The expensive part, compiling the grammar against the vocabulary, happens in the
+compiler pool (compiler_pool.py), where it can still fail (e.g. a grammar that accepts
+no output at all) and then fails that request alone.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
+
+# JSON Schema keywords that xgrammar does not enforce (it ignores them, so output could
+# violate the schema) or that need more than a context-free grammar. A schema that uses
+# one is rejected up front rather than silently half-enforced.
+UNSUPPORTED_SCHEMA_KEYWORDS = (
+    "not", "if", "then", "else", "dependentSchemas", "dependentRequired", "dependencies",
+    "contains", "minContains", "maxContains", "propertyNames", "uniqueItems",
+    "unevaluatedItems", "unevaluatedProperties", "$dynamicRef", "$recursiveRef",
+)
+# Keywords whose value is one subschema, a {name: subschema} map, or a list of subschemas.
+_SUB_ONE = ("items", "additionalProperties", "additionalItems", "contains", "not", "propertyNames",
+            "if", "then", "else", "unevaluatedItems", "unevaluatedProperties")
+_SUB_MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SUB_LIST = ("anyOf", "oneOf", "allOf", "prefixItems")
+
+MAX_SPEC_CHARS = 1 << 20  # 1 MiB: a bigger grammar specification is refused before parsing
+
+
+@dataclass
+class StructuredOutputOptions:
+    """Constrain a request's output to a JSON schema, any JSON object, a regex, a choice or an EBNF grammar.
+
+    Parameters
+    ----------
+    json_schema : dict | str | None
+        A JSON Schema (a dict, or its JSON text). Output is one JSON value valid against it.
+    json_object : bool
+        Output is any JSON object.
+    regex : str | None
+        Output matches this regular expression (xgrammar's ECMAScript-like syntax, no
+        lookaround or backreferences).
+    choice : list[str] | None
+        Output is exactly one of these non-empty strings.
+    grammar : str | None
+        An EBNF grammar in xgrammar/GBNF syntax with a ``root`` rule.
+    any_whitespace : bool
+        JSON only: allow any whitespace between tokens (True) or the compact fixed
+        layout ``{"a": 1, "b": [2, 3]}`` (False, the default: small models otherwise can
+        emit newlines forever).
+
+    Examples
+    --------
+    >>> StructuredOutputOptions(choice=["yes", "no"]).validate()
+    >>> StructuredOutputOptions(regex=r"\\d{3}").kind
+    'regex'
+    """
+
+    json_schema: dict | str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: list[str] | tuple[str, ...] | None = None
+    grammar: str | None = None
+    any_whitespace: bool = False
+
+    @property
+    def kind(self) -> str:
+        """The one option that is set (one of ``KINDS``); ValueError when zero or several are."""
+        set_ = [k for k in KINDS if (self.json_object is True if k == "json_object" else getattr(self, k) is not None)]
+        if len(set_) != 1:
+            raise ValueError("structured output: set exactly one of json_schema, json_object, regex, choice, "
+                             f"grammar; got {', '.join(set_) if set_ else 'none'}")
+        return set_[0]
+
+    def validate(self) -> None:
+        """Raise ValueError/TypeError naming the option and the problem; return None when well formed."""
+        if not isinstance(self.json_object, bool):
+            raise TypeError(f"json_object must be a bool, got {self.json_object!r}")
+        if not isinstance(self.any_whitespace, bool):
+            raise TypeError(f"any_whitespace must be a bool, got {self.any_whitespace!r}")
+        kind = self.kind
+        if kind == "json_schema":
+            check_json_schema(parse_json_schema(self.json_schema))
+        elif kind == "regex":
+            check_regex(self.regex)
+        elif kind == "choice":
+            check_choice(self.choice)
+        elif kind == "grammar":
+            check_ebnf(self.grammar)
+
+    def spec(self) -> tuple[str, str]:
+        """(kind, canonical text) of the grammar to compile; also the compile-cache key.
+
+        JSON schemas are re-serialised (key order kept: it fixes the order of the output's
+        properties), so two spellings of one schema share a cache entry.
+        """
+        kind = self.kind
+        if kind == "json_schema":
+            text = json.dumps(parse_json_schema(self.json_schema), ensure_ascii=False, separators=(",", ":"))
+        elif kind == "json_object":
+            text = ""
+        elif kind == "regex":
+            text = self.regex
+        elif kind == "choice":
+            text = choice_to_ebnf(self.choice)
+        else:
+            text = self.grammar
+        return kind, text
+
+    def cache_key(self) -> tuple:
+        """Hashable key of the compiled grammar: the spec plus the options that change it."""
+        kind, text = self.spec()
+        ws = self.any_whitespace if kind in ("json_schema", "json_object") else None
+        return kind, text, ws
+
+    @classmethod
+    def from_cli(cls, json_schema_file: str | None = None, regex: str | None = None,
+                 choice: list[str] | str | None = None, grammar_file: str | None = None,
+                 json_object: bool = False) -> "StructuredOutputOptions | None":
+        """Options from ``generate --json-schema FILE --regex R --choice A --choice B --grammar FILE``.
+
+        ``choice`` may be a list (repeated flag) or one comma-separated string. Returns None
+        when no option is given; raises ValueError naming the flag on a bad file or value.
+        """
+        kwargs: dict = {}
+        if json_schema_file is not None:
+            kwargs["json_schema"] = _read_text("--json-schema", json_schema_file)
+        if regex is not None:
+            kwargs["regex"] = regex
+        if choice is not None:
+            kwargs["choice"] = [c for c in choice.split(",")] if isinstance(choice, str) else list(choice)
+        if grammar_file is not None:
+            kwargs["grammar"] = _read_text("--grammar", grammar_file)
+        if json_object:
+            kwargs["json_object"] = True
+        if not kwargs:
+            return None
+        opts = cls(**kwargs)
+        opts.validate()
+        return opts
+
+
+# ---- checks -----------------------------------------------------------------------------
+
+def parse_json_schema(schema) -> dict:
+    """The schema as a dict: a dict is returned as is, a str is parsed as JSON."""
+    if isinstance(schema, str):
+        if len(schema) > MAX_SPEC_CHARS:
+            raise ValueError(f"json_schema is too long ({len(schema)} characters, at most {MAX_SPEC_CHARS})")
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"json_schema is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    if isinstance(schema, bool):
+        raise ValueError("json_schema must be a JSON object; for any JSON use json_object=True")
+    if not isinstance(schema, dict):
+        raise TypeError(f"json_schema must be a dict or its JSON text, got {type(schema).__name__}")
+    return schema
+
+
+def check_json_schema(schema: dict) -> None:
+    """Check ``schema`` against its JSON Schema meta-schema and for keywords xgrammar cannot enforce."""
+    try:
+        import jsonschema
+    except ImportError:  # pragma: no cover - jsonschema is a test/runtime requirement
+        jsonschema = None
+    if jsonschema is not None:
+        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        try:
+            cls.check_schema(schema)
+        except jsonschema.SchemaError as e:
+            where = "/".join(str(p) for p in e.absolute_path) or "(root)"
+            raise ValueError(f"json_schema is malformed at {where}: {e.message}") from None
+    _walk_schema(schema, "#")
+
+
+def _walk_schema(s, path: str) -> None:
+    if not isinstance(s, dict):
+        return
+    for kw in UNSUPPORTED_SCHEMA_KEYWORDS:
+        if kw in s:
+            raise ValueError(f"json_schema uses {kw!r} at {path}, which structured output cannot enforce")
+    for kw in ("allOf", "oneOf"):
+        if isinstance(s.get(kw), list) and len(s[kw]) > 1:
+            what = "an intersection" if kw == "allOf" else "exactly one match"
+            raise ValueError(f"json_schema uses {kw!r} with several subschemas at {path} ({what} cannot be "
+                             "enforced); use anyOf or merge the subschemas")
+    for kw in _SUB_ONE:
+        sub = s.get(kw)
+        if isinstance(sub, dict):
+            _walk_schema(sub, f"{path}/{kw}")
+        elif isinstance(sub, list):  # draft-4 tuple "items"
+            for i, x in enumerate(sub):
+                _walk_schema(x, f"{path}/{kw}/{i}")
+    for kw in _SUB_MAP:
+        sub = s.get(kw)
+        if isinstance(sub, dict):
+            for name, x in sub.items():
+                _walk_schema(x, f"{path}/{kw}/{name}")
+    for kw in _SUB_LIST:
+        sub = s.get(kw)
+        if isinstance(sub, list):
+            for i, x in enumerate(sub):
+                _walk_schema(x, f"{path}/{kw}/{i}")
+
+
+def check_regex(regex) -> None:
+    """A non-empty regex that xgrammar's regex parser accepts."""
+    if not isinstance(regex, str):
+        raise TypeError(f"regex must be a str, got {type(regex).__name__}")
+    if not regex:
+        raise ValueError("regex must not be empty")
+    if len(regex) > MAX_SPEC_CHARS:
+        raise ValueError(f"regex is too long ({len(regex)} characters, at most {MAX_SPEC_CHARS})")
+    import xgrammar as xgr
+
+    try:
+        xgr.Grammar.from_regex(regex)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"regex {_short(regex)} is invalid: {clean_xgrammar_error(e)}") from None
+
+
+def check_choice(choice) -> None:
+    """A non-empty list of non-empty strings."""
+    if isinstance(choice, str) or not isinstance(choice, (list, tuple)):
+        raise TypeError(f"choice must be a list of strings, got {type(choice).__name__}")
+    if not choice:
+        raise ValueError("choice must not be an empty list")
+    for i, c in enumerate(choice):
+        if not isinstance(c, str):
+            raise TypeError(f"choice[{i}] must be a str, got {type(c).__name__}")
+        if not c:
+            raise ValueError(f"choice[{i}] is the empty string; every choice must be non-empty")
+    if sum(len(c) for c in choice) > MAX_SPEC_CHARS:
+        raise ValueError(f"choice is too long (more than {MAX_SPEC_CHARS} characters in all)")
+
+
+def check_ebnf(grammar) -> None:
+    """A non-empty EBNF grammar with a ``root`` rule that xgrammar's parser accepts."""
+    if not isinstance(grammar, str):
+        raise TypeError(f"grammar must be a str (EBNF text), got {type(grammar).__name__}")
+    if not grammar.strip():
+        raise ValueError("grammar must not be empty")
+    if len(grammar) > MAX_SPEC_CHARS:
+        raise ValueError(f"grammar is too long ({len(grammar)} characters, at most {MAX_SPEC_CHARS})")
+    import xgrammar as xgr
+
+    try:
+        xgr.Grammar.from_ebnf(grammar)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"grammar is invalid EBNF: {clean_xgrammar_error(e)}") from None
+
+
+def choice_to_ebnf(choice) -> str:
+    """``root ::= "a" | "b"`` with each choice as an escaped EBNF string literal."""
+    return "root ::= " + " | ".join(_ebnf_literal(c) for c in choice)
+
+
+def _ebnf_literal(s: str) -> str:
+    out = []
+    for ch in s:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+_XGR_PREFIX = re.compile(r"^\[[^\]]*\]\s*\S+:\d+:\s*")
+
+
+def clean_xgrammar_error(e: BaseException) -> str:
+    """xgrammar's message without its ``[time] file.cc:line:`` prefix."""
+    return _XGR_PREFIX.sub("", str(e).strip())
+
+
+def _short(s: str, n: int = 60) -> str:
+    return repr(s if len(s) <= n else s[:n] + "...")
+
+
+def _read_text(flag: str, path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"{flag}: cannot read {path!r}: {e.strerror}") from None
