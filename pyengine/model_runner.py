@@ -18,7 +18,7 @@ import torch
 
 from .input_batch import InputBatch
 from .request import Logprob, Request
-from .sampling import BatchSampler, compute_logprobs
+from .sampling import BatchSampler, to_logprobs
 from .scheduler import SchedulerOutput
 
 
@@ -88,11 +88,9 @@ class ModelRunner:
             return out
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         t1 = self._now()
+        tokens, logprobs = self.sampler.sample(logits, inputs.sample_rows, inputs.sample_positions)
         want = [i for i, r in enumerate(inputs.sample_reqs) if r.sampling_params.logprobs is not None]
-        want_t = torch.tensor(want, dtype=torch.int64).to(self.device) if want else None
-        raw = logits[want_t] if want else None  # a copy: sampling processes logits in place
-        tokens = self.sampler.sample(logits, inputs.sample_rows, inputs.sample_positions)
-        lp = compute_logprobs(raw, tokens[want_t], [inputs.sample_reqs[i].sampling_params.logprobs for i in want]) \
+        lp = to_logprobs(logprobs, want, [inputs.sample_reqs[i].sampling_params.logprobs for i in want]) \
             if want else []
         t2 = self._now()
         self.time_forward += t1 - t0

@@ -9,10 +9,10 @@ every step with `specops.ops.token_bincount_update_`, so the cost of a step does
 grow with the length of the outputs).
 
 Each step, `sample` gathers the metadata of the rows that sample (`expand`: rows that
-are mid-prompt have no logits) and runs the specops pipeline: allowed tokens, bad words,
-the non-argmax-invariant processors, penalties, then temperature/min-p/top-k/top-p and the
-counter-based draw (`specops.sampling.sample`). Seeded rows are keyed by (seed, token
-position), so their draws do not depend on the rest of the batch.
+are mid-prompt have no logits) and calls the specops `Sampler`: allowed tokens, bad words,
+the argmax-changing processors, penalties, then temperature/min-p/top-k/top-p and the
+counter-based draw, and raw logprobs. Seeded rows are keyed by (seed, token position), so
+their draws do not depend on the rest of the batch.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from dataclasses import replace
 import torch
 
 from specops import rng
-from specops.ops import apply_penalties_, token_bincount_update_
-from specops.sampling import SamplingMetadata
-from specops.sampling import sample as specops_sample
-from specops.sampling.logits_processors import LogitsRows, MinPLogitsProcessor, build_logits_processors
-from specops.sampling.sampler_torch import apply_allowed_token_mask_, apply_bad_words_
+from specops.ops import token_bincount_update_
+from specops.sampling.logits_processors import LogitsRows, build_logits_processors
+from specops.sampling.logprobs import LogprobsTensors
+from specops.sampling.metadata import SamplingMetadata
+from specops.sampling.sampler import Sampler
 
 from .input_batch import BatchUpdate
 from .request import Logprob, Request
@@ -34,7 +34,7 @@ from .request import Logprob, Request
 
 def sampler_name() -> str:
     """Which sampling path the engine uses (reported by benchmarks)."""
-    return "specops.sampling.sample"
+    return "specops.Sampler"
 
 
 class BatchSampler:
@@ -63,9 +63,7 @@ class BatchSampler:
         self.seed = seed
         self.procs = build_logits_processors(max_num_reqs, vocab_size, self.device, custom=logits_processors,
                                              eos_token_ids=eos_token_ids)
-        # min_p is applied by the fused draw from the metadata; the other processors run here.
-        self._before_penalties = self.procs.non_argmax_invariant
-        self._after_temperature = [p for p in self.procs.argmax_invariant if not isinstance(p, MinPLogitsProcessor)]
+        self.sampler = Sampler()  # raw logprobs, fused Triton draw on CUDA, torch reference on CPU
         self.step = torch.zeros((), dtype=torch.int64, device=self.device)  # read by the metadata's row keys
         self.prompt_mask: torch.Tensor | None = None  # [rows, vocab] bool
         self.output_counts: torch.Tensor | None = None  # [rows, vocab] int32
@@ -125,8 +123,10 @@ class BatchSampler:
         logits: torch.Tensor,  # [N, vocab] fp32 raw logits of the sampling rows (modified in place)
         rows: list[int],  # persistent-batch row of each logits row
         positions: list[int],  # sequence position of the token each row samples
-    ) -> torch.Tensor:  # [N] int64, -1 where the logits were invalid (NaN, +inf, all -inf)
-        """Run the sampling pipeline on the rows that sample this step and draw one token each."""
+    ) -> tuple[torch.Tensor, LogprobsTensors | None]:
+        """Run the specops Sampler on the rows that sample this step: one token each ([N] int64,
+        -1 where the logits were invalid: NaN, +inf or all -inf) and, when a row asked for them,
+        raw logprobs of every row."""
         reqs = [self._reqs[r] for r in rows]
         batch_md = self._batch_metadata()
         lrows = LogitsRows(list(rows), [len(r.output_token_ids) for r in reqs])
@@ -139,22 +139,12 @@ class BatchSampler:
                          output_token_ids=history)
         else:
             md = batch_md.expand(rows, position_offsets=positions, rows=lrows, output_token_ids=history)
-        x = logits.float()
-        apply_allowed_token_mask_(x, md.allowed_token_mask)
-        apply_bad_words_(x, md.bad_words_token_ids, md.output_token_ids)
-        for proc in self._before_penalties:
-            x = proc.apply(x, md.rows)
-        if md.repetition_penalties is not None:
-            apply_penalties_(x, md.prompt_mask, md.output_counts, md.repetition_penalties,
-                             md.frequency_penalties, md.presence_penalties)
-        for proc in self._after_temperature:  # argmax-invariant custom processors
-            x = proc.apply(x, md.rows)
-        tokens = specops_sample(x, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds,
-                                md.positions).tokens
+        out = self.sampler(logits, md)
+        tokens = out.sampled_token_ids
         if self.output_counts is not None:
-            token_bincount_update_(self.output_counts, md.rows.req_index_tensor(self.device), tokens)
+            token_bincount_update_(self.output_counts, lrows.req_index_tensor(self.device), tokens)
         self.step += 1
-        return tokens
+        return tokens, out.logprobs
 
 
 def _final_row(row: int, moved) -> int:
@@ -165,17 +155,9 @@ def _final_row(row: int, moved) -> int:
     return row
 
 
-def compute_logprobs(
-    logits: torch.Tensor,  # [M, vocab] fp32 raw logits of the rows that want logprobs (vLLM's "raw_logprobs")
-    tokens: torch.Tensor,  # [M] int64 sampled tokens (-1 for invalid rows)
-    num_top: list[int],  # top-n per row
-) -> list[Logprob]:
-    """Logprob of the sampled token, its rank (1 = most likely) and the top-n alternatives."""
-    lp = torch.log_softmax(logits.float(), dim=-1)
-    tok = tokens.clamp(min=0)
-    chosen = lp.gather(1, tok.unsqueeze(1)).squeeze(1)
-    rank = (lp > chosen.unsqueeze(1)).sum(dim=1) + 1
-    k = max(num_top)
-    top_v, top_i = lp.topk(k, dim=-1) if k > 0 else (lp[:, :0], lp[:, :0].long())
-    top_v, top_i, chosen, rank, tok = top_v.tolist(), top_i.tolist(), chosen.tolist(), rank.tolist(), tok.tolist()
-    return [Logprob(tok[j], chosen[j], rank[j], dict(zip(top_i[j][:n], top_v[j][:n]))) for j, n in enumerate(num_top)]
+def to_logprobs(lp: LogprobsTensors, want: list[int], num_top: list[int]) -> list[Logprob]:
+    """Per-row Logprob entries (sampled token, its logprob and rank, top-n) for rows `want`."""
+    idx = torch.tensor(want, dtype=torch.int64).to(lp.token_ids.device)
+    ids, vals, ranks = lp.token_ids[idx].tolist(), lp.logprobs[idx].tolist(), lp.ranks[idx].tolist()
+    return [Logprob(ids[j][0], vals[j][0], ranks[j], dict(zip(ids[j][1:n + 1], vals[j][1:n + 1])))
+            for j, n in enumerate(num_top)]
