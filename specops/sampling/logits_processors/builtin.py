@@ -1,0 +1,201 @@
+"""Built-in logits processors: min_tokens, logit_bias (both change the argmax) and min_p.
+
+min_tokens and logit_bias keep a sparse `{batch index: entry}` dict; min_p keeps a dense
+per-index array (like vLLM's built-ins, seeds/01 chapter 2.3). All three read per-row
+request indices and histories from `LogitsRows`, so they work on speculative-decoding
+rows (several rows per request) as well as on plain rows.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from .interface import BatchUpdate, LogitsProcessor, LogitsRows, MoveDirectionality, process_dict_updates
+
+
+def _rows_or_identity(rows: LogitsRows | None, num_rows: int) -> LogitsRows:
+    return rows if rows is not None else LogitsRows.identity(num_rows)
+
+
+class MinTokensLogitsProcessor(LogitsProcessor):
+    """Ban stop tokens (EOS and the request's stop_token_ids) until min_tokens were generated.
+
+    Parameters
+    ----------
+    max_num_reqs, vocab_size, device
+        See `LogitsProcessor`.
+    eos_token_ids : Sequence[int]
+        The model's end-of-sequence token ids (banned unless the request ignores EOS).
+    """
+
+    def __init__(self, max_num_reqs: int, vocab_size: int, device="cpu", eos_token_ids: Sequence[int] = ()):
+        super().__init__(max_num_reqs, vocab_size, device)
+        self.eos_token_ids = [int(t) for t in eos_token_ids]
+        self.state: dict[int, tuple[int, list[int], list[int]]] = {}  # index -> (min, outputs ref, stop ids)
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def _entry(self, params, prompt_ids, output_ids):
+        min_tokens = int(getattr(params, "min_tokens", 0) or 0)
+        if min_tokens <= 0:
+            return None
+        stop = set(int(t) for t in (getattr(params, "stop_token_ids", None) or ()))
+        all_stop = getattr(params, "all_stop_token_ids", None)
+        if all_stop is not None:
+            stop |= set(int(t) for t in all_stop)
+        if not getattr(params, "ignore_eos", False):
+            stop |= set(self.eos_token_ids)
+        stop = sorted(t for t in stop if 0 <= t < self.vocab_size)
+        if not stop:
+            return None
+        return (min_tokens, output_ids if output_ids is not None else [], stop)
+
+    def is_active(self) -> bool:
+        return bool(self.state)
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        process_dict_updates(self.state, batch_update, self._entry)
+        # Requests that reached min_tokens need nothing more (their output list is live).
+        for index in [i for i, (n, out, _) in self.state.items() if len(out) >= n]:
+            del self.state[index]
+
+    def apply(self, logits: torch.Tensor, rows: LogitsRows | None = None) -> torch.Tensor:
+        if not self.state:
+            return logits
+        explicit = rows is not None
+        rows = _rows_or_identity(rows, logits.shape[0])
+        r_idx: list[int] = []
+        t_idx: list[int] = []
+        for r, index in enumerate(rows.req_indices):
+            entry = self.state.get(index)
+            if entry is None:
+                continue
+            min_tokens, outputs, stop = entry
+            done = rows.num_output_tokens[r] if explicit else len(outputs)
+            if done < min_tokens:
+                r_idx += [r] * len(stop)
+                t_idx += stop
+        if r_idx:
+            r_t = torch.tensor(r_idx, dtype=torch.int64).to(logits.device)
+            t_t = torch.tensor(t_idx, dtype=torch.int64).to(logits.device)
+            logits[r_t, t_t] = float("-inf")
+        return logits
+
+
+class LogitBiasLogitsProcessor(LogitsProcessor):
+    """Add the request's `logit_bias` {token id: bias} to its rows."""
+
+    def __init__(self, max_num_reqs: int, vocab_size: int, device="cpu"):
+        super().__init__(max_num_reqs, vocab_size, device)
+        self.state: dict[int, tuple[list[int], list[float]]] = {}
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def _entry(self, params, prompt_ids, output_ids):
+        bias = getattr(params, "logit_bias", None)
+        if not bias:
+            return None
+        toks, vals = [], []
+        for tok, val in bias.items():
+            tok = int(tok)
+            if not 0 <= tok < self.vocab_size:
+                raise ValueError(f"logit_bias token id must be in [0, {self.vocab_size}), got {tok}")
+            if not math.isfinite(float(val)):
+                raise ValueError(f"logit_bias values must be finite, got {val} for token {tok}")
+            toks.append(tok)
+            vals.append(float(val))
+        return (toks, vals)
+
+    def is_active(self) -> bool:
+        return bool(self.state)
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        process_dict_updates(self.state, batch_update, self._entry)
+
+    def apply(self, logits: torch.Tensor, rows: LogitsRows | None = None) -> torch.Tensor:
+        if not self.state:
+            return logits
+        rows = _rows_or_identity(rows, logits.shape[0])
+        r_idx: list[int] = []
+        t_idx: list[int] = []
+        vals: list[float] = []
+        for r, index in enumerate(rows.req_indices):
+            entry = self.state.get(index)
+            if entry is not None:
+                r_idx += [r] * len(entry[0])
+                t_idx += entry[0]
+                vals += entry[1]
+        if r_idx:
+            dev = logits.device
+            logits.index_put_((torch.tensor(r_idx, dtype=torch.int64).to(dev),
+                               torch.tensor(t_idx, dtype=torch.int64).to(dev)),
+                              torch.tensor(vals, dtype=logits.dtype).to(dev), accumulate=True)
+        return logits
+
+
+class MinPLogitsProcessor(LogitsProcessor):
+    """Drop tokens whose probability is below min_p times the most likely token's.
+
+    Argmax invariant: runs on temperature-scaled logits of random rows. The Sampler fuses
+    it into the top-k/top-p kernel through `row_min_p` instead of calling `apply`.
+    """
+
+    def __init__(self, max_num_reqs: int, vocab_size: int, device="cpu"):
+        super().__init__(max_num_reqs, vocab_size, device)
+        self.min_p = torch.zeros(max_num_reqs, dtype=torch.float32)  # host, dense by batch index
+        self._device_min_p: torch.Tensor | None = None
+        self.num_active = 0
+
+    def is_argmax_invariant(self) -> bool:
+        return True
+
+    def is_active(self) -> bool:
+        return self.num_active > 0
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if batch_update is None:
+            return
+        for index in batch_update.removed:
+            self.min_p[index] = 0.0
+        for index, params, _, _ in batch_update.added:
+            value = float(getattr(params, "min_p", 0.0) or 0.0)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"min_p must be in [0, 1], got {value}")
+            self.min_p[index] = value
+        for src, dst, direction in batch_update.moved:
+            a, b = float(self.min_p[src]), float(self.min_p[dst])
+            self.min_p[dst] = a
+            self.min_p[src] = b if direction == MoveDirectionality.SWAP else 0.0
+        self.num_active = int((self.min_p > 0).sum())
+        self._device_min_p = None
+
+    def row_min_p(self, rows: LogitsRows | None, num_rows: int, device) -> torch.Tensor | None:
+        """[num_rows] fp32 min_p of every logits row, or None when no request uses min_p."""
+        if self.num_active == 0:
+            return None
+        if self._device_min_p is None or self._device_min_p.device != torch.device(device):
+            self._device_min_p = self.min_p.to(device)
+        if rows is None:
+            return self._device_min_p[:num_rows]
+        return self._device_min_p.index_select(0, rows.req_index_tensor(device))
+
+    def apply(self, logits: torch.Tensor, rows: LogitsRows | None = None) -> torch.Tensor:
+        min_p = self.row_min_p(rows, logits.shape[0], logits.device)
+        if min_p is None:
+            return logits
+        return apply_min_p_(logits, min_p)
+
+
+def apply_min_p_(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Mask tokens with logit < max + log(min_p) (i.e. prob < min_p * max prob), in place.
+
+    logits: [N, V] fp32 temperature-scaled; min_p: [N] fp32 (0 = off).
+    """
+    top = logits.max(dim=-1, keepdim=True).values
+    cut = top + torch.log(min_p.to(logits.dtype)).unsqueeze(1)  # log(0) = -inf: nothing dropped
+    return logits.masked_fill_(logits < cut, float("-inf"))

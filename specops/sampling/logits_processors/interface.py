@@ -1,0 +1,161 @@
+"""The LogitsProcessor interface over a persistent batch.
+
+A persistent batch gives every running request a row index that it keeps from step to
+step. A processor keeps per-request state keyed by that index and follows the batch
+through one `BatchUpdate` per step, applied in a fixed order: `removed`, then `added`,
+then `moved` (seeds/01, chapter 2.3).
+
+Logits rows need not be 1:1 with requests: with speculative decoding one request owns
+several rows (one per draft position plus the bonus row). `apply` therefore receives a
+`LogitsRows` that says, for every logits row, which persistent-batch index it belongs to,
+how many output tokens precede it (committed outputs plus the drafts before it) and which
+draft tokens those are. With `rows=None` the rows are the batch indices 0..N-1 and no
+drafts precede them.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+
+class MoveDirectionality(enum.Enum):
+    """How a `moved` entry changes the batch: a one-way move (src is left empty) or a swap."""
+
+    UNIDIRECTIONAL = enum.auto()
+    SWAP = enum.auto()
+
+
+@dataclass(frozen=True)
+class BatchUpdate:
+    """Changes of the persistent batch since the last step.
+
+    Attributes
+    ----------
+    batch_size : int
+        Number of occupied rows after the update.
+    removed : Sequence[int]
+        Indices whose requests left the batch.
+    added : Sequence[tuple[int, Any, list[int] | None, list[int]]]
+        (index, sampling params, prompt token ids, output token ids). The output list is a
+        reference to the request's live list: it grows as the request generates, so a
+        processor can read its length at every `update_state` without being told.
+    moved : Sequence[tuple[int, int, MoveDirectionality]]
+        (src, dst, directionality) applied after `removed` and `added`.
+    """
+
+    batch_size: int
+    removed: Sequence[int] = field(default_factory=list)
+    added: Sequence[tuple] = field(default_factory=list)
+    moved: Sequence[tuple] = field(default_factory=list)
+
+
+@dataclass
+class LogitsRows:
+    """Which request each logits row belongs to, and the history that precedes it.
+
+    Attributes
+    ----------
+    req_indices : list[int]
+        Persistent-batch index of each logits row (host).
+    num_output_tokens : list[int]
+        Output tokens that precede each row: the request's committed outputs plus the
+        draft tokens before this row (host).
+    preceding_token_ids : list[list[int]] or None
+        The draft tokens before each row (empty lists for plain rows); None when no row
+        has any.
+    """
+
+    req_indices: list[int]
+    num_output_tokens: list[int]
+    preceding_token_ids: list[list[int]] | None = None
+    _device_index: dict = field(default_factory=dict, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.req_indices)
+
+    def req_index_tensor(self, device: torch.device | str) -> torch.Tensor:
+        """[num_rows] int64 on `device` (cached)."""
+        key = str(device)
+        if key not in self._device_index:
+            self._device_index[key] = torch.tensor(self.req_indices, dtype=torch.int64).to(device)
+        return self._device_index[key]
+
+    @classmethod
+    def identity(cls, num_rows: int, num_output_tokens: Sequence[int] | None = None) -> "LogitsRows":
+        """Rows 0..num_rows-1 are batch indices 0..num_rows-1, with no drafts before them."""
+        outs = list(num_output_tokens) if num_output_tokens is not None else [0] * num_rows
+        return cls(list(range(num_rows)), outs, None)
+
+
+class LogitsProcessor(ABC):
+    """A per-request logits transformation with state that follows the persistent batch.
+
+    Subclasses are constructed once per engine with the arguments below and receive every
+    step's `BatchUpdate` (or None when the batch did not change) before `apply`.
+
+    Parameters
+    ----------
+    max_num_reqs : int
+        Number of persistent-batch rows.
+    vocab_size : int
+    device : torch.device or str
+    """
+
+    def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device | str = "cpu"):
+        self.max_num_reqs = max_num_reqs
+        self.vocab_size = vocab_size
+        self.device = torch.device(device)
+
+    @abstractmethod
+    def is_argmax_invariant(self) -> bool:
+        """True if the processor never changes which token has the largest logit.
+
+        Argmax-invariant processors run after temperature and only matter to random rows;
+        the others run before penalties and the greedy argmax.
+        """
+
+    @abstractmethod
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        """Follow the batch: process `removed`, then `added`, then `moved`."""
+
+    @abstractmethod
+    def apply(self, logits: torch.Tensor, rows: LogitsRows | None = None) -> torch.Tensor:
+        """Transform `logits` ([num_rows, vocab] fp32, in place allowed) and return it."""
+
+    def is_active(self) -> bool:
+        """False when no request in the batch uses the processor (lets the Sampler skip it)."""
+        return True
+
+
+def process_dict_updates(state: dict, batch_update: BatchUpdate | None, new_entry) -> bool:
+    """Apply removed -> added -> moved to a sparse `{index: entry}` state.
+
+    `new_entry(params, prompt_ids, output_ids)` returns the entry for an added request or
+    None when the request does not use the processor. Returns True if the state changed.
+    """
+    if batch_update is None:
+        return False
+    changed = False
+    for index in batch_update.removed:
+        changed |= state.pop(index, None) is not None
+    for index, params, prompt_ids, output_ids in batch_update.added:
+        entry = new_entry(params, prompt_ids, output_ids)
+        if entry is None:
+            changed |= state.pop(index, None) is not None
+        else:
+            state[index] = entry
+            changed = True
+    for src, dst, direction in batch_update.moved:
+        a = state.pop(src, None)
+        b = state.pop(dst, None)
+        if a is not None:
+            state[dst] = a
+        if direction == MoveDirectionality.SWAP and b is not None:
+            state[src] = b
+        changed |= a is not None or b is not None
+    return changed

@@ -1,0 +1,91 @@
+"""Logprobs of a draw: the top-n tokens, the sampled token's logprob and its rank.
+
+Four modes (vLLM's names):
+
+- "raw_logprobs": log_softmax of the logits as the model produced them (the default);
+- "raw_logits": those logits themselves;
+- "processed_logprobs": log-probabilities of the distribution actually sampled from
+  (after penalties, processors, temperature, min-p, top-k, top-p; -inf outside the kept
+  set). Greedy rows report the softmax of their processed logits;
+- "processed_logits": the processed, temperature-scaled logits, -inf outside the kept set.
+
+Rank = 1 + the number of tokens with a strictly larger value (ties share the best rank).
+Rows whose token is -1 (invalid) get token id -1, NaN values and rank -1.
+All torch ops: no host sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .metadata import LOGPROBS_MODES
+from .sampler_torch import SampleResult, scale_logits
+
+
+@dataclass
+class LogprobsTensors:
+    """Attributes
+    ----------
+    token_ids : torch.Tensor   [R, n + 1] int64, the sampled token first, then the top n
+    logprobs : torch.Tensor    [R, n + 1] fp32, in the requested mode
+    ranks : torch.Tensor       [R] int64, rank of the sampled token (1 = most likely)
+    """
+
+    token_ids: torch.Tensor
+    logprobs: torch.Tensor
+    ranks: torch.Tensor
+
+
+def gather_logprobs(
+    scores: torch.Tensor,               # [R, V] fp32 values in the mode's order (logits)
+    tokens: torch.Tensor,               # [R] int64 sampled tokens (-1: invalid row)
+    num_logprobs: int,
+    offset: torch.Tensor | None = None,     # [R] fp32 subtracted from every value (log-normaliser)
+    threshold: torch.Tensor | None = None,  # [R] fp32: values below it are reported as -inf
+) -> LogprobsTensors:
+    """Top-n, the sampled token's value and rank from one [R, V] score tensor."""
+    R, V = scores.shape
+    n = min(int(num_logprobs), V)
+    bad = tokens < 0
+    tok = tokens.clamp(min=0).unsqueeze(1)
+    chosen = scores.gather(1, tok)                                    # [R, 1]
+    ranks = (scores > chosen).sum(dim=-1) + 1
+    top_v, top_i = (scores.topk(n, dim=-1) if n > 0 else
+                    (scores[:, :0], torch.zeros(R, 0, dtype=torch.int64, device=scores.device)))
+    vals = torch.cat([chosen, top_v], dim=1)
+    if threshold is not None:
+        vals = torch.where(vals >= threshold.unsqueeze(1), vals, torch.full_like(vals, float("-inf")))
+    if offset is not None:
+        vals = vals - offset.unsqueeze(1)
+    ids = torch.cat([tok, top_i], dim=1)
+    ids = torch.where(bad.unsqueeze(1), torch.full_like(ids, -1), ids)
+    vals = torch.where(bad.unsqueeze(1), torch.full_like(vals, float("nan")), vals)
+    ranks = torch.where(bad, torch.full_like(ranks, -1), ranks)
+    return LogprobsTensors(ids, vals.float(), ranks)
+
+
+def compute_logprobs(
+    mode: str,
+    num_logprobs: int,
+    tokens: torch.Tensor,                     # [R] int64
+    raw_logits: torch.Tensor | None = None,   # [R, V] as the model produced them ("raw_*" modes)
+    processed_logits: torch.Tensor | None = None,  # [R, V] processed, before temperature ("processed_*")
+    inv_temperature: torch.Tensor | None = None,   # [R] fp32 ("processed_*")
+    result: SampleResult | None = None,       # the draw's processed distribution ("processed_*")
+) -> LogprobsTensors:
+    """Logprobs in `mode` (see the module docstring)."""
+    if mode not in LOGPROBS_MODES:
+        raise ValueError(f"logprobs mode must be one of {LOGPROBS_MODES}, got {mode!r}")
+    if mode.startswith("raw"):
+        if raw_logits is None:
+            raise ValueError(f"{mode} needs raw_logits")
+        scores = raw_logits.float()
+        offset = torch.logsumexp(scores, dim=-1) if mode == "raw_logprobs" else None
+        return gather_logprobs(scores, tokens, num_logprobs, offset)
+    if processed_logits is None or inv_temperature is None or result is None:
+        raise ValueError(f"{mode} needs processed_logits, inv_temperature and the draw's result")
+    x = scale_logits(processed_logits, inv_temperature)
+    offset = result.row_max + result.log_norm if mode == "processed_logprobs" else None
+    return gather_logprobs(x, tokens, num_logprobs, offset, result.threshold)

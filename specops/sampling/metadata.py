@@ -1,0 +1,403 @@
+"""SamplingMetadata: per-row sampling parameters as device tensors, checked when built.
+
+Rows are logits rows. In plain decoding there is one row per request; with speculative
+decoding a request owns several rows (its draft positions and the bonus row), so every
+per-request value is gathered per row (`expand`), and `rows` tells logits processors
+which request each row belongs to.
+
+Conventions (documented once, used by every backend):
+
+- temperature: 0 (anything below 1e-5) means greedy, the argmax of the processed logits.
+  Random rows use logits * (1 / temperature); `inv_temperature` holds 1 / temperature,
+  and -1 on greedy rows.
+- top_k: 0 or -1 means off, as does any value >= vocab size; otherwise keep every token
+  whose value is >= the k-th largest value (tokens tied with the k-th are all kept).
+  Values below -1 are rejected.
+- top_p in (0, 1], 1 means off: keep token i when the probability mass of the tokens
+  strictly more likely than i is < top_p (so tokens tied at the boundary are all kept),
+  computed over what top-k and min_p kept.
+- min_p in [0, 1], 0 means off: keep token i when p_i >= min_p * max_j p_j, i.e.
+  logit_i >= max + log(min_p) after temperature.
+- seeds / positions: the keys of the counter-based generator (see specops.rng). A seeded
+  row uses (seed, token position); an unseeded row uses (engine seed, step | lane << 32).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Sequence
+
+import torch
+
+from specops import rng
+
+from .logits_processors.interface import LogitsRows
+
+GREEDY_EPS = 1e-5
+LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _as_list(name: str, values, n: int | None, default=None) -> list:
+    if values is None:
+        if n is None:
+            raise ValueError(f"{name} is required")
+        return [default] * n
+    if isinstance(values, torch.Tensor):
+        values = values.tolist()  # host inputs only: the builder validates values
+    values = list(values)
+    if n is not None and len(values) != n:
+        raise ValueError(f"{name} must have one value per row ({n}), got {len(values)}")
+    return values
+
+
+def _check_real(name: str, v, lo: float | None = None, hi: float | None = None,
+                lo_open: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
+    v = float(v)
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {v}")
+    if lo is not None and (v <= lo if lo_open else v < lo):
+        raise ValueError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {v}")
+    if hi is not None and v > hi:
+        raise ValueError(f"{name} must be <= {hi}, got {v}")
+    return v
+
+
+def _check_int(name: str, v, lo: int | None = None, hi: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        try:
+            import numpy as np
+            if isinstance(v, np.integer):
+                v = int(v)
+        except ImportError:  # pragma: no cover
+            pass
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    if lo is not None and v < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {v}")
+    if hi is not None and v > hi:
+        raise ValueError(f"{name} must be <= {hi}, got {v}")
+    return v
+
+
+@dataclass
+class SamplingMetadata:
+    """Per-row sampling inputs of one step (build with `from_params`, which validates).
+
+    Attributes
+    ----------
+    temperature : torch.Tensor
+        [R] fp32, 0 on greedy rows.
+    inv_temperature : torch.Tensor
+        [R] fp32, 1 / temperature on random rows, -1 on greedy rows.
+    seeds, positions : torch.Tensor
+        [R] int64 generator keys (specops.rng convention).
+    top_k : torch.Tensor or None
+        [R] int32, 0 = off. None when no row uses it.
+    top_p : torch.Tensor or None
+        [R] fp32, 1 = off. None when no row uses it.
+    min_p : torch.Tensor or None
+        [R] fp32, 0 = off. None when no row uses it.
+    repetition_penalties, frequency_penalties, presence_penalties : torch.Tensor or None
+        [R] fp32 (1, 0, 0 = off). None when no row has penalties.
+    prompt_mask : torch.Tensor or None
+        [R, V] bool, tokens of the row's prompt (penalties).
+    output_counts : torch.Tensor or None
+        [R, V] int32, counts of the row's output tokens (penalties).
+    allowed_token_mask : torch.Tensor or None
+        [R, V] bool, True where a token may be sampled. None: all allowed.
+    bad_words_token_ids : dict[int, list[list[int]]]
+        Row -> banned words (token id sequences).
+    output_token_ids : list[list[int]] or None
+        Per-row history (outputs + drafts before the row) used by bad_words.
+    max_num_logprobs : int or None
+        Top-n logprobs to return (None: no logprobs).
+    logitsprocs : LogitsProcessors or None
+    rows : LogitsRows or None
+        Request index and history of each row for the logits processors (None: row i is
+        batch index i).
+    all_greedy, all_random, no_penalties : bool
+        Host short cuts.
+    request_seeds, has_seed, token_positions : torch.Tensor
+        [R] int64 / bool / int64: the ingredients of seeds/positions, kept so that
+        `expand` can recompute the keys of new rows.
+    engine_seed : int
+    step : torch.Tensor
+        [] int64 engine step counter on the device.
+    """
+
+    temperature: torch.Tensor
+    inv_temperature: torch.Tensor
+    seeds: torch.Tensor
+    positions: torch.Tensor
+    request_seeds: torch.Tensor
+    has_seed: torch.Tensor
+    token_positions: torch.Tensor
+    engine_seed: int
+    step: torch.Tensor
+    all_greedy: bool
+    all_random: bool
+    top_k: torch.Tensor | None = None
+    top_p: torch.Tensor | None = None
+    min_p: torch.Tensor | None = None
+    repetition_penalties: torch.Tensor | None = None
+    frequency_penalties: torch.Tensor | None = None
+    presence_penalties: torch.Tensor | None = None
+    prompt_mask: torch.Tensor | None = None
+    output_counts: torch.Tensor | None = None
+    allowed_token_mask: torch.Tensor | None = None
+    bad_words_token_ids: dict[int, list[list[int]]] = field(default_factory=dict)
+    output_token_ids: list[list[int]] | None = None
+    max_num_logprobs: int | None = None
+    logitsprocs: Any = None
+    rows: LogitsRows | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return self.temperature.shape[0]
+
+    @property
+    def no_penalties(self) -> bool:
+        return self.repetition_penalties is None
+
+    @property
+    def device(self) -> torch.device:
+        return self.temperature.device
+
+    # ---- building ---------------------------------------------------------------------
+
+    @classmethod
+    def from_params(
+        cls,
+        temperature: Sequence[float],
+        *,
+        vocab_size: int,
+        device: torch.device | str = "cpu",
+        top_k: Sequence[int] | None = None,
+        top_p: Sequence[float] | None = None,
+        min_p: Sequence[float] | None = None,
+        seeds: Sequence[int | None] | None = None,
+        positions: Sequence[int] | None = None,
+        engine_seed: int = 0,
+        step: int | torch.Tensor = 0,
+        repetition_penalties: Sequence[float] | None = None,
+        frequency_penalties: Sequence[float] | None = None,
+        presence_penalties: Sequence[float] | None = None,
+        prompt_mask: torch.Tensor | None = None,
+        output_counts: torch.Tensor | None = None,
+        allowed_token_ids: Sequence[Sequence[int] | None] | None = None,
+        bad_words_token_ids: dict[int, list[list[int]]] | None = None,
+        output_token_ids: list[list[int]] | None = None,
+        max_num_logprobs: int | None = None,
+        logitsprocs: Any = None,
+        rows: LogitsRows | None = None,
+    ) -> "SamplingMetadata":
+        """Validate host per-row values and move them to `device`.
+
+        Raises ValueError / TypeError naming the first bad argument (and row) and the
+        accepted range, before anything reaches the device. See the module docstring for
+        the conventions. `seeds[i] = None` marks an unseeded row; `positions` are token
+        positions (< 2**32) and default to 0; `step` is the engine step counter (an int or
+        a [] int64 device tensor, which is never read back).
+        """
+        V = _check_int("vocab_size", vocab_size, lo=1)
+        temps = _as_list("temperature", temperature, None)
+        n = len(temps)
+        temps = [_check_real(f"temperature[{i}]", t, lo=0.0) for i, t in enumerate(temps)]
+        temps = [0.0 if t < GREEDY_EPS else t for t in temps]
+
+        ks = None
+        if top_k is not None:
+            ks = [_check_int(f"top_k[{i}]", k, lo=-1) for i, k in enumerate(_as_list("top_k", top_k, n))]
+            ks = [0 if (k <= 0 or k >= V) else k for k in ks]
+            if not any(ks):
+                ks = None
+        ps = None
+        if top_p is not None:
+            ps = []
+            for i, p in enumerate(_as_list("top_p", top_p, n)):
+                p = _check_real(f"top_p[{i}]", p)
+                if not 0.0 < p <= 1.0:
+                    raise ValueError(f"top_p[{i}] must be in (0, 1], got {p}")
+                ps.append(p)
+            if all(p >= 1.0 for p in ps):
+                ps = None
+        mps = None
+        if min_p is not None:
+            mps = [_check_real(f"min_p[{i}]", m, lo=0.0, hi=1.0) for i, m in enumerate(_as_list("min_p", min_p, n))]
+            if not any(mps):
+                mps = None
+
+        seed_list = _as_list("seeds", seeds, n)
+        has = [s is not None for s in seed_list]
+        seed_vals = [0 if s is None else _check_int(f"seeds[{i}]", s, _INT64_MIN, _INT64_MAX)
+                     for i, s in enumerate(seed_list)]
+        pos_vals = [_check_int(f"positions[{i}]", p, 0, 2**32 - 1)
+                    for i, p in enumerate(_as_list("positions", positions, n, 0))]
+        engine_seed = _check_int("engine_seed", engine_seed, _INT64_MIN, _INT64_MAX)
+
+        rep = freq = pres = None
+        if any(x is not None for x in (repetition_penalties, frequency_penalties, presence_penalties)):
+            rep = [_check_real(f"repetition_penalties[{i}]", r, lo=0.0, lo_open=True)
+                   for i, r in enumerate(_as_list("repetition_penalties", repetition_penalties, n, 1.0))]
+            freq = [_check_real(f"frequency_penalties[{i}]", f, -2.0, 2.0)
+                    for i, f in enumerate(_as_list("frequency_penalties", frequency_penalties, n, 0.0))]
+            pres = [_check_real(f"presence_penalties[{i}]", p, -2.0, 2.0)
+                    for i, p in enumerate(_as_list("presence_penalties", presence_penalties, n, 0.0))]
+            if all(r == 1.0 for r in rep) and not any(freq) and not any(pres):
+                rep = freq = pres = None
+        dev = torch.device(device)
+        if rep is not None:
+            for name, t, dt in (("prompt_mask", prompt_mask, torch.bool), ("output_counts", output_counts, torch.int32)):
+                if not isinstance(t, torch.Tensor):
+                    raise ValueError(f"{name} ([{n}, {V}] {dt}) is required when a row has penalties")
+                if tuple(t.shape) != (n, V) or t.dtype != dt:
+                    raise ValueError(f"{name} must be [{n}, {V}] {dt}, got {tuple(t.shape)} {t.dtype}")
+
+        allowed = None
+        if allowed_token_ids is not None:
+            lists = _as_list("allowed_token_ids", allowed_token_ids, n)
+            if any(lst is not None for lst in lists):
+                allowed = torch.ones(n, V, dtype=torch.bool)
+                for i, lst in enumerate(lists):
+                    if lst is None:
+                        continue
+                    ids = [_check_int(f"allowed_token_ids[{i}]", t, 0, V - 1) for t in lst]
+                    if not ids:
+                        raise ValueError(f"allowed_token_ids[{i}] must not be empty")
+                    allowed[i] = False
+                    allowed[i, ids] = True
+                allowed = allowed.to(dev)
+        bad = {}
+        for row, words in (bad_words_token_ids or {}).items():
+            row = _check_int("bad_words_token_ids row", row, 0, n - 1)
+            bad[row] = [[_check_int(f"bad_words_token_ids[{row}]", t, 0, V - 1) for t in w] for w in words if len(w)]
+        if bad and output_token_ids is None:
+            raise ValueError("output_token_ids (per-row history) is required with bad_words_token_ids")
+        if output_token_ids is not None and len(output_token_ids) != n:
+            raise ValueError(f"output_token_ids must have one list per row ({n}), got {len(output_token_ids)}")
+        if max_num_logprobs is not None:
+            max_num_logprobs = _check_int("max_num_logprobs", max_num_logprobs, 0, V)
+        if rows is not None and len(rows) != n:
+            raise ValueError(f"rows must describe {n} rows, got {len(rows)}")
+
+        def f32(vals):
+            return torch.tensor(vals, dtype=torch.float32).to(dev)
+
+        temp_t = f32(temps)
+        req_seeds = torch.tensor(seed_vals, dtype=torch.int64).to(dev)
+        has_t = torch.tensor(has, dtype=torch.bool).to(dev)
+        tok_pos = torch.tensor(pos_vals, dtype=torch.int64).to(dev)
+        step_t = step.to(dev, torch.int64) if isinstance(step, torch.Tensor) else torch.tensor(
+            _check_int("step", step, 0), dtype=torch.int64).to(dev)
+        row_seeds, row_pos = rng.row_keys(req_seeds, has_t, tok_pos, engine_seed, step_t)
+        return cls(
+            temperature=temp_t,
+            inv_temperature=_inv_temperature(temp_t),
+            seeds=row_seeds, positions=row_pos, request_seeds=req_seeds, has_seed=has_t,
+            token_positions=tok_pos, engine_seed=engine_seed, step=step_t,
+            all_greedy=all(t == 0.0 for t in temps), all_random=all(t > 0.0 for t in temps),
+            top_k=torch.tensor(ks, dtype=torch.int32).to(dev) if ks is not None else None,
+            top_p=f32(ps) if ps is not None else None,
+            min_p=f32(mps) if mps is not None else None,
+            repetition_penalties=f32(rep) if rep is not None else None,
+            frequency_penalties=f32(freq) if freq is not None else None,
+            presence_penalties=f32(pres) if pres is not None else None,
+            prompt_mask=prompt_mask if rep is not None else None,
+            output_counts=output_counts if rep is not None else None,
+            allowed_token_mask=allowed, bad_words_token_ids=bad,
+            output_token_ids=output_token_ids, max_num_logprobs=max_num_logprobs,
+            logitsprocs=logitsprocs, rows=rows,
+        )
+
+    @classmethod
+    def from_sampling_params(cls, params: Sequence[Any], *, vocab_size: int, device="cpu",
+                             positions: Sequence[int] | None = None, **kwargs) -> "SamplingMetadata":
+        """Build from objects with SamplingParams attributes (temperature, top_k, top_p, min_p,
+        seed, repetition/frequency/presence_penalty, allowed_token_ids, logprobs)."""
+        g = lambda name, default: [getattr(p, name, default) for p in params]  # noqa: E731
+        allowed = g("allowed_token_ids", None)
+        nlp = [x for x in g("logprobs", None) if x is not None]
+        kwargs.setdefault("max_num_logprobs", max(nlp) if nlp else None)
+        return cls.from_params(
+            g("temperature", 1.0), vocab_size=vocab_size, device=device, top_k=g("top_k", 0),
+            top_p=g("top_p", 1.0), min_p=g("min_p", 0.0), seeds=g("seed", None), positions=positions,
+            repetition_penalties=g("repetition_penalty", 1.0), frequency_penalties=g("frequency_penalty", 0.0),
+            presence_penalties=g("presence_penalty", 0.0),
+            allowed_token_ids=allowed if any(a is not None for a in allowed) else None, **kwargs)
+
+    # ---- rows that are not 1:1 with requests --------------------------------------------
+
+    def expand(
+        self,
+        row_req_index: Sequence[int] | torch.Tensor,
+        position_offsets: Sequence[int] | torch.Tensor | None = None,
+        rows: LogitsRows | None = None,
+        output_token_ids: list[list[int]] | None = None,
+    ) -> "SamplingMetadata":
+        """Metadata for new rows, row j taking the parameters of this metadata's row
+        `row_req_index[j]` (e.g. the draft and bonus rows of speculative decoding).
+
+        Seeded rows get position = token position + `position_offsets[j]`; unseeded rows get
+        fresh lanes (their new row index), so no two rows share noise. Penalty state is
+        gathered (callers that need counts including earlier drafts pass their own).
+
+        Parameters
+        ----------
+        row_req_index : [num_rows] ints (host list or device int64 tensor)
+        position_offsets : [num_rows] ints, optional (default 0)
+        rows : LogitsRows, optional
+            Request index and history of every new row for the logits processors.
+        output_token_ids : list[list[int]], optional
+            Per-new-row history for bad_words (required if bad words are set).
+        """
+        dev = self.device
+        host_idx = None
+        if isinstance(row_req_index, torch.Tensor):
+            idx = row_req_index.to(dev, torch.int64)
+        else:
+            host_idx = [int(i) for i in row_req_index]
+            if any(not 0 <= i < self.num_rows for i in host_idx):
+                raise ValueError(f"row_req_index values must be in [0, {self.num_rows})")
+            idx = torch.tensor(host_idx, dtype=torch.int64).to(dev)
+        m = idx.shape[0]
+        if position_offsets is None:
+            offs = torch.zeros(m, dtype=torch.int64, device=dev)
+        else:
+            offs = (position_offsets.to(dev, torch.int64) if isinstance(position_offsets, torch.Tensor)
+                    else torch.tensor(list(position_offsets), dtype=torch.int64).to(dev))
+            if offs.shape != (m,):
+                raise ValueError(f"position_offsets must have shape [{m}], got {tuple(offs.shape)}")
+        if self.bad_words_token_ids:
+            if host_idx is None or output_token_ids is None:
+                raise ValueError("expanding rows with bad_words needs a host row_req_index and output_token_ids")
+        take = lambda t: None if t is None else t.index_select(0, idx)  # noqa: E731
+        req_seeds, has, tok_pos = take(self.request_seeds), take(self.has_seed), take(self.token_positions) + offs
+        row_seeds, row_pos = rng.row_keys(req_seeds, has, tok_pos, self.engine_seed, self.step)
+        bad = {}
+        if self.bad_words_token_ids:
+            bad = {j: self.bad_words_token_ids[i] for j, i in enumerate(host_idx) if i in self.bad_words_token_ids}
+        temp = take(self.temperature)
+        return replace(
+            self, temperature=temp, inv_temperature=take(self.inv_temperature), seeds=row_seeds,
+            positions=row_pos, request_seeds=req_seeds, has_seed=has, token_positions=tok_pos,
+            top_k=take(self.top_k), top_p=take(self.top_p), min_p=take(self.min_p),
+            repetition_penalties=take(self.repetition_penalties), frequency_penalties=take(self.frequency_penalties),
+            presence_penalties=take(self.presence_penalties), prompt_mask=take(self.prompt_mask),
+            output_counts=take(self.output_counts), allowed_token_mask=take(self.allowed_token_mask),
+            bad_words_token_ids=bad, output_token_ids=output_token_ids, rows=rows)
+
+
+def _inv_temperature(temperature: torch.Tensor) -> torch.Tensor:
+    """[R] fp32: 1 / temperature on random rows, -1 on greedy rows (temperature 0)."""
+    return torch.where(temperature > 0, 1.0 / torch.where(temperature > 0, temperature, 1.0),
+                       torch.full_like(temperature, -1.0))
+
+
+def inv_temperature(temperature: torch.Tensor) -> torch.Tensor:
+    """Public form of the convention: [R] fp32 temperatures -> 1/T, or -1 where T < 1e-5 (greedy)."""
+    t = torch.where(temperature < GREEDY_EPS, torch.zeros_like(temperature), temperature)
+    return _inv_temperature(t.to(torch.float32))

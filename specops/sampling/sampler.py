@@ -1,0 +1,196 @@
+"""The Sampler: the vLLM-v1 sampling pipeline over a mixed batch (seeds/01, chapter 2).
+
+Order of the steps:
+
+1. keep the raw logits if "raw_*" logprobs are wanted
+2. float32 (lazily: only when a later step must write the logits; the draw reads
+   bf16/fp16 directly)
+3. allowed_token_ids  4. bad_words
+5. logits processors that change the argmax (min_tokens, logit_bias, custom)
+6. penalties (repetition, frequency, presence: specops.ops.apply_penalties_)
+7. greedy rows: argmax; random rows: temperature, argmax-invariant processors (custom
+   ones on the scaled logits; min_p fused), min-p, top-k, top-p and the draw: one fused
+   two-pass kernel on CUDA (specops.sampling.topk_topp), the sort-based reference
+   elsewhere
+8. logprobs (specops.sampling.logprobs)
+
+`process` runs steps 1-7 up to (not including) the thresholds and the draw and returns
+`ProcessedLogits`; `sample_processed` does the rest. The rejection sampler uses the two
+halves on its target rows (rows need not be 1:1 with requests: see
+`SamplingMetadata.expand` and `LogitsRows`).
+
+The Sampler may modify fp32 `logits` in place (like vLLM); pass a copy to keep them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specops import rng
+
+from .logits_processors.builtin import MinPLogitsProcessor
+from .logprobs import LogprobsTensors, compute_logprobs
+from .metadata import LOGPROBS_MODES, SamplingMetadata
+from .sampler_torch import (SampleResult, apply_allowed_token_mask_, apply_bad_words_, apply_penalties_torch,
+                            scale_logits)
+from .topk_topp import resolve_backend, sample
+
+
+@dataclass
+class ProcessedLogits:
+    """Logits after steps 1-7 of the pipeline, before thresholds and the draw.
+
+    Attributes
+    ----------
+    logits : torch.Tensor
+        [R, V] processed logits (the input tensor itself when nothing had to change them).
+        Unscaled, unless custom argmax-invariant processors ran: then they are scaled and
+        `inv_temperature` is 1 on random rows.
+    inv_temperature : torch.Tensor
+        [R] fp32, 1/T on random rows, -1 on greedy rows (what the draw must still apply).
+    min_p : torch.Tensor or None
+        [R] fp32, the row's min_p (metadata and min_p processor combined).
+    raw_logits : torch.Tensor or None
+        [R, V] the logits as given, kept for "raw_*" logprobs.
+    """
+
+    logits: torch.Tensor
+    inv_temperature: torch.Tensor
+    min_p: torch.Tensor | None
+    raw_logits: torch.Tensor | None
+
+
+@dataclass
+class SamplerOutput:
+    """Attributes
+    ----------
+    sampled_token_ids : torch.Tensor   [R] int64, -1 for invalid rows
+    logprobs : LogprobsTensors or None
+    result : SampleResult              the processed distribution of every row
+    """
+
+    sampled_token_ids: torch.Tensor
+    logprobs: LogprobsTensors | None
+    result: SampleResult
+
+
+def _penalties_op():
+    try:
+        from specops import ops
+        return getattr(ops, "apply_penalties_", None)
+    except ImportError:  # pragma: no cover - the ops package is absent in a stripped install
+        return None
+
+
+class Sampler:
+    """The sampling pipeline.
+
+    Parameters
+    ----------
+    logprobs_mode : str
+        "raw_logprobs" (default), "raw_logits", "processed_logprobs" or "processed_logits".
+    backend : str
+        "auto" (fused Triton kernels on CUDA, torch elsewhere), "triton" or "torch" (the
+        sort-based reference for thresholds and draw, torch penalties).
+    stream : int
+        Generator stream of the draw (specops.rng.STREAM_SAMPLE).
+
+    Examples
+    --------
+    >>> md = SamplingMetadata.from_params([0.0, 0.8], vocab_size=32000, top_p=[1.0, 0.9],
+    ...                                   seeds=[None, 1234], positions=[7, 7])
+    >>> out = Sampler()(torch.randn(2, 32000), md)
+    >>> out.sampled_token_ids.shape
+    torch.Size([2])
+    """
+
+    def __init__(self, logprobs_mode: str = "raw_logprobs", backend: str = "auto",
+                 stream: int = rng.STREAM_SAMPLE):
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
+        resolve_backend(backend, torch.device("cpu"))
+        self.logprobs_mode = logprobs_mode
+        self.backend = backend
+        self.stream = stream
+
+    def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+        """Sample one token per row of `logits` ([R, V] fp32/bf16/fp16)."""
+        processed = self.process(logits, metadata)
+        result = self.sample_processed(processed, metadata)
+        logprobs = None
+        if metadata.max_num_logprobs is not None:
+            logprobs = compute_logprobs(self.logprobs_mode, metadata.max_num_logprobs, result.tokens,
+                                        raw_logits=processed.raw_logits, processed_logits=processed.logits,
+                                        inv_temperature=processed.inv_temperature, result=result)
+        return SamplerOutput(result.tokens, logprobs, result)
+
+    # ---- steps 1-7: processing ----------------------------------------------------------
+
+    def process(self, logits: torch.Tensor, metadata: SamplingMetadata) -> ProcessedLogits:
+        """Steps 1-7 except thresholds and draw (see the module docstring)."""
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+            raise ValueError("logits must be a 2-D tensor [rows, vocab]")
+        R, V = logits.shape
+        if R != metadata.num_rows:
+            raise ValueError(f"logits has {R} rows but the metadata describes {metadata.num_rows}")
+        if logits.device != metadata.device:
+            raise ValueError(f"logits are on {logits.device} but the metadata on {metadata.device}")
+        procs = metadata.logitsprocs
+        active = [p for p in procs.non_argmax_invariant if p.is_active()] if procs is not None else []
+        want_raw = metadata.max_num_logprobs is not None and self.logprobs_mode.startswith("raw")
+        writes = (metadata.allowed_token_mask is not None or bool(metadata.bad_words_token_ids)
+                  or not metadata.no_penalties
+                  or bool(active))
+        raw = None
+        x = logits
+        if writes:
+            if logits.dtype == torch.float32:
+                raw = logits.clone() if want_raw else None
+            else:
+                raw = logits if want_raw else None
+                x = logits.float()
+        elif want_raw:
+            raw = logits
+        apply_allowed_token_mask_(x, metadata.allowed_token_mask)
+        apply_bad_words_(x, metadata.bad_words_token_ids, metadata.output_token_ids)
+        for proc in active:
+            x = proc.apply(x, metadata.rows)
+        if not metadata.no_penalties:
+            self._apply_penalties(x, metadata)
+        inv_t = metadata.inv_temperature
+        min_p = metadata.min_p
+        if procs is not None:
+            for proc in procs.argmax_invariant:
+                if isinstance(proc, MinPLogitsProcessor):
+                    mp = proc.row_min_p(metadata.rows, R, x.device)
+                    if mp is not None:
+                        min_p = mp if min_p is None else torch.maximum(min_p, mp)
+            custom = [p for p in procs.argmax_invariant
+                      if not isinstance(p, MinPLogitsProcessor) and p.is_active()]
+            if custom:
+                x = scale_logits(x, inv_t)
+                inv_t = torch.where(inv_t > 0, torch.ones_like(inv_t), inv_t)
+                for proc in custom:
+                    x = proc.apply(x, metadata.rows)
+        return ProcessedLogits(x, inv_t, min_p, raw)
+
+    def _apply_penalties(self, x: torch.Tensor, md: SamplingMetadata) -> None:
+        op = None if resolve_backend(self.backend, x.device) == "torch" else _penalties_op()
+        args = (md.prompt_mask, md.output_counts, md.repetition_penalties, md.frequency_penalties,
+                md.presence_penalties)
+        if op is None:
+            apply_penalties_torch(x, *args)
+        else:
+            op(x, *args)
+
+    # ---- thresholds and draw ------------------------------------------------------------
+
+    def sample_processed(self, processed: ProcessedLogits, metadata: SamplingMetadata,
+                         stream: int | None = None) -> SampleResult:
+        """Temperature, min-p, top-k, top-p and the draw on processed logits."""
+        md = metadata
+        filters = (None, None, None) if md.all_greedy else (md.top_k, md.top_p, processed.min_p)
+        return sample(processed.logits, processed.inv_temperature, *filters, md.seeds, md.positions,
+                      self.stream if stream is None else stream, self.backend)

@@ -1,0 +1,224 @@
+"""The plain torch reference of the sampling pipeline (sort-based), also the CPU path.
+
+Every step is written the obvious way, with float64 where masses are summed, so that the
+fused GPU path (specops.triton_kernels.sampling_*) can be checked against it token by
+token: both draw with the same counter-based noise (specops.rng, STREAM_SAMPLE by
+default), so with the same seeds and positions they pick the same tokens except in
+float near-ties.
+
+Output of a draw (`SampleResult`): the token of each row (-1 for an invalid row: a NaN or
++inf logit, or every logit -inf) and the processed distribution it was drawn from, in
+three numbers per row: `threshold` (tokens with scaled logit x >= threshold are kept;
+-inf when nothing is cut), `row_max` (max x) and `log_norm` (log of the kept mass
+sum exp(x - row_max)), so that processed logprob(i) = x_i - row_max - log_norm on kept
+tokens and -inf elsewhere. Greedy rows report their unscaled logits' softmax.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from specops import rng
+
+_NOISE_CHUNK = 1 << 22  # elements of noise generated at once (bounds the reference's memory)
+
+
+@dataclass
+class SampleResult:
+    """Tokens and the processed distribution they were drawn from (see module docstring).
+
+    Attributes
+    ----------
+    tokens : torch.Tensor      [R] int64, -1 for invalid rows
+    threshold : torch.Tensor   [R] fp32
+    row_max : torch.Tensor     [R] fp32
+    log_norm : torch.Tensor    [R] fp32
+    """
+
+    tokens: torch.Tensor
+    threshold: torch.Tensor
+    row_max: torch.Tensor
+    log_norm: torch.Tensor
+
+
+# ---- processing steps (shared by the reference and the fast Sampler) ------------------------
+
+def scale_logits(
+    logits: torch.Tensor,           # [R, V] any float
+    inv_temperature: torch.Tensor,  # [R] fp32, 1/T on random rows, -1 on greedy rows
+) -> torch.Tensor:                  # [R, V] fp32
+    """x = logits * (1/T) on random rows; greedy rows unchanged (fp32)."""
+    x = logits.float()
+    inv = inv_temperature.to(x.device, torch.float32).unsqueeze(1)
+    return torch.where(inv > 0, x * inv, x)
+
+
+def apply_allowed_token_mask_(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    """Set tokens outside the allowed set to -inf (allowed: [R, V] bool, True = allowed)."""
+    if allowed is not None:
+        logits.masked_fill_(~allowed, float("-inf"))
+    return logits
+
+
+def banned_bad_word_tokens(bad_words: dict[int, list[list[int]]],
+                           history: Sequence[Sequence[int]] | None) -> tuple[list[int], list[int]]:
+    """(rows, tokens) to ban: the last token of each bad word whose other tokens end the history."""
+    rows: list[int] = []
+    toks: list[int] = []
+    for row, words in bad_words.items():
+        hist = history[row] if history is not None else ()
+        for word in words:
+            prefix = word[:-1]
+            if len(prefix) <= len(hist) and (not prefix or list(hist[len(hist) - len(prefix):]) == list(prefix)):
+                rows.append(row)
+                toks.append(word[-1])
+    return rows, toks
+
+
+def apply_bad_words_(logits: torch.Tensor, bad_words: dict[int, list[list[int]]],
+                     history: Sequence[Sequence[int]] | None) -> torch.Tensor:
+    """Ban bad-word completions in place (logits: [R, V])."""
+    if bad_words:
+        rows, toks = banned_bad_word_tokens(bad_words, history)
+        if rows:
+            logits[torch.tensor(rows, device=logits.device), torch.tensor(toks, device=logits.device)] = float("-inf")
+    return logits
+
+
+def apply_penalties_torch(
+    logits: torch.Tensor,          # [R, V] fp32, modified in place
+    prompt_mask: torch.Tensor,     # [R, V] bool
+    output_counts: torch.Tensor,   # [R, V] int32
+    repetition: torch.Tensor,      # [R] fp32, 1 = off
+    frequency: torch.Tensor,       # [R] fp32, 0 = off
+    presence: torch.Tensor,        # [R] fp32, 0 = off
+) -> torch.Tensor:
+    """vLLM's penalties: repetition on tokens seen in prompt or output (divide positive,
+    multiply non-positive logits), then - frequency * count - presence * [count > 0]."""
+    seen_out = output_counts > 0
+    rep = torch.where(prompt_mask | seen_out, repetition.unsqueeze(1), torch.ones_like(logits))
+    logits.copy_(torch.where(logits > 0, logits / rep, logits * rep))
+    logits -= frequency.unsqueeze(1) * output_counts.to(logits.dtype)
+    logits -= presence.unsqueeze(1) * seen_out.to(logits.dtype)
+    return logits
+
+
+# ---- top-k / top-p / min-p thresholds (sort-based) ------------------------------------------
+
+def row_thresholds_torch(
+    x: torch.Tensor,                 # [R, V] fp32, temperature-scaled logits
+    top_k: torch.Tensor | None,      # [R] int, 0 = off (values >= V are off too)
+    top_p: torch.Tensor | None,      # [R] fp32, 1 = off
+    min_p: torch.Tensor | None,      # [R] fp32, 0 = off
+) -> torch.Tensor:                   # [R] fp32
+    """The smallest kept value of every row (-inf where nothing is cut), by sorting.
+
+    min_p first (x >= max + log(min_p)), then top-k (k-th largest value, ties kept), then
+    top-p over what is left (keep x_i when the mass strictly above it is < top_p times the
+    mass left; ties at the boundary kept). Masses in float64.
+    """
+    R, V = x.shape
+    dev = x.device
+    m = x.max(dim=-1).values
+    tau = torch.full((R,), float("-inf"), dtype=torch.float32, device=dev)
+    if min_p is not None:
+        mp = min_p.to(dev, torch.float32)
+        tau = torch.where(mp > 0, m + torch.log(torch.where(mp > 0, mp, 1.0)), tau)
+    if top_k is None and top_p is None:
+        return tau
+    sv = torch.sort(x, dim=-1, descending=True).values
+    sv = torch.where(sv >= tau.unsqueeze(1), sv, torch.full_like(sv, float("-inf")))
+    if top_k is not None:
+        k = top_k.to(dev, torch.int64)
+        on = (k > 0) & (k < V)
+        kth = sv.gather(1, (k.clamp(1, V) - 1).unsqueeze(1)).squeeze(1)
+        tau = torch.where(on, torch.maximum(tau, kth), tau)
+    if top_p is not None:
+        p = top_p.to(dev, torch.float64)
+        sv64 = sv.double()
+        in_a = (sv >= tau.unsqueeze(1)) & (sv > float("-inf"))
+        e = torch.where(in_a, torch.exp(sv64 - m.double().unsqueeze(1)), torch.zeros_like(sv64))
+        z_a = e.sum(dim=-1, keepdim=True)
+        excl = torch.cumsum(e, dim=-1) - e
+        keep = in_a & (excl < p.unsqueeze(1) * z_a)
+        n_keep = keep.sum(dim=-1).clamp(min=1)
+        tau_p = sv.gather(1, (n_keep - 1).unsqueeze(1)).squeeze(1)
+        tau = torch.where(p < 1.0, torch.maximum(tau, tau_p), tau)
+    return tau
+
+
+def top_k_top_p_min_p_mask_torch(x: torch.Tensor, top_k=None, top_p=None, min_p=None) -> torch.Tensor:
+    """[R, V] fp32 scaled logits with every token outside the kept set set to -inf."""
+    tau = row_thresholds_torch(x, top_k, top_p, min_p)
+    return torch.where(x >= tau.unsqueeze(1), x, torch.full_like(x, float("-inf")))
+
+
+# ---- the draw --------------------------------------------------------------------------------
+
+def invalid_rows(x: torch.Tensor) -> torch.Tensor:
+    """[R] bool: rows with a NaN or +inf logit, or with every logit -inf."""
+    return torch.isnan(x).any(dim=-1) | torch.isposinf(x).any(dim=-1) | torch.isneginf(x).all(dim=-1)
+
+
+def noise_argmax(
+    x: torch.Tensor,          # [R, V] fp32, masked logits (-inf = not kept)
+    seeds: torch.Tensor,      # [R] int64
+    positions: torch.Tensor,  # [R] int64
+    stream: int = rng.STREAM_SAMPLE,
+) -> torch.Tensor:            # [R] int64
+    """argmax_i exp(x_i - max) / E_i with E the rows' Exp(1) noise (specops.rng)."""
+    R, V = x.shape
+    out = torch.empty(R, dtype=torch.int64, device=x.device)
+    step = max(1, _NOISE_CHUNK // max(V, 1))
+    for r0 in range(0, R, step):
+        xs = x[r0:r0 + step]
+        noise = rng.vocab_noise(seeds[r0:r0 + step], positions[r0:r0 + step], stream, V).to(x.device)
+        m = xs.max(dim=-1, keepdim=True).values
+        score = torch.exp(xs - m) / noise
+        out[r0:r0 + step] = torch.nan_to_num(score, nan=-1.0).argmax(dim=-1)
+    return out
+
+
+def sample_torch(
+    logits: torch.Tensor,             # [R, V] fp32/bf16/fp16 processed logits (before temperature)
+    inv_temperature: torch.Tensor,    # [R] fp32, 1/T on random rows, -1 on greedy rows
+    top_k: torch.Tensor | None,       # [R] int, 0 = off
+    top_p: torch.Tensor | None,       # [R] fp32, 1 = off
+    min_p: torch.Tensor | None,       # [R] fp32, 0 = off
+    seeds: torch.Tensor,              # [R] int64
+    positions: torch.Tensor,          # [R] int64
+    stream: int = rng.STREAM_SAMPLE,
+) -> SampleResult:
+    """Temperature, min-p, top-k, top-p and the exponential-noise draw; greedy rows take
+    the argmax of the unscaled logits. The reference of `specops.sampling.sample`."""
+    R, V = logits.shape
+    x = scale_logits(logits, inv_temperature)
+    random = inv_temperature.to(x.device) > 0
+    bad = invalid_rows(x)
+    xs = torch.where(bad.unsqueeze(1), torch.zeros_like(x), x)  # keep invalid rows from poisoning ops
+    tau = row_thresholds_torch(xs, top_k, top_p, min_p)
+    tau = torch.where(random, tau, torch.full_like(tau, float("-inf")))
+    xm = torch.where(xs >= tau.unsqueeze(1), xs, torch.full_like(xs, float("-inf")))
+    tokens = torch.where(random, noise_argmax(xm, seeds, positions, stream), xs.argmax(dim=-1))
+    m = xs.max(dim=-1).values
+    log_norm = torch.log(torch.exp(xm.double() - m.double().unsqueeze(1)).sum(dim=-1)).float()
+    nan = torch.full_like(tau, float("nan"))
+    return SampleResult(
+        tokens=torch.where(bad, torch.full_like(tokens, -1), tokens),
+        threshold=torch.where(bad, nan, tau), row_max=torch.where(bad, nan, m),
+        log_norm=torch.where(bad, nan, log_norm))
+
+
+def processed_logits_from_result(x: torch.Tensor, res: SampleResult) -> torch.Tensor:
+    """[R, V] fp32: scaled logits with tokens below the row threshold set to -inf."""
+    return torch.where(x >= res.threshold.unsqueeze(1), x, torch.full_like(x, float("-inf")))
+
+
+def target_probs_torch(x: torch.Tensor, res: SampleResult) -> torch.Tensor:
+    """[R, V] fp32 probabilities of the processed distribution (zeros on invalid rows)."""
+    p = torch.exp(x - res.row_max.unsqueeze(1) - res.log_norm.unsqueeze(1))
+    p = torch.where(x >= res.threshold.unsqueeze(1), p, torch.zeros_like(p))
+    return torch.nan_to_num(p, nan=0.0)

@@ -1,0 +1,135 @@
+"""Top-k / top-p / min-p + the draw: argument checks and backend dispatch.
+
+`sample` draws one token per row from temperature-scaled, truncated logits (greedy rows
+take the argmax) and returns the processed distribution with it (see
+specops.sampling.sampler_torch.SampleResult). `draw` is the draw alone, for logits
+that were already processed. Backends: "triton" (the two fused passes of
+specops.triton_kernels.sampling_stats / sampling_topk_topp: no sort of the vocabulary,
+no host sync, CUDA-graph capturable), "torch" (the sort-based reference), "auto"
+(triton on CUDA, torch elsewhere).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specops import rng
+
+from .sampler_torch import SampleResult, sample_torch
+
+_LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _check_rows(name: str, t, R: int, dtypes, device, optional: bool = False) -> None:
+    if t is None:
+        if optional:
+            return
+        raise TypeError(f"{name} must be a tensor of shape [{R}]")
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 1 or t.shape[0] != R:
+        raise ValueError(f"{name} must have shape [{R}], got {tuple(t.shape)}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on {device}, got {t.device}")
+
+
+def check_sample_args(logits, inv_temperature, top_k, top_p, min_p, seeds, positions, stream) -> None:
+    """Shapes, dtypes and devices (never values: that would sync the host)."""
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be 2-D [rows, vocab], got shape {tuple(logits.shape)}")
+    if logits.dtype not in _LOGIT_DTYPES:
+        raise TypeError(f"logits must be fp32, bf16 or fp16, got {logits.dtype}")
+    R, V = logits.shape
+    if V < 1:
+        raise ValueError("logits must have at least one column")
+    dev = logits.device
+    _check_rows("inv_temperature", inv_temperature, R, (torch.float32,), dev)
+    _check_rows("top_k", top_k, R, (torch.int32,), dev, optional=True)
+    _check_rows("top_p", top_p, R, (torch.float32,), dev, optional=True)
+    _check_rows("min_p", min_p, R, (torch.float32,), dev, optional=True)
+    _check_rows("seeds", seeds, R, (torch.int64,), dev)
+    _check_rows("positions", positions, R, (torch.int64,), dev)
+    if isinstance(stream, bool) or not isinstance(stream, int) or not 0 <= stream < 2**32:
+        raise ValueError(f"stream must be an int in [0, 2**32), got {stream!r}")
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    if backend not in ("auto", "triton", "torch"):
+        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+    if backend == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    return backend
+
+
+def sample(
+    logits: torch.Tensor,                  # [R, V] fp32/bf16/fp16 processed logits (before temperature)
+    inv_temperature: torch.Tensor,         # [R] fp32: 1/T on random rows, -1 on greedy rows
+    top_k: torch.Tensor | None = None,     # [R] int32, 0 = off
+    top_p: torch.Tensor | None = None,     # [R] fp32, 1 = off
+    min_p: torch.Tensor | None = None,     # [R] fp32, 0 = off
+    seeds: torch.Tensor | None = None,     # [R] int64
+    positions: torch.Tensor | None = None,  # [R] int64
+    stream: int = rng.STREAM_SAMPLE,
+    backend: str = "auto",
+    **kernel_options,
+) -> SampleResult:
+    """Temperature, min-p, top-k, top-p and the exponential-noise draw in one call.
+
+    Parameter values follow specops.sampling.metadata (validated there, once, on the host).
+    Random rows draw argmax over kept tokens of exp(x - max) / E with E the Exp(1) noise of
+    specops.rng keyed by (seeds[r], positions[r], stream): a seeded row's token depends on
+    its seed, position and logits only. Greedy rows take the argmax of the logits. Rows
+    with a NaN or +inf logit, or with all logits -inf, get token -1.
+
+    Returns
+    -------
+    SampleResult
+        tokens [R] int64 and the processed distribution (threshold, row_max, log_norm).
+
+    Examples
+    --------
+    >>> logits = torch.randn(4, 1000)
+    >>> inv_t = torch.tensor([1.0, 1.0, 2.0, -1.0])    # the last row is greedy
+    >>> seeds = torch.arange(4); positions = torch.zeros(4, dtype=torch.int64)
+    >>> res = sample(logits, inv_t, top_k=torch.tensor([0, 50, 5, 0], dtype=torch.int32),
+    ...              seeds=seeds, positions=positions)
+    >>> res.tokens.shape
+    torch.Size([4])
+    """
+    R = logits.shape[0] if isinstance(logits, torch.Tensor) and logits.dim() == 2 else 0
+    if seeds is None or positions is None:
+        raise TypeError("seeds and positions ([rows] int64) are required: every draw is keyed")
+    check_sample_args(logits, inv_temperature, top_k, top_p, min_p, seeds, positions, stream)
+    if backend == "torch" or resolve_backend(backend, logits.device) == "torch":
+        return sample_torch(logits, inv_temperature, top_k, top_p, min_p, seeds, positions, stream)
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    from specops.triton_kernels.sampling_topk_topp import sample_top_k_top_p_triton
+
+    tokens, thr, rmax, lnorm = sample_top_k_top_p_triton(
+        logits, inv_temperature, top_k, top_p, min_p, seeds, positions, stream, **kernel_options)
+    return SampleResult(tokens=tokens, threshold=thr, row_max=rmax, log_norm=lnorm)
+
+
+def draw(
+    logits: torch.Tensor,                  # [R, V] processed logits: scaled and masked (-inf) already
+    greedy: torch.Tensor,                  # [R] bool: rows that take the argmax
+    seeds: torch.Tensor,                   # [R] int64
+    positions: torch.Tensor,               # [R] int64
+    stream: int = rng.STREAM_SAMPLE,
+    backend: str = "auto",
+) -> torch.Tensor:                         # [R] int64
+    """The draw alone: argmax of exp(x - max) / E on random rows, argmax on greedy rows.
+
+    For logits that went through the processing already (e.g. `Sampler.process`), this is
+    the same draw that `sample` makes, with the same noise.
+    """
+    if not isinstance(greedy, torch.Tensor) or greedy.dtype != torch.bool:
+        raise TypeError("greedy must be a bool tensor of shape [rows]")
+    inv_t = torch.where(greedy, torch.full_like(greedy, -1.0, dtype=torch.float32),
+                        torch.ones_like(greedy, dtype=torch.float32))
+    return sample(logits, inv_t, None, None, None, seeds, positions, stream, backend).tokens

@@ -1,0 +1,57 @@
+"""Small Triton helpers shared by the sampling kernels (no kernel here).
+
+- `token_noise`: the Exp(1) noise of one token, exactly as specops.rng.vocab_noise draws
+  it (word t % 4 of the Philox call with index t // 4).
+- `pack_key` / `unpack_key`: an int64 whose order is the order of (x, token index), so
+  that one `tl.sort` orders candidates by value and carries their indices along.
+"""
+
+import triton
+import triton.language as tl
+
+from .rng import exponential, random_words
+
+NEG_INF = float("-inf")
+
+
+@triton.jit
+def select_word(w0, w1, w2, w3, j):
+    """Word j (0..3) of a Philox call, elementwise."""
+    return tl.where(j == 0, w0, tl.where(j == 1, w1, tl.where(j == 2, w2, w3)))
+
+
+@triton.jit
+def token_noise(seed, position, stream, tok):
+    """Exp(1) noise of tokens `tok` (int32 tensor, >= 0) for one row's (seed, position)."""
+    w0, w1, w2, w3 = random_words(seed, position, stream, tok >> 2)
+    return exponential(select_word(w0, w1, w2, w3, tok & 3))
+
+
+@triton.jit
+def pack_key(x, idx):
+    """(fp32 value, int32 index >= 0) -> int64 ordered like (x, idx). -0.0 is read as +0.0."""
+    b = (x + 0.0).to(tl.int32, bitcast=True)
+    k = tl.where(b >= 0, b, b ^ 0x7FFFFFFF)
+    return (k.to(tl.int64) << 32) | idx.to(tl.int64)
+
+
+@triton.jit
+def unpack_key(p):
+    """Inverse of `pack_key`: int64 -> (fp32 value, int32 index)."""
+    k = (p >> 32).to(tl.int32)
+    b = tl.where(k >= 0, k, k ^ 0x7FFFFFFF)
+    return b.to(tl.float32, bitcast=True), p.to(tl.int32)
+
+
+@triton.jit
+def float_key(x):
+    """fp32 -> int32 whose signed order is the float order."""
+    b = x.to(tl.int32, bitcast=True)
+    return tl.where(b >= 0, b, b ^ 0x7FFFFFFF)
+
+
+@triton.jit
+def key_float(k):
+    """Inverse of `float_key`."""
+    b = tl.where(k >= 0, k, k ^ 0x7FFFFFFF)
+    return b.to(tl.float32, bitcast=True)

@@ -1,0 +1,384 @@
+"""Sampling pass 2: exact top-k / top-p / min-p thresholds without sorting the vocabulary,
+and the exponential-noise draw, one program per row.
+
+Pass 1 (sampling_stats.py) left per-chunk max / sum-exp / argmax and the max of every tile.
+Here each row:
+
+1. combines its chunks: max m, normaliser Z, argmax; a NaN or +inf logit makes Z NaN and
+   the row invalid (token -1); a row with every logit -inf is invalid too.
+2. greedy rows take the argmax; rows without top-k / top-p / min-p take the best
+   exp(x - m) / E found in pass 1 (noise E from specops.rng, STREAM given by the caller).
+3. other rows need the threshold tau (kept set = {x >= tau}):
+   - min_p alone: tau = m + log(min_p), exactly.
+   - otherwise a lower bound c of tau comes from the tile maxima alone (sorted, at most
+     1024 of them): the k-th largest tile max bounds the k-th largest value; the top
+     tiles whose maxima already carry top_p of the mass bound the top-p cut. Only tiles
+     whose max reaches c are read (usually a few percent of the row); their tokens >= c
+     (at most CAP) are sorted as (value, index) keys, which gives the k-th value, the
+     mass above each candidate and so tau exactly, with ties at tau all kept.
+   - when the candidates overflow CAP or the bound cannot be checked (top-p over a very
+     flat distribution, k above about 1000), an exact fallback bisects on the value,
+     counting tokens and mass above the midpoint over the row's tiles until the bracket
+     holds at most CAP tokens, then sorts those.
+4. the draw: argmax over kept tokens of exp(x - m) / E_t, ties to the smallest index.
+   The noise is computed only for kept candidates (or, on the direct path, only for the
+   tiles whose max reaches tau).
+
+Outputs per row: token (int64, -1 when invalid), threshold tau (-inf when nothing is
+cut), m and log(sum over kept of exp(x - m)): the processed distribution.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from .rng import exponential, random_words
+from .sampling_common import float_key, key_float, pack_key, select_word, token_noise, unpack_key
+from .sampling_stats import _next_pow2, row_stats_pass, tile_size
+
+_BIG = tl.constexpr(2147483647)
+_PAD_KEY = tl.constexpr(-9187343241974906880)  # pack_key(-inf, 0): sorts after every candidate
+_MAX_SEARCH = tl.constexpr(64)
+MAX_CHUNKS = 128  # programs per row in pass 1, at most
+
+
+@triton.jit
+def _sum3(x):
+    return tl.sum(tl.sum(tl.sum(x, axis=2), axis=1), axis=0)
+
+
+@triton.jit
+def _max3(x):
+    return tl.max(tl.max(tl.max(x, axis=2), axis=1), axis=0)
+
+
+@triton.jit
+def _min3(x):
+    return tl.min(tl.min(tl.min(x, axis=2), axis=1), axis=0)
+
+
+@triton.jit
+def _select_tiles(tm_row, list_row, NT, thr, NT_P2: tl.constexpr):
+    """Write the ids of the tiles whose max is >= thr to list_row (in order); return how many."""
+    tl.debug_barrier()
+    t = tl.arange(0, NT_P2)
+    tm = tl.load(tm_row + t, mask=t < NT, other=float("-inf"))
+    sel = ((tm >= thr) & (t < NT)).to(tl.int32)
+    pos = tl.cumsum(sel, axis=0) - 1
+    tl.store(list_row + pos, t, mask=sel > 0)
+    tl.debug_barrier()
+    return tl.sum(sel, axis=0)
+
+
+@triton.jit
+def _load_group(row, list_row, g, n_sel, V, scale, TILE: tl.constexpr, G: tl.constexpr):
+    """Tiles g..g+G-1 of the selected list as [G, TILE/4, 4] (x, offsets, Philox call index, word)."""
+    Q: tl.constexpr = TILE // 4
+    gi = g + tl.arange(0, G)
+    gm = gi < n_sel
+    tid = tl.load(list_row + gi, mask=gm, other=0)
+    t3 = tid[:, None, None]
+    q3 = tl.arange(0, Q)[None, :, None]
+    j3 = tl.arange(0, 4)[None, None, :]
+    offs = t3 * TILE + q3 * 4 + j3
+    ok = gm[:, None, None] & (offs < V)
+    x = tl.load(row + offs, mask=ok, other=float("-inf")).to(tl.float32) * scale
+    return x, offs, t3 * Q + q3, j3
+
+
+@triton.jit
+def _count_mass(row, tm_row, list_row, V, NT, scale, m, thr,
+                TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr):
+    """(number, mass sum exp(x - m)) of the finite tokens with x >= thr."""
+    n_sel = _select_tiles(tm_row, list_row, NT, thr, NT_P2)
+    cnt = n_sel * 0
+    mass = tl.full([], 0.0, tl.float32)
+    for g in range(0, n_sel, G):
+        x, offs, cidx, j3 = _load_group(row, list_row, g, n_sel, V, scale, TILE, G)
+        c = (x >= thr) & (x > float("-inf"))
+        cnt += _sum3(c.to(tl.int32))
+        mass += _sum3(tl.where(c, tl.exp(x - m), 0.0))
+    return cnt, mass
+
+
+@triton.jit
+def _collect(row, tm_row, list_row, cand_row, V, NT, scale, m, lo, hi,
+             TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr, CAP: tl.constexpr):
+    """Store pack_key(x, token) of the finite tokens with lo <= x < hi (the first CAP of them);
+    return (how many, their mass sum exp(x - m))."""
+    n_sel = _select_tiles(tm_row, list_row, NT, lo, NT_P2)
+    n = n_sel * 0
+    mass = tl.full([], 0.0, tl.float32)
+    for g in range(0, n_sel, G):
+        x, offs, cidx, j3 = _load_group(row, list_row, g, n_sel, V, scale, TILE, G)
+        c = (x >= lo) & (x < hi) & (x > float("-inf"))
+        mass += _sum3(tl.where(c, tl.exp(x - m), 0.0))
+        cf = tl.reshape(c.to(tl.int32), [G * TILE])
+        pos = n + tl.cumsum(cf, axis=0) - 1
+        key = pack_key(tl.reshape(x, [G * TILE]), tl.reshape(offs, [G * TILE]))
+        tl.store(cand_row + pos, key, mask=(cf > 0) & (pos < CAP))
+        n += tl.sum(cf, axis=0)
+    tl.debug_barrier()
+    return n, mass
+
+
+@triton.jit
+def _sorted_candidates(cand_row, n, CAP: tl.constexpr):
+    """The stored candidates sorted by value, descending: (x, token, valid, position)."""
+    i = tl.arange(0, CAP)
+    valid = i < n
+    key = tl.load(cand_row + i, mask=valid, other=_PAD_KEY)
+    sx, sidx = unpack_key(tl.sort(key, 0, True))
+    sx = tl.where(valid, sx, float("-inf"))
+    return sx, sidx, valid, i
+
+
+@triton.jit
+def _draw_tiles(row, tm_row, list_row, V, NT, scale, m, tau, seed, pos, stream,
+                TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr):
+    """argmax over x >= tau of exp(x - m) / E (ties: smallest index), and the kept mass.
+
+    Only tiles whose max reaches tau are read, and only they get noise.
+    """
+    n_sel = _select_tiles(tm_row, list_row, NT, tau, NT_P2)
+    best = tl.full([], -1.0, tl.float32)
+    tok = n_sel * 0 - 1
+    mass = tl.full([], 0.0, tl.float32)
+    for g in range(0, n_sel, G):
+        x, offs, cidx, j3 = _load_group(row, list_row, g, n_sel, V, scale, TILE, G)
+        kept = (x >= tau) & (x > float("-inf"))
+        e = tl.exp(x - m)
+        w0, w1, w2, w3 = random_words(seed, pos, stream, cidx)
+        sc = tl.where(kept, e / exponential(select_word(w0, w1, w2, w3, j3)), -1.0)
+        bs = _max3(sc)
+        bi = _min3(tl.where(sc == bs, offs, _BIG))
+        better = (bs > best) | ((bs == best) & (bi < tok))
+        best = tl.where(better, bs, best)
+        tok = tl.where(better, bi, tok)
+        mass += _sum3(tl.where(kept, e, 0.0))
+    return tok, mass
+
+
+@triton.jit
+def _find_threshold(row, tm_row, list_row, cand_row, V, NT, scale, m, mode_mass, k_target, p_target,
+                    floor, lo, hi, TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr, CAP: tl.constexpr):
+    """Largest token value v < hi with pred(v): count(x >= v) >= k_target, or with mode_mass,
+    mass(x >= v) >= p_target; -inf when that value is below `floor` (the caller keeps
+    max(floor, result)). pred(hi) must be false; `lo` >= floor is a guess of a value with
+    pred(lo) true (checked: a wrong guess costs a retry from `floor`).
+
+    Tokens in [lo, hi) are collected; while they are more than CAP the bracket is bisected
+    (value midpoints, then key midpoints, so it ends); the last bracket is sorted.
+    """
+    cnt_hi = k_target * 0
+    mass_hi = tl.full([], 0.0, tl.float32)
+    cnt_lo = cnt_hi
+    result = tl.full([], float("-inf"), tl.float32)
+    state = cnt_hi          # 0: collect [lo, hi), 1: bisect, 2: done
+    it = cnt_hi
+    while state < 2:
+        if state == 0:
+            n, mass_b = _collect(row, tm_row, list_row, cand_row, V, NT, scale, m, lo, hi, TILE, G, NT_P2, CAP)
+            cnt_lo = cnt_hi + n
+            pred_lo = tl.where(mode_mass != 0, mass_hi + mass_b >= p_target, cnt_lo >= k_target)
+            if ~pred_lo:
+                if lo <= floor:
+                    state = cnt_hi * 0 + 2
+                else:
+                    hi = lo
+                    cnt_hi = cnt_lo
+                    mass_hi = mass_hi + mass_b
+                    lo = floor
+            elif n <= CAP:
+                sx, sidx, valid, i = _sorted_candidates(cand_row, n, CAP)
+                incl = mass_hi + tl.cumsum(tl.where(valid, tl.exp(sx - m), 0.0), axis=0)
+                jm = tl.sum((valid & (incl < p_target)).to(tl.int32), axis=0)
+                j = tl.where(mode_mass != 0, jm, k_target - cnt_hi - 1)
+                j = tl.minimum(tl.maximum(j, 0), n - 1)
+                result = tl.max(tl.where(i == j, sx, float("-inf")), axis=0)
+                state = cnt_hi * 0 + 2
+            else:
+                state = cnt_hi * 0 + 1
+        else:
+            use_key = (it >= 24) | (hi == float("inf")) | (lo == float("-inf"))
+            klo = float_key(lo).to(tl.int64)
+            khi = float_key(hi).to(tl.int64)
+            mid = tl.where(use_key, key_float((klo + (khi - klo) // 2).to(tl.int32)), lo * 0.5 + hi * 0.5)
+            if (mid <= lo) | (mid >= hi) | (it >= _MAX_SEARCH):
+                result = lo       # [lo, hi) holds only the value lo
+                state = cnt_hi * 0 + 2
+            else:
+                cm, mm = _count_mass(row, tm_row, list_row, V, NT, scale, m, mid, TILE, G, NT_P2)
+                pred = tl.where(mode_mass != 0, mm >= p_target, cm >= k_target)
+                lo = tl.where(pred, mid, lo)
+                cnt_lo = tl.where(pred, cm, cnt_lo)
+                hi = tl.where(pred, hi, mid)
+                cnt_hi = tl.where(pred, cnt_hi, cm)
+                mass_hi = tl.where(pred, mass_hi, mm)
+                if cnt_lo - cnt_hi <= CAP:
+                    state = cnt_hi * 0
+            it += 1
+    return result
+
+
+@triton.jit(do_not_specialize=["stride_row", "S", "stream"])
+def _sample_resolve_kernel(
+    logits_ptr, stride_row,            # [R, V] fp32/bf16/fp16, unit column stride
+    inv_temp_ptr,                      # [R] fp32: 1/T, -1 on greedy rows
+    top_k_ptr, top_p_ptr, min_p_ptr,   # [R] int32 / fp32 / fp32
+    seed_ptr, pos_ptr,                 # [R] int64
+    tile_max_ptr,                      # [R, NT] fp32 (pass 1)
+    part_f_ptr, part_i_ptr,            # [R, S, 3] fp32, [R, S, 2] int32 (pass 1)
+    list_ptr,                          # [R, NT_P2] int32 scratch
+    cand_ptr,                          # [R, CAP] int64 scratch
+    tok_ptr,                           # [R] int64 out
+    thr_ptr, rmax_ptr, lnorm_ptr,      # [R] fp32 out
+    V, NT, S, stream,
+    TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr, S_P2: tl.constexpr, CAP: tl.constexpr,
+):
+    r = tl.program_id(0)
+    r64 = r.to(tl.int64)
+    row = logits_ptr + r64 * stride_row
+    tm_row = tile_max_ptr + r64 * NT
+    list_row = list_ptr + r64 * NT_P2
+    cand_row = cand_ptr + r64 * CAP
+    inv_t = tl.load(inv_temp_ptr + r)
+    scale = tl.where(inv_t > 0, inv_t, 1.0)
+    k = tl.load(top_k_ptr + r)
+    p = tl.load(top_p_ptr + r)
+    mp = tl.load(min_p_ptr + r)
+    has_k = (k > 0) & (k < V)
+    has_p = p < 1.0
+    has_mp = mp > 0.0
+    seed = tl.load(seed_ptr + r)
+    pos = tl.load(pos_ptr + r)
+
+    si = tl.arange(0, S_P2)
+    sm = si < S
+    pb = (r * S + si).to(tl.int64)
+    m_s = tl.load(part_f_ptr + pb * 3 + 0, mask=sm, other=float("-inf"))
+    z_s = tl.load(part_f_ptr + pb * 3 + 1, mask=sm, other=0.0)
+    b_s = tl.load(part_f_ptr + pb * 3 + 2, mask=sm, other=0.0)
+    a_s = tl.load(part_i_ptr + pb * 2 + 0, mask=sm, other=_BIG)
+    i_s = tl.load(part_i_ptr + pb * 2 + 1, mask=sm, other=_BIG)
+    m = tl.max(m_s, axis=0)
+    w_s = tl.exp(m_s - tl.where(m == float("-inf"), 0.0, m))
+    z = tl.sum(z_s * w_s, axis=0)
+    amax = tl.min(tl.where(m_s == m, a_s, _BIG), axis=0)
+    sb = b_s * w_s
+    bb = tl.max(sb, axis=0)
+    bidx = tl.min(tl.where(sm & (sb == bb), i_s, _BIG), axis=0)
+    invalid = (z != z) | (m == float("-inf")) | (m == float("inf"))
+
+    tok = r * 0 - 1
+    tau = tl.full([], float("nan"), tl.float32)
+    lnorm = tl.full([], float("nan"), tl.float32)
+    if ~invalid:
+        tau = tl.full([], float("-inf"), tl.float32)
+        lnorm = tl.log(z)
+        if inv_t <= 0:
+            tok = amax
+        elif (~has_k) & (~has_p) & (~has_mp):
+            tok = bidx
+        else:
+            tau = tl.where(has_mp, m + tl.log(mp), float("-inf"))
+            if has_k | has_p:
+                # guesses of lower bounds of the cuts, from the sorted tile maxima alone
+                t = tl.arange(0, NT_P2)
+                stm = tl.sort(tl.load(tm_row + t, mask=t < NT, other=float("-inf")), 0, True)
+                c_k = tl.max(tl.where(t == k - 1, stm, float("-inf")), axis=0)
+                cm = tl.cumsum(tl.where(stm > float("-inf"), tl.exp(stm - m), 0.0), axis=0)
+                c_p = tl.max(tl.where(t == tl.sum((cm < p * z).to(tl.int32), axis=0), stm, float("-inf")), axis=0)
+                hi = key_float(float_key(m) + 1)
+                t1 = tau
+                z_a = z
+                for stage in range(2):
+                    if (stage == 0) & has_k:
+                        floor = tl.maximum(tau, -3.4028234663852886e38)
+                        t1 = tl.maximum(t1, _find_threshold(row, tm_row, list_row, cand_row, V, NT, scale, m,
+                                                            0, k, 0.0, floor, tl.maximum(floor, c_k), hi,
+                                                            TILE, G, NT_P2, CAP))
+                    if (stage == 1) & has_p:
+                        if t1 > float("-inf"):
+                            cnt_a, z_a = _count_mass(row, tm_row, list_row, V, NT, scale, m, t1, TILE, G, NT_P2)
+                        floor = tl.maximum(t1, -3.4028234663852886e38)
+                        t1 = tl.maximum(t1, _find_threshold(row, tm_row, list_row, cand_row, V, NT, scale, m,
+                                                            1, 0, p * z_a, floor, tl.maximum(floor, c_p), hi,
+                                                            TILE, G, NT_P2, CAP))
+                tau = t1
+            tok, mass = _draw_tiles(row, tm_row, list_row, V, NT, scale, m, tau, seed, pos, stream,
+                                    TILE, G, NT_P2)
+            lnorm = tl.log(mass)
+    tl.store(tok_ptr + r, tok.to(tl.int64))
+    tl.store(thr_ptr + r, tau)
+    tl.store(rmax_ptr + r, tl.where(invalid, float("nan"), m))
+    tl.store(lnorm_ptr + r, lnorm)
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 2
+
+
+def sample_top_k_top_p_triton(
+    logits: torch.Tensor,            # [R, V] fp32/bf16/fp16, unit column stride (row stride may be 0)
+    inv_temperature: torch.Tensor,   # [R] fp32: 1/T, -1 on greedy rows
+    top_k: torch.Tensor | None,      # [R] int32, 0 = off
+    top_p: torch.Tensor | None,      # [R] fp32, 1 = off
+    min_p: torch.Tensor | None,      # [R] fp32, 0 = off
+    seeds: torch.Tensor,             # [R] int64
+    positions: torch.Tensor,         # [R] int64
+    stream: int = 0,
+    *,
+    cap: int = 1024,
+    tile: int | None = None,
+    num_chunks: int | None = None,
+):
+    """Two launches: pass 1 (row statistics, tile maxima) then pass 2 (thresholds + draw).
+
+    Returns (tokens [R] int64, threshold [R] fp32, row_max [R] fp32, log_norm [R] fp32).
+    Inputs are assumed checked (see specops.sampling.topk_topp). `cap` (candidates sorted
+    per row), `tile` and `num_chunks` (programs per row in pass 1) are tuning knobs; tests
+    shrink them to reach every path at small vocabularies.
+    """
+    R, V = logits.shape
+    dev = logits.device
+    tile = tile or tile_size(V)
+    if tile < 4 or tile & (tile - 1):
+        raise ValueError(f"tile must be a power of two >= 4, got {tile}")
+    if cap < 16 or cap & (cap - 1):
+        raise ValueError(f"cap must be a power of two >= 16, got {cap}")
+    NT = -(-V // tile)
+    NT_P2 = max(16, _next_pow2(NT))
+    if num_chunks is None:
+        num_chunks = -(-2 * _num_sms(dev) // max(R, 1))
+    S = max(1, min(int(num_chunks), NT, MAX_CHUNKS))
+    G = max(1, 2048 // tile)
+    tokens = torch.empty(R, dtype=torch.int64, device=dev)
+    thr = torch.empty(R, dtype=torch.float32, device=dev)
+    rmax = torch.empty_like(thr)
+    lnorm = torch.empty_like(thr)
+    if R == 0:
+        return tokens, thr, rmax, lnorm
+    if top_k is None:
+        top_k = torch.zeros(R, dtype=torch.int32, device=dev)
+    if top_p is None:
+        top_p = torch.ones(R, dtype=torch.float32, device=dev)
+    if min_p is None:
+        min_p = torch.zeros(R, dtype=torch.float32, device=dev)
+    tile_max = torch.empty(R, NT, dtype=torch.float32, device=dev)
+    part_f = torch.empty(R, S, 3, dtype=torch.float32, device=dev)
+    part_i = torch.empty(R, S, 2, dtype=torch.int32, device=dev)
+    tile_list = torch.empty(R, NT_P2, dtype=torch.int32, device=dev)
+    cand = torch.empty(R, cap, dtype=torch.int64, device=dev)
+    row_stats_pass(logits, inv_temperature, top_k, top_p, min_p, seeds, positions, stream, tile, S,
+                   tile_max, part_f, part_i)
+    _sample_resolve_kernel[(R,)](
+        logits, logits.stride(0), inv_temperature, top_k, top_p, min_p,
+        seeds, positions, tile_max, part_f, part_i, tile_list, cand,
+        tokens, thr, rmax, lnorm,
+        V, NT, S, stream,
+        TILE=tile, G=G, NT_P2=NT_P2, S_P2=MAX_CHUNKS if S > 1 else 2, CAP=cap, num_warps=8,
+    )
+    return tokens, thr, rmax, lnorm
