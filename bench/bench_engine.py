@@ -54,7 +54,17 @@ def check_default_model(lm) -> None:
     if not ok:
         raise SystemExit("engine output disagrees with the reference: not timing")
     del llm
-    torch.cuda.empty_cache()
+    _free()
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _free() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def measure(lm, batch: int, params: dict, vocab: int) -> dict:
@@ -79,17 +89,17 @@ def measure(lm, batch: int, params: dict, vocab: int) -> dict:
     runner = eng.runner
     runner.profile = True
     runner.time_forward = runner.time_sample = 0.0
-    torch.cuda.synchronize()
+    _sync()
     t0 = time.perf_counter()
     for _ in range(DECODE_STEPS):
         eng.step()
-    torch.cuda.synchronize()
+    _sync()
     dt = time.perf_counter() - t0
     res = {"step_us": dt / DECODE_STEPS * 1e6, "tokens_per_s": batch * DECODE_STEPS / dt,
            "sample_us": runner.time_sample / DECODE_STEPS * 1e6, "sampling_share": runner.time_sample / dt,
            "forward_us": runner.time_forward / DECODE_STEPS * 1e6}
     del eng, runner
-    torch.cuda.empty_cache()
+    _free()
     return res
 
 

@@ -64,6 +64,8 @@ class BatchSampler:
         self.procs = build_logits_processors(max_num_reqs, vocab_size, self.device, custom=logits_processors,
                                              eos_token_ids=eos_token_ids)
         self.sampler = Sampler()  # raw logprobs, fused Triton draw on CUDA, torch reference on CPU
+        self._only_builtin_procs = len(self.procs) == 3 and not logits_processors
+        self._plain_greedy = False
         self.step = torch.zeros((), dtype=torch.int64, device=self.device)  # read by the metadata's row keys
         self.prompt_mask: torch.Tensor | None = None  # [rows, vocab] bool
         self.output_counts: torch.Tensor | None = None  # [rows, vocab] int32
@@ -114,6 +116,9 @@ class BatchSampler:
                 bad_words_token_ids=bad or None,
                 output_token_ids=[r.output_token_ids for r in reqs] if bad else None,
                 logitsprocs=self.procs)
+            # Nothing to process and nobody samples: the pipeline reduces to an argmax.
+            self._plain_greedy = self._only_builtin_procs and all(
+                _plain_greedy(r.sampling_params) and not r.banned_words for r in reqs)
         return self._md
 
     # ---- the draw -----------------------------------------------------------------------
@@ -127,8 +132,15 @@ class BatchSampler:
         """Run the specops Sampler on the rows that sample this step: one token each ([N] int64,
         -1 where the logits were invalid: NaN, +inf or all -inf) and, when a row asked for them,
         raw logprobs of every row."""
-        reqs = [self._reqs[r] for r in rows]
         batch_md = self._batch_metadata()
+        if self._plain_greedy:
+            tokens = _checked_argmax(logits)
+            if self.output_counts is not None:
+                token_bincount_update_(self.output_counts, torch.tensor(rows, dtype=torch.int64).to(self.device),
+                                       tokens)
+            self.step += 1
+            return tokens, None
+        reqs = [self._reqs[r] for r in rows]
         lrows = LogitsRows(list(rows), [len(r.output_token_ids) for r in reqs])
         history = [r.output_token_ids for r in reqs] if batch_md.bad_words_token_ids else None
         if len(rows) == len(self._reqs) and rows == list(range(len(rows))):
@@ -145,6 +157,17 @@ class BatchSampler:
             token_bincount_update_(self.output_counts, lrows.req_index_tensor(self.device), tokens)
         self.step += 1
         return tokens, out.logprobs
+
+
+def _plain_greedy(sp) -> bool:
+    return (sp.temperature == 0.0 and not sp.has_penalties and not sp.logit_bias and sp.allowed_token_ids is None
+            and sp.min_tokens == 0 and sp.logprobs is None)
+
+
+def _checked_argmax(logits: torch.Tensor) -> torch.Tensor:  # [N] int64
+    """argmax per row, -1 for invalid rows (a NaN or +inf logit, or all -inf), as the Sampler reports them."""
+    bad = torch.isnan(logits).any(-1) | torch.isposinf(logits).any(-1) | torch.isneginf(logits).all(-1)
+    return torch.where(bad, -1, logits.argmax(dim=-1))
 
 
 def _final_row(row: int, moved) -> int:

@@ -125,3 +125,32 @@ def test_bad_sampling_params_fail_alone(tiny_checkpoint, bad):  # noqa: F811
                 done[o.request_id] = o
     assert done[wrong].error is not None and next(iter(bad)) in done[wrong].error
     assert done[good].error is None and len(done[good].token_ids) == 4
+
+
+def test_plain_greedy_shortcut_agrees_with_sampler(tiny_checkpoint):  # noqa: F811
+    from specops.engine.sampling import _checked_argmax
+    from specops.sampling.metadata import SamplingMetadata
+    from specops.sampling.sampler import Sampler
+
+    x = torch.randn(6, 1000)
+    x[1, 7] = float("nan")
+    x[2, 3] = float("inf")
+    x[3] = float("-inf")
+    x[4, :500] = float("-inf")
+    md = SamplingMetadata.from_params([0.0] * 6, vocab_size=1000)
+    assert torch.equal(_checked_argmax(x.clone()), Sampler()(x.clone(), md).sampled_token_ids)
+    # Through the engine: logprobs=0 forces the full Sampler, same greedy tokens.
+    lm = tiny(tiny_checkpoint)
+    prompts = [list(range(3, 30)), list(range(50, 61))]
+    outs = {}
+    for lp in (None, 0):
+        eng = LLMEngine(EngineConfig(max_model_len=128), loaded=lm)
+        ids = [eng.add_request(p, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=lp))
+               for p in prompts]
+        done = {}
+        while eng.has_unfinished_requests():
+            for o in eng.step():
+                if o.finished:
+                    done[o.request_id] = o.token_ids
+        outs[lp] = [done[i] for i in ids]
+    assert outs[None] == outs[0]
