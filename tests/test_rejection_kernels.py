@@ -12,6 +12,15 @@ from specops.spec_decode import MAX_SPEC_LEN, rejection_sample
 CUDA = torch.cuda.is_available()
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # Small int64 tensor ops: intra-op threads only add overhead (and stall on shared cores).
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def make_case(num_drafts, vocab, *, device, dtype=torch.float32, draft_probs=False, greedy="mixed",
               temperature=True, target_rows=False, seeded="mixed", invalid=True, gen=None, scale=3.0,
               correct_frac=0.5):
