@@ -13,6 +13,7 @@ from .attention import AttnMetadata, flashinfer_available, make_attention_backen
 from .config import ModelConfig
 from .llama import LlamaForCausalLM
 from .loader import LoadedModel, default_dtype, default_model_path, load_model
+from .random_checkpoint import llama3_8b_shapes_config, make_llama3_8b_shapes_checkpoint, random_model
 from .reference import reference_forward
 from .tokenizer import Tokenizer
 
@@ -25,7 +26,10 @@ __all__ = [
     "default_dtype",
     "default_model_path",
     "flashinfer_available",
+    "llama3_8b_shapes_config",
     "load_model",
+    "make_llama3_8b_shapes_checkpoint",
     "make_attention_backend",
+    "random_model",
     "reference_forward",
 ]

@@ -44,6 +44,13 @@ class AttnMetadata:
         Largest ``seq_lens`` entry (host int).
     block_size : int
         Tokens per KV block.
+    cache : dict
+        Per-step scratch that backends fill on first use and later layers reuse.
+        A caller that knows every slot is valid may set
+        ``cache["write_rows"] = (None, slot_mapping)`` so ``write_kv`` skips its check
+        (the one host sync it would otherwise make per step).
+
+    The attention backends expect ``T == query_start_loc[-1]`` (no padding tokens).
     """
 
     kv_caches: list

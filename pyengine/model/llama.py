@@ -92,9 +92,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # one fused op
+        # Low precision: normalise in fp32, cast, then scale (HF's order).
+        return self.weight * F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(x.dtype)
 
 
 def _param(shape, dtype, device) -> nn.Parameter:
@@ -151,10 +152,11 @@ class LlamaDecoderLayer(nn.Module):
     ) -> torch.Tensor:  # [T, hidden]
         t = x.shape[0]
         qkv = self.qkv_proj(self.input_norm(x))
-        q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q = apply_rope(q.view(t, self.num_heads, self.head_dim), cos, sin, interleaved)
-        k = apply_rope(k.view(t, self.num_kv_heads, self.head_dim), cos, sin, interleaved)
-        write_kv(kv_cache, k, v.view(t, self.num_kv_heads, self.head_dim), attn)
+        # Rotate q and k heads in one call: [T, heads + kv_heads, head_dim].
+        qk = apply_rope(qkv[:, :self.q_size + self.kv_size].view(t, -1, self.head_dim), cos, sin, interleaved)
+        q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
+        v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
+        write_kv(kv_cache, k, v, attn)
         o = attn_backend(q, kv_cache, attn, self.scale)
         x = x + self.o_proj(o.reshape(t, self.q_size))
         gate, up = self.gate_up_proj(self.post_norm(x)).chunk(2, dim=-1)
