@@ -12,6 +12,8 @@ from specops.engine.model.attention_torch import paged_attention_torch
 # long decode, a one-token prompt.
 MIXED = [(0, 7), (13, 1), (4, 9), (30, 1), (0, 1)]
 DECODE_ONLY = [(5, 1), (0, 1), (17, 1)]
+# One sequence: the unmasked decode and plain-causal prefill fast paths, and a chunk on a context.
+SINGLES = {"one_decode": [(9, 1)], "one_prefill": [(0, 12)], "one_chunk": [(7, 5)]}
 
 
 def dense_reference(q, k_full, v_full, seqs, scale):
@@ -58,7 +60,7 @@ def make_case(seqs, num_heads, num_kv_heads, head_dim, block_size, dtype, device
     return q, k_new, v_new, cache, attn, k_full, v_full
 
 
-@pytest.mark.parametrize("seqs", [MIXED, DECODE_ONLY], ids=["mixed", "decode"])
+@pytest.mark.parametrize("seqs", [MIXED, DECODE_ONLY, *SINGLES.values()], ids=["mixed", "decode", *SINGLES])
 @pytest.mark.parametrize("block_size", [1, 5, 16])
 @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(4, 4, 8), (6, 2, 16), (9, 3, 64)])
 def test_torch_attention_matches_dense(device, seqs, block_size, num_heads, num_kv_heads, head_dim):

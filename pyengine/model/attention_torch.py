@@ -39,10 +39,15 @@ def _plan(attn: AttnMetadata, num_tokens: int, group: int) -> tuple:
     else:
         seq_idx = torch.repeat_interleave(torch.arange(num_seqs, device=dev), q_lens, output_size=num_tokens)
         row = torch.arange(num_tokens, device=dev) - qsl[seq_idx]
-    q_pos = ctx[:, None] + torch.arange(max_q, device=dev)[None, :]  # [S, max_q]
-    mask = torch.arange(max_len, device=dev)[None, None, :] <= q_pos[:, :, None]  # [S, max_q, L]
-    mask = mask[:, None, None].expand(num_seqs, 1, group, max_q, max_len).reshape(
-        num_seqs, 1, group * max_q, max_len)
+    if num_seqs == 1 and max_q == 1:
+        mask = None  # one decode: every cached key is visible
+    elif num_seqs == 1 and max_q == max_len and group == 1:
+        mask = "causal"  # one fresh prefill: plain causal (with GQA folded, rows are not positions)
+    else:
+        q_pos = ctx[:, None] + torch.arange(max_q, device=dev)[None, :]  # [S, max_q]
+        mask = torch.arange(max_len, device=dev)[None, None, :] <= q_pos[:, :, None]  # [S, max_q, L]
+        mask = mask[:, None, None].expand(num_seqs, 1, group, max_q, max_len).reshape(
+            num_seqs, 1, group * max_q, max_len)
     plan = (seq_idx, row, blocks, mask)
     attn.cache[key] = plan
     return plan
@@ -84,7 +89,10 @@ def paged_attention_torch(
     # [S, max_q, kvh, g, d] -> [S, kvh, g * max_q, d]: heads kv*g .. kv*g+g-1 share KV head kv.
     qp = qp.view(num_seqs, max_q, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
     qp = qp.reshape(num_seqs, num_kv_heads, group * max_q, head_dim)
-    o = F.scaled_dot_product_attention(qp, k, v, attn_mask=mask, scale=scale)
+    if isinstance(mask, str):
+        o = F.scaled_dot_product_attention(qp, k, v, is_causal=True, scale=scale)
+    else:
+        o = F.scaled_dot_product_attention(qp, k, v, attn_mask=mask, scale=scale)
     o = o.view(num_seqs, num_kv_heads, group, max_q, head_dim).permute(0, 3, 1, 2, 4)
     o = o.reshape(num_seqs, max_q, num_heads, head_dim)
     if seq_idx is None:
