@@ -58,12 +58,21 @@ def env_info() -> dict:
         info["triton"] = triton.__version__
     except ImportError:
         info["triton"] = None
-    for name in ("flashinfer", "xgrammar"):
+    from importlib import metadata
+    for name, dist in (("flashinfer", "flashinfer-python"), ("xgrammar", "xgrammar")):
         try:
-            info[name] = __import__(name).__version__
-        except Exception:  # noqa: BLE001 - a peer that is absent or broken is just not recorded
-            info[name] = None
+            info[name] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            info[name] = getattr(__import__(name), "__version__", None) if _importable(name) else None
     return info
+
+
+def _importable(name: str) -> bool:
+    try:
+        __import__(name)
+        return True
+    except Exception:  # noqa: BLE001 - a peer that is absent or broken is just not recorded
+        return False
 
 
 _COPY_BW: float | None = None
