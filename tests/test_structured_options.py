@@ -1,0 +1,142 @@
+"""Structured output: request options, their validation, and compile-time rejections."""
+
+import json
+
+import pytest
+
+xgr = pytest.importorskip("xgrammar")
+
+from specops.engine.structured_output import (StructuredOutputOptions, XgrammarBackend,  # noqa: E402
+                                              GrammarState)
+from specops.engine.structured_output.options import choice_to_ebnf  # noqa: E402
+from specops.engine.structured_output.testing import random_walk, small_tokenizer  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return XgrammarBackend.from_tokenizer(small_tokenizer())
+
+
+def _bad(match, **kw):
+    with pytest.raises((ValueError, TypeError), match=match):
+        StructuredOutputOptions(**kw).validate()
+
+
+def test_exactly_one_option():
+    _bad("got none", )
+    _bad("got json_schema, regex", json_schema={"type": "integer"}, regex="a")
+    _bad("got json_object, choice", json_object=True, choice=["a"])
+    with pytest.raises(TypeError, match="json_object must be a bool"):
+        StructuredOutputOptions(json_object=1).validate()
+    for kw in ({"json_schema": {"type": "integer"}}, {"json_object": True}, {"regex": "a+"},
+               {"choice": ["x"]}, {"grammar": 'root ::= "a"'}):
+        opts = StructuredOutputOptions(**kw)
+        opts.validate()
+        assert opts.kind == next(iter(kw))
+
+
+def test_malformed_json_schema():
+    _bad("not valid JSON: Expecting ':' delimiter at line 1 column 31",
+         json_schema='{"type": "object", "required" ["a"]}')
+    _bad("malformed at type: 'objekt' is not valid", json_schema={"type": "objekt"})
+    _bad("malformed at properties/a/minimum", json_schema={"type": "object", "properties": {"a": {"minimum": "3"}}})
+    _bad("must be a dict or its JSON text", json_schema=["type", "object"])
+    _bad("must be a JSON object; for any JSON use json_object", json_schema=True)
+    _bad("'not' at #/properties/a", json_schema={"type": "object", "properties": {"a": {"not": {"type": "null"}}}})
+    _bad("'uniqueItems' at #/prefixItems/0",
+         json_schema={"type": "array", "prefixItems": [{"type": "array", "uniqueItems": True}]})
+    _bad("'oneOf' with several subschemas at #/\\$defs/x",
+         json_schema={"$defs": {"x": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}})
+    # a property *named* like an unsupported keyword is fine
+    StructuredOutputOptions(json_schema={"type": "object", "properties": {"not": {"type": "integer"}}}).validate()
+
+
+def test_bad_regex():
+    _bad("regex must not be empty", regex="")
+    _bad("regex must be a str", regex=3)
+    _bad(r"regex '\(ab' is invalid: .*parenthesis is not closed", regex="(ab")
+    _bad(r"regex 'a\{5,2\}' is invalid: .*5 > 2", regex="a{5,2}")
+    _bad("regex '\\[z-a\\]' is invalid: .*lower bound is larger than upper bound", regex="[z-a]")
+    _bad("Lookahead is not supported", regex="a(?=b)")
+    _bad("Backreference is not supported", regex=r"(a)\1")
+
+
+def test_bad_choice():
+    _bad("choice must not be an empty list", choice=[])
+    _bad("choice must be a list of strings, got str", choice="yes")
+    _bad(r"choice\[1\] must be a str", choice=["a", 1])
+    _bad(r"choice\[0\] is the empty string", choice=["", "b"])
+
+
+def test_bad_grammar():
+    _bad("grammar must not be empty", grammar="  ")
+    _bad('root rule with name "root" is not found', grammar='start ::= "a"')
+    _bad("grammar is invalid EBNF", grammar='root ::= "a" |')
+
+
+def test_empty_language_fails_at_compile(backend):
+    # Well formed but matches nothing: found when compiling (in the pool), as a ValueError.
+    for opts in (StructuredOutputOptions(regex=r"[^\s\S]"),
+                 StructuredOutputOptions(grammar=r'root ::= [^\0-\U0010FFFF]')):
+        try:
+            opts.validate()
+        except ValueError:
+            continue  # rejected even earlier: also fine
+        with pytest.raises(ValueError, match="accepts no output"):
+            backend.compile(opts)
+    with pytest.raises(ValueError, match="json_schema: cannot compile: .*minimum greater than maximum"):
+        backend.compile(StructuredOutputOptions(json_schema={"type": "integer", "minimum": 5, "maximum": 2}))
+    with pytest.raises(ValueError, match="cannot compile: .*Cannot find field"):
+        backend.compile(StructuredOutputOptions(json_schema={"type": "object", "properties": {
+            "a": {"$ref": "#/$defs/missing"}}}))
+
+
+def test_cache_key_and_spec():
+    a = StructuredOutputOptions(json_schema={"type": "object", "properties": {"b": {}, "a": {}}})
+    b = StructuredOutputOptions(json_schema='{ "type" : "object", "properties": {"b": {}, "a": {}} }')
+    c = StructuredOutputOptions(json_schema={"type": "object", "properties": {"a": {}, "b": {}}})
+    assert a.cache_key() == b.cache_key()
+    assert a.cache_key() != c.cache_key()  # property order decides the output's order
+    assert a.cache_key() != StructuredOutputOptions(json_schema=a.json_schema, any_whitespace=True).cache_key()
+    assert StructuredOutputOptions(regex="a").cache_key() != StructuredOutputOptions(grammar="a").cache_key()
+    hash(a.cache_key())
+
+
+def test_from_cli(tmp_path):
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "integer", "minimum": 0, "maximum": 9}))
+    assert StructuredOutputOptions.from_cli() is None
+    assert StructuredOutputOptions.from_cli(json_schema_file=str(schema)).kind == "json_schema"
+    assert StructuredOutputOptions.from_cli(choice="yes,no").choice == ["yes", "no"]
+    assert StructuredOutputOptions.from_cli(choice=["a,b", "c"]).choice == ["a,b", "c"]
+    g = tmp_path / "g.ebnf"
+    g.write_text('root ::= "x"+')
+    assert StructuredOutputOptions.from_cli(grammar_file=str(g)).grammar == 'root ::= "x"+'
+    with pytest.raises(ValueError, match="--json-schema: cannot read"):
+        StructuredOutputOptions.from_cli(json_schema_file=str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match="got json_schema, regex"):
+        StructuredOutputOptions.from_cli(json_schema_file=str(schema), regex="a")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    with pytest.raises(ValueError, match="json_schema is not valid JSON"):
+        StructuredOutputOptions.from_cli(json_schema_file=str(bad))
+
+
+def test_choice_escaping_walks_to_each_choice(backend):
+    """Choices with quotes, backslashes, newlines and non-ASCII compile and yield exactly one of them."""
+    tok = small_tokenizer()
+    choices = ['say "hi"', "back\\slash", "two\nlines", "tab\there", "é🙂", "a", "aa", "aaaa"]
+    assert choice_to_ebnf(["a\"b"]) == 'root ::= "a\\"b"'
+    compiled = backend.compile(StructuredOutputOptions(choice=choices))
+    seen = set()
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        state = GrammarState(backend.new_matcher(compiled))
+        out, done = random_walk(state, backend.vocab_size, rng, stop_prob=0.5, stop_token_ids=(2,))
+        assert done
+        text = tok.decode(out)
+        assert text in choices, text
+        seen.add(text)
+    assert len(seen) >= 5  # the walk reaches many of them, prefixes ("a" vs "aa") included
