@@ -101,6 +101,29 @@ def test_half_precision_inputs(device, dtype):
     check_same(args, kw)
 
 
+@pytest.mark.parametrize("draft_probs", [False, True])
+def test_inv_temperature_and_threshold(device, draft_probs):
+    # per-row 1/T (the Sampler's convention, -1 on greedy rows) and a top-k style threshold
+    args, kw = make_case([3, 2, 4], 300, device=device, draft_probs=draft_probs, temperature=False,
+                         correct_frac=0.2)
+    logits, drafts, cu = args[0], args[1], args[2]
+    req = torch.repeat_interleave(torch.arange(3, device=device), torch.diff(cu, prepend=cu[:1] * 0))
+    inv = torch.tensor([1.25, 0.8, 2.0], device=device)[req]
+    inv = torch.where(kw["is_greedy"][req], -1.0, inv)
+    scaled = logits.float() * torch.where(inv > 0, inv, 1.0)[:, None]
+    thr = torch.topk(scaled, 7, dim=1).values[:, -1]          # keep the top 7 of every row
+    out = check_same(args, kw, inv_temperature=inv, threshold=thr)
+    # a random row's emitted token is always in its kept set
+    for r in range(3):
+        if bool(kw["is_greedy"][r]):
+            continue
+        for i, tok in enumerate(out[r].tolist()):
+            j = int(cu[r]) - int(cu[r] - (cu[r - 1] if r else 0)) + i
+            if tok < 0 or j >= int(cu[r]):
+                break
+            assert scaled[j, tok] >= thr[j]
+
+
 def test_all_greedy_no_temperature_no_seeds(device):
     args, kw = make_case([4, 0, 2], 300, device=device, greedy=True, temperature=False, seeded="none")
     check_same(args, kw)

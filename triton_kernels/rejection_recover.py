@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specops.triton_kernels.rejection_sample import _INT_MAX, _pick_word, _row_key
+from specops.triton_kernels.rejection_sample import _INT_MAX, _pick_word, _row_key, _row_scale, temp_mode_of
 from specops.triton_kernels.rng import STREAM_RECOVER, exponential, random_words
 
 
@@ -30,7 +30,8 @@ def _rejection_recover_kernel(
     draft_ids_ptr,                            # [T] int
     draft_probs_ptr, draft_probs_stride,      # [T, V] (HAS_DRAFT_PROBS)
     cu_ptr,                                   # [num_reqs] inclusive cumulative drafts
-    temperature_ptr,                          # [num_reqs] fp32 (HAS_TEMPERATURE)
+    temp_ptr,                                 # TEMP_MODE 1: [num_reqs] T; 2: [T] 1/T (fp32)
+    threshold_ptr,                            # [T] fp32 (HAS_THRESHOLD)
     seeds_ptr, has_seed_ptr, positions_ptr,   # [num_reqs] (HAS_SEEDS)
     step_ptr, engine_seed,                    # [1] int64, int
     rec_j_ptr, rec_ms_ptr,                    # [num_reqs] int32, [num_reqs, 2] fp32 from pass 1
@@ -39,8 +40,8 @@ def _rejection_recover_kernel(
     counter_ptr,                              # [num_reqs] int32, zero on entry
     vocab_size,
     NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
-    HAS_TARGET_ROWS: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, HAS_TEMPERATURE: tl.constexpr,
-    HAS_SEEDS: tl.constexpr,
+    HAS_TARGET_ROWS: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, TEMP_MODE: tl.constexpr,
+    HAS_THRESHOLD: tl.constexpr, HAS_SEEDS: tl.constexpr,
 ):
     req = tl.program_id(0)
     split = tl.program_id(1)
@@ -54,9 +55,7 @@ def _rejection_recover_kernel(
             row = j.to(tl.int64)
         row_ptr = logits_ptr + row * logits_stride
         q_ptr = draft_probs_ptr + j.to(tl.int64) * draft_probs_stride
-        inv_t = 1.0
-        if HAS_TEMPERATURE:
-            inv_t = 1.0 / tl.load(temperature_ptr + req).to(tl.float32)
+        inv_t, thr = _row_scale(temp_ptr, threshold_ptr, req, j, False, TEMP_MODE, HAS_THRESHOLD)
         row_max = tl.load(rec_ms_ptr + req * 2)
         row_sum = tl.load(rec_ms_ptr + req * 2 + 1)
         x = tl.load(draft_ids_ptr + j).to(tl.int32)
@@ -89,6 +88,8 @@ def _rejection_recover_kernel(
             t = base + kk[:, None] * 4 + ww
             mask = t < vocab_size
             v = tl.load(row_ptr + t, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
+            if HAS_THRESHOLD:
+                v = tl.where(v >= thr, v, float("-inf"))
             w0, w1, w2, w3 = random_words(seed_r, pos_r, STREAM_RECOVER, base // 4 + kk)
             e = exponential(_pick_word(w0, w1, w2, w3, ww))
             key = tl.where(mask & (t != excluded), v - tl.log(e), float("-inf"))
@@ -137,7 +138,9 @@ def rejection_recover_pass(
     draft_token_ids: torch.Tensor,       # [T] int
     draft_probs: torch.Tensor | None,    # [T, V]
     cu_num_draft_tokens: torch.Tensor,   # [num_reqs]
-    temperature: torch.Tensor | None,    # [num_reqs] fp32
+    temperature: torch.Tensor | None,    # [num_reqs] fp32 T, or None
+    inv_temperature: torch.Tensor | None,  # [T] fp32 1/T per target row, or None
+    threshold: torch.Tensor | None,      # [T] fp32, or None
     seeds: torch.Tensor | None,          # [num_reqs] int64
     has_seed: torch.Tensor | None,       # [num_reqs] bool
     positions: torch.Tensor | None,      # [num_reqs] int64
@@ -156,6 +159,7 @@ def rejection_recover_pass(
     ws_i = torch.empty(2 * num_reqs * num_splits, dtype=torch.int32, device=dev)
     counters = torch.zeros(num_reqs, dtype=torch.int32, device=dev)
     f = num_reqs * num_splits
+    temp_mode, temp_arg = temp_mode_of(temperature, inv_temperature, logits)
     _rejection_recover_kernel[(num_reqs, num_splits)](
         out, out.stride(0),
         logits, logits.stride(0),
@@ -164,7 +168,7 @@ def rejection_recover_pass(
         draft_probs if draft_probs is not None else logits,
         draft_probs.stride(0) if draft_probs is not None else 0,
         cu_num_draft_tokens,
-        temperature if temperature is not None else logits,
+        temp_arg, threshold if threshold is not None else logits,
         seeds if seeds is not None else step, has_seed if has_seed is not None else step,
         positions if positions is not None else step,
         step, engine_seed,
@@ -174,6 +178,6 @@ def rejection_recover_pass(
         NUM_SPLITS=num_splits, CHUNK=chunk, BLOCK=min(chunk, 1024),
         SPLIT_BLOCK=triton.next_power_of_2(num_splits),
         HAS_TARGET_ROWS=target_rows is not None, HAS_DRAFT_PROBS=draft_probs is not None,
-        HAS_TEMPERATURE=temperature is not None, HAS_SEEDS=seeds is not None,
+        TEMP_MODE=temp_mode, HAS_THRESHOLD=threshold is not None, HAS_SEEDS=seeds is not None,
         num_warps=4,
     )

@@ -45,6 +45,20 @@ def _row_key(seeded, seed, position, engine_seed, step, i, j):
 
 
 @triton.jit
+def _row_scale(temp_ptr, threshold_ptr, req, j, greedy, TEMP_MODE: tl.constexpr, HAS_THRESHOLD: tl.constexpr):
+    """(1/T, threshold) of target row j of request req; greedy rows: (1, -inf)."""
+    inv_t = tl.full([], 1.0, tl.float32)
+    if TEMP_MODE == 1:
+        inv_t = tl.where(greedy, 1.0, 1.0 / tl.load(temp_ptr + req).to(tl.float32))
+    if TEMP_MODE == 2:
+        inv_t = tl.where(greedy, 1.0, tl.load(temp_ptr + j).to(tl.float32))
+    thr = tl.full([], float("-inf"), tl.float32)
+    if HAS_THRESHOLD:
+        thr = tl.where(greedy, float("-inf"), tl.load(threshold_ptr + j).to(tl.float32))
+    return inv_t, thr
+
+
+@triton.jit
 def _pick_word(w0, w1, w2, w3, sel):
     """[N] words x 4 -> [N, 4]: column w holds word w (token 4 * k + w uses word w of call k)."""
     return tl.where(sel == 0, w0[:, None], tl.where(sel == 1, w1[:, None],
@@ -131,7 +145,8 @@ def _rejection_sample_kernel(
     draft_probs_ptr, draft_probs_stride,      # [T, V] (HAS_DRAFT_PROBS)
     cu_ptr,                                   # [num_reqs] inclusive cumulative drafts
     bonus_ptr,                                # [num_reqs] int
-    temperature_ptr,                          # [num_reqs] fp32 (HAS_TEMPERATURE)
+    temp_ptr,                                 # TEMP_MODE 1: [num_reqs] T; 2: [T] 1/T (fp32)
+    threshold_ptr,                            # [T] fp32: scaled logits below are dropped (HAS_THRESHOLD)
     greedy_ptr,                               # [num_reqs] bool (GREEDY_MODE == 0)
     seeds_ptr, has_seed_ptr, positions_ptr,   # [num_reqs] int64, bool, int64 (HAS_SEEDS)
     step_ptr, engine_seed,                    # [1] int64, int
@@ -143,7 +158,9 @@ def _rejection_sample_kernel(
     num_target_rows, vocab_size,
     MAX_K: tl.constexpr, GRID_K: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr,
     BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
-    HAS_TARGET_ROWS: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, HAS_TEMPERATURE: tl.constexpr,
+    HAS_TARGET_ROWS: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr,
+    TEMP_MODE: tl.constexpr,                  # 0: none, 1: per-request temperature, 2: per-row 1/T
+    HAS_THRESHOLD: tl.constexpr,
     GREEDY_MODE: tl.constexpr,                # 0: per-request flags, 1: all greedy, 2: all random
     HAS_SEEDS: tl.constexpr, FUSE_RACE: tl.constexpr,
 ):
@@ -177,9 +194,7 @@ def _rejection_sample_kernel(
         else:
             row = j.to(tl.int64)
         row_ptr = logits_ptr + row * logits_stride
-        inv_t = 1.0
-        if HAS_TEMPERATURE:
-            inv_t = tl.where(greedy, 1.0, 1.0 / tl.load(temperature_ptr + req).to(tl.float32))
+        inv_t, thr = _row_scale(temp_ptr, threshold_ptr, req, j, greedy, TEMP_MODE, HAS_THRESHOLD)
         x = tl.load(draft_ids_ptr + j).to(tl.int32)
         seed_r, pos_r = _row_key(seeded, seed, position, engine_seed, step, i.to(tl.int64), j)
 
@@ -196,6 +211,8 @@ def _rejection_sample_kernel(
             t = base + kk[:, None] * 4 + ww
             mask = t < vocab_size
             v = tl.load(row_ptr + t, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
+            if HAS_THRESHOLD:
+                v = tl.where(v >= thr, v, float("-inf"))
             bm = tl.max(tl.max(v, 1), 0)
             bi = tl.min(tl.min(tl.where(v == bm, t, _INT_MAX), 1), 0)
             am = tl.where(bm > m, bi, am)
@@ -222,7 +239,10 @@ def _rejection_sample_kernel(
             tl.store(part_kidx_ptr + p, kbi)
         if split == 0:
             xc = tl.where((x >= 0) & (x < vocab_size), x, 0)
-            tl.store(part_x_ptr + j * 2, tl.load(row_ptr + xc).to(tl.float32) * inv_t)
+            lx = tl.load(row_ptr + xc).to(tl.float32) * inv_t
+            if HAS_THRESHOLD:
+                lx = tl.where(lx >= thr, lx, float("-inf"))
+            tl.store(part_x_ptr + j * 2, lx)
             if HAS_DRAFT_PROBS:
                 q_x = tl.load(draft_probs_ptr + j.to(tl.int64) * draft_probs_stride + xc).to(tl.float32)
                 tl.store(part_x_ptr + j * 2 + 1, q_x)
@@ -245,6 +265,15 @@ def _rejection_sample_kernel(
             tl.store(rec_j_ptr + req, -1)
 
 
+def temp_mode_of(temperature, inv_temperature, dummy):
+    """(TEMP_MODE, pointer argument) of the launchers."""
+    if temperature is not None:
+        return 1, temperature
+    if inv_temperature is not None:
+        return 2, inv_temperature
+    return 0, dummy
+
+
 def chunk_size(vocab: int) -> int:
     """Vocabulary entries per program: 8192, or about a quarter of a small vocabulary.
 
@@ -262,7 +291,9 @@ def rejection_sample_pass(
     draft_probs: torch.Tensor | None,    # [T, V] or None (n-gram drafts: q = one-hot)
     cu_num_draft_tokens: torch.Tensor,   # [num_reqs] int32/int64
     bonus_token_ids: torch.Tensor,       # [num_reqs] int
-    temperature: torch.Tensor | None,    # [num_reqs] fp32, None: logits already scaled
+    temperature: torch.Tensor | None,    # [num_reqs] fp32 T, or None
+    inv_temperature: torch.Tensor | None,  # [T] fp32 1/T per target row, or None (not both)
+    threshold: torch.Tensor | None,      # [T] fp32 kept set {scaled logit >= threshold}, or None
     is_greedy: torch.Tensor | bool,      # [num_reqs] bool, or True / False for the whole batch
     seeds: torch.Tensor | None,          # [num_reqs] int64 (None: no seeded request)
     has_seed: torch.Tensor | None,       # [num_reqs] bool
@@ -295,6 +326,7 @@ def rejection_sample_pass(
     part_x = ws_f[3 * f:3 * f + 2 * nt]
     rec_ms = ws_f[3 * f + 2 * nt:].view(num_reqs, 2)
     part_idx, part_kidx, rec_j = ws_i[:f], ws_i[f:2 * f], ws_i[2 * f:]
+    temp_mode, temp_arg = temp_mode_of(temperature, inv_temperature, logits)
     greedy_mode = 0 if isinstance(is_greedy, torch.Tensor) else (1 if is_greedy else 2)
     dummy = draft_token_ids
     grid = (num_reqs * max(max_k, 1), num_splits)
@@ -306,7 +338,7 @@ def rejection_sample_pass(
         draft_probs if draft_probs is not None else logits,
         draft_probs.stride(0) if draft_probs is not None else 0,
         cu_num_draft_tokens, bonus_token_ids,
-        temperature if temperature is not None else logits,
+        temp_arg, threshold if threshold is not None else logits,
         is_greedy if greedy_mode == 0 else dummy,
         seeds if seeds is not None else step, has_seed if has_seed is not None else step,
         positions if positions is not None else step,
@@ -316,7 +348,7 @@ def rejection_sample_pass(
         MAX_K=max_k, GRID_K=max(max_k, 1), NUM_SPLITS=num_splits, CHUNK=chunk, BLOCK=block,
         OUT_BLOCK=triton.next_power_of_2(max_k + 1), SPLIT_BLOCK=triton.next_power_of_2(num_splits),
         HAS_TARGET_ROWS=target_rows is not None, HAS_DRAFT_PROBS=draft_probs is not None,
-        HAS_TEMPERATURE=temperature is not None, GREEDY_MODE=greedy_mode,
+        TEMP_MODE=temp_mode, HAS_THRESHOLD=threshold is not None, GREEDY_MODE=greedy_mode,
         HAS_SEEDS=seeds is not None, FUSE_RACE=fuse_race,
         num_warps=4,
     )

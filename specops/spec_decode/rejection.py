@@ -43,6 +43,8 @@ def rejection_sample(
     target_rows: torch.Tensor | None = None,   # [T] int32/int64 rows of logits to verify with
     draft_probs: torch.Tensor | None = None,   # [T, V] fp32/bf16/fp16 draft distributions
     temperature: torch.Tensor | None = None,   # [num_reqs] fp32, > 0 for random requests
+    inv_temperature: torch.Tensor | None = None,  # [T] fp32 1/T per draft row (instead of temperature)
+    threshold: torch.Tensor | None = None,     # [T] fp32 per draft row: scaled logits below are dropped
     is_greedy: torch.Tensor | bool = False,    # [num_reqs] bool, or one flag for the batch
     seeds: torch.Tensor | None = None,         # [num_reqs] int64 request seeds
     has_seed: torch.Tensor | None = None,      # [num_reqs] bool
@@ -85,8 +87,14 @@ def rejection_sample(
     draft_probs : torch.Tensor, optional
         Draft distributions (rows sum to 1); None for n-gram style drafts.
     temperature : torch.Tensor, optional
-        Per-request temperature applied inside the kernel (ignored for greedy requests);
-        None when the logits are already scaled.
+        Per-request temperature applied inside the kernel as logits * (1 / T) (ignored for
+        greedy requests); None when the logits are already scaled.
+    inv_temperature : torch.Tensor, optional
+        Per-draft-row 1 / T instead of ``temperature`` (the Sampler's convention; values of
+        greedy requests are ignored).
+    threshold : torch.Tensor, optional
+        Per-draft-row truncation of random rows (top-k / top-p / min-p): tokens whose
+        scaled logit is below it have probability 0 (e.g. ``SampleResult.threshold``).
     is_greedy : torch.Tensor or bool
         Per-request greedy flags, or one flag for every request.
     seeds, has_seed, positions : torch.Tensor, optional
@@ -159,6 +167,12 @@ def rejection_sample(
             raise ValueError(f"draft_probs must be on {device}, got {draft_probs.device}")
     if temperature is not None:
         _check_1d("temperature", temperature, num_reqs, (torch.float32,), device)
+        if inv_temperature is not None:
+            raise ValueError("give temperature or inv_temperature, not both")
+    if inv_temperature is not None:
+        _check_1d("inv_temperature", inv_temperature, num_drafts, (torch.float32,), device)
+    if threshold is not None:
+        _check_1d("threshold", threshold, num_drafts, (torch.float32,), device)
     if isinstance(is_greedy, torch.Tensor):
         _check_1d("is_greedy", is_greedy, num_reqs, (torch.bool,), device)
     elif not isinstance(is_greedy, bool):
@@ -190,7 +204,8 @@ def rejection_sample(
     if backend == "torch":
         return rejection_sample_torch(
             logits, draft_token_ids, cu_num_draft_tokens, max_spec_len, bonus_token_ids,
-            target_rows=target_rows, draft_probs=draft_probs, temperature=temperature, is_greedy=is_greedy,
+            target_rows=target_rows, draft_probs=draft_probs, temperature=temperature,
+            inv_temperature=inv_temperature, threshold=threshold, is_greedy=is_greedy,
             seeds=seeds, has_seed=has_seed, positions=positions, step=step, engine_seed=engine_seed)
 
     out = torch.empty((num_reqs, max_spec_len + 1), dtype=torch.int32, device=device)
@@ -208,7 +223,7 @@ def rejection_sample(
     fuse = bool(fuse_recover) and draft_probs is None and is_greedy is not True
     args = dict(target_rows=target_rows, draft_token_ids=draft_token_ids.contiguous(),
                 draft_probs=draft_probs, cu_num_draft_tokens=cu_num_draft_tokens.contiguous(),
-                temperature=temperature, seeds=seeds, has_seed=has_seed, positions=positions,
+                temperature=temperature, inv_temperature=inv_temperature, threshold=threshold, seeds=seeds, has_seed=has_seed, positions=positions,
                 step=step, engine_seed=engine_seed)
     chunk = chunk_size(vocab)
     rec_j, rec_ms = rejection_sample_pass(out, logits, bonus_token_ids=bonus_token_ids.contiguous(),

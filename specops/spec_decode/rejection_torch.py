@@ -50,6 +50,8 @@ def rejection_sample_torch(
     target_rows: torch.Tensor | None = None,   # [T] int rows of logits (None: logits is [T, V])
     draft_probs: torch.Tensor | None = None,   # [T, V]
     temperature: torch.Tensor | None = None,   # [num_reqs] float
+    inv_temperature: torch.Tensor | None = None,  # [T] fp32
+    threshold: torch.Tensor | None = None,     # [T] fp32
     is_greedy: torch.Tensor | bool = False,    # [num_reqs] bool or one flag for all
     seeds: torch.Tensor | None = None,         # [num_reqs] int64
     has_seed: torch.Tensor | None = None,      # [num_reqs] bool
@@ -82,9 +84,18 @@ def rejection_sample_torch(
         greedy = is_greedy.bool()[req]
     else:
         greedy = torch.full_like(req, bool(is_greedy), dtype=torch.bool)
-    rows = (logits[target_rows.long()] if target_rows is not None else logits).double()  # [T, V]
-    temp = torch.ones_like(rows[:, 0]) if temperature is None else temperature.double()[req]
-    scaled = rows / torch.where(greedy, torch.ones_like(temp), temp)[:, None]
+    rows = (logits[target_rows.long()] if target_rows is not None else logits).float()   # [T, V]
+    inv = torch.ones_like(rows[:, 0])
+    if temperature is not None:
+        inv = 1.0 / temperature.float()[req]
+    elif inv_temperature is not None:
+        inv = inv_temperature.float()
+    inv = torch.where(greedy, torch.ones_like(inv), inv)
+    scaled = rows * inv[:, None]                        # fp32, as the kernels and the Sampler scale
+    if threshold is not None:
+        thr = torch.where(greedy, float("-inf"), threshold.float())
+        scaled = torch.where(scaled >= thr[:, None], scaled, float("-inf"))
+    scaled = scaled.double()
     p = torch.softmax(scaled, dim=1)
 
     x = draft_token_ids.long()
@@ -96,7 +107,7 @@ def rejection_sample_torch(
                                           torch.zeros_like(row_seeds))[0]).double()
     p_x = torch.where(valid, p.gather(1, xc)[:, 0], torch.zeros_like(u))
     q_x = draft_probs.double().gather(1, xc)[:, 0] if draft_probs is not None else torch.ones_like(u)
-    target_argmax = torch.argmax(rows, dim=1)
+    target_argmax = torch.argmax(rows, dim=1)          # greedy rows: unscaled, unmasked
     accepted = torch.where(greedy, valid & (x == target_argmax), valid & (p_x > 0) & (p_x >= u * q_x))
 
     # the token each row emits if it is its request's first rejection
