@@ -38,6 +38,7 @@ OUT=${OUT:-$ROOT/.gpu_out}
 WORK=${GPU_CHECK_WORK:-/tmp/gpu_check}
 PY=${PYTHON:-python3}
 rm -rf "$WORK" && mkdir -p "$WORK/bench_logs" "$OUT"
+rm -f "$OUT"/{summary.txt,pytest.log,bench.log,junit.xml,results.tar.gz}
 
 # ---------------------------------------------------------------- environment
 SITE=${GPU_SITE:-/tmp/site}
@@ -245,7 +246,7 @@ if junit.exists():
                 e = case.find(kind)
                 if e is not None:
                     msg = (e.get("message") or "").splitlines()[0][:160] if e.get("message") else ""
-                    bad.append(f"  {kind.upper()[:4]} {case.get('classname')}::{case.get('name')}  {msg}")
+                    bad.append(f"  {'FAIL' if kind == 'failure' else 'ERR '} {case.get('classname')}::{case.get('name')}  {msg}")
         out += bad[:25] + ([f"  ... {len(bad) - 25} more"] if len(bad) > 25 else [])
     except Exception as e:  # noqa: BLE001
         out.append(f"--- pytest: junit.xml unreadable: {e}")
