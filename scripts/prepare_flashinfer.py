@@ -88,6 +88,11 @@ def libcuda_stub(work: Path) -> Path:
     return d
 
 
+def _lists(args: argparse.Namespace) -> tuple[list[str], list[int]]:
+    return ([d for d in args.prefill_dtypes.split(",") if d],
+            [int(x) for x in args.head_dims.split(",") if x])
+
+
 def module_specs(prefill_dtypes: list[str], head_dims: list[int]):
     """FlashInfer's own JIT specs for the modules specops uses, in build order."""
     import torch
@@ -109,7 +114,7 @@ def module_specs(prefill_dtypes: list[str], head_dims: list[int]):
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    specs = module_specs(args.prefill_dtypes.split(","), [int(x) for x in args.head_dims.split(",")])
+    specs = module_specs(*_lists(args))
     failed = []
     for spec in specs:
         spec.write_ninja()
@@ -172,7 +177,7 @@ def _loaded_python_files(pkg_root: Path) -> set[Path]:
 def cmd_pack(args: argparse.Namespace) -> int:
     full = Path(args.full_root).resolve()
     pkg = full / "flashinfer"
-    specs = module_specs(args.prefill_dtypes.split(","), [int(x) for x in args.head_dims.split(",")])
+    specs = module_specs(*_lists(args))
     missing = [s.name for s in specs if not s.jit_library_path.exists()]
     if missing:
         log(f"not built (run `build` first): {missing}")
@@ -184,8 +189,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
         files[p] = p.relative_to(full)
 
     py = _loaded_python_files(pkg)
-    # Whole Python packages whose modules were loaded (catches the lazy imports inside
-    # functions of those packages), except the huge kernel-source trees of unrelated ops.
+    # Every .py of each folder that holds a loaded module (catches lazy imports inside
+    # functions of those packages); folders of unrelated ops stay out.
     dirs = {p.parent for p in py}
     for d in dirs:
         for p in d.glob("*.py"):
@@ -202,17 +207,18 @@ def cmd_pack(args: argparse.Namespace) -> int:
     for p in _needed_sources(specs):
         add(p)
     data = pkg / "data"
-    if args.with_headers:
-        # Headers a JIT fallback (another dtype/head_dim, the independent-stride variant)
-        # needs on the GPU machine: FlashInfer's own include/ plus its vendored CUTLASS, CCCL
-        # and spdlog include trees. Compressed these are a few MiB.
-        for sub in ("include", "cutlass/include", "cutlass/tools/util/include", "spdlog/include",
-                    "cccl/cub", "cccl/libcudacxx/include", "cccl/thrust"):
+    # Headers a JIT fallback on the GPU machine needs (another dtype or head_dim, the
+    # independent-stride prefill, with FI_ALLOW_JIT=1 there): FlashInfer's include/, its
+    # vendored CCCL (which takes precedence over the toolkit's) and spdlog; CUTLASS only on
+    # request (the modules here do not include it). Compressed these are a few MiB.
+    trees = {"include": ["include"], "cccl": ["cccl/cub", "cccl/libcudacxx/include", "cccl/thrust"],
+             "spdlog": ["spdlog/include"], "cutlass": ["cutlass/include", "cutlass/tools/util/include"]}
+    for key in [h for h in args.headers.split(",") if h]:
+        for sub in trees[key]:
             base = data / sub
-            if base.exists():
-                for p in base.rglob("*"):
-                    if p.is_file() and not p.is_symlink():
-                        add(p)
+            for p in base.rglob("*") if base.exists() else []:
+                if p.is_file() and not p.is_symlink():
+                    add(p)
     dist_info = sorted(full.glob("flashinfer_python-*.dist-info"))
     for d in dist_info:
         for p in d.iterdir():
@@ -251,8 +257,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from flashinfer.jit.attention.modules import _gen_batch_prefill_independent_paged_module
 
     log(f"flashinfer {flashinfer.__version__} from {flashinfer.__file__}")
-    dtypes = [d for d in args.prefill_dtypes.split(",") if d]
-    head_dims = [int(x) for x in args.head_dims.split(",") if x]
+    dtypes, head_dims = _lists(args)
     bad = 0
     for spec in module_specs(dtypes, head_dims):
         ok = spec.is_aot and spec.aot_path.exists()
@@ -305,7 +310,8 @@ def main() -> int:
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--jobs", type=int, default=int(os.environ.get("MAX_JOBS", "1")))
     ap.add_argument("--nice", type=int, default=19)
-    ap.add_argument("--with-headers", type=int, default=1)
+    ap.add_argument("--headers", default="include,cccl,spdlog",
+                    help="header trees to pack for a JIT fallback: include,cccl,spdlog,cutlass (or empty)")
     ap.add_argument("--cuda-include", action="append", default=[],
                     help="extra nvcc include folder (repeatable), e.g. the cuRAND headers")
     args = ap.parse_args()
