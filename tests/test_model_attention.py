@@ -71,7 +71,8 @@ def test_torch_attention_matches_dense(device, seqs, block_size, num_heads, num_
     out = paged_attention_torch(q, cache, attn, scale)
     ref = dense_reference(q, k_full, v_full, seqs, scale)
     assert out.shape == q.shape and out.dtype == q.dtype
-    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    tol = 1e-5 if device == "cpu" else 1e-4  # CUDA SDPA kernels reduce in a different order
+    torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
 
 
 def test_write_kv_skips_negative_slots(device):
