@@ -1,0 +1,230 @@
+"""RejectionSampler: speculative-decoding verification with every sampling parameter honoured.
+
+One step's logits hold, per request, K target rows (one per draft) and one bonus row
+(SpecDecodeMetadata). The RejectionSampler
+
+1. samples the bonus rows with the full Sampler (positions + K, penalties counting all
+   K drafts, processors seeing output length + K);
+2. runs the Sampler's processing on the target rows, each row seeing its own request's
+   parameters and history: allowed_token_ids, bad_words (history + earlier drafts),
+   min_tokens (output length + i), logit_bias, custom processors, penalties (output counts
+   plus the drafts before row i), temperature, min_p, top-k and top-p (as a per-row
+   threshold from the Sampler's threshold pass);
+3. verifies the drafts (specops.spec_decode.rejection_sample): greedy rows by argmax,
+   random rows by p(x) >= u q(x) with recovered tokens from max(0, p - q).
+
+When no parameter needs processing (temperature only), step 2 is skipped and the kernels
+read the target rows straight from `logits` (one read per row).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specops.sampling import LogitsRows, Sampler, SamplerOutput, SamplingMetadata
+from specops.sampling.logits_processors.builtin import MinPLogitsProcessor
+from specops.sampling.topk_topp import sample as sample_with_thresholds
+from specops.spec_decode.metadata import SpecDecodeMetadata
+from specops.spec_decode.rejection import rejection_sample
+
+
+@dataclass
+class RejectionSamplerOutput:
+    """Attributes
+    ----------
+    output_token_ids : torch.Tensor
+        [num_reqs, max_spec_len + 1] int32: accepted drafts, then the recovered or bonus
+        token, then -1 (see specops.spec_decode.parse_output).
+    bonus : SamplerOutput
+        The Sampler's output on the bonus rows (tokens, logprobs if requested).
+    """
+
+    output_token_ids: torch.Tensor
+    bonus: SamplerOutput
+
+
+def _active(procs, argmax_invariant: bool) -> list:
+    if procs is None:
+        return []
+    group = procs.argmax_invariant if argmax_invariant else procs.non_argmax_invariant
+    return [p for p in group if not isinstance(p, MinPLogitsProcessor) and p.is_active()]
+
+
+class RejectionSampler:
+    """Verify K draft tokens per request in one pass over the target rows.
+
+    Parameters
+    ----------
+    sampler : Sampler, optional
+        The Sampler used for bonus rows and for processing target rows (default: a new
+        ``Sampler(backend=backend)``).
+    backend : {"auto", "triton", "torch"}
+        Backend of the rejection kernels ("auto": Triton on CUDA, torch elsewhere).
+
+    Examples
+    --------
+    >>> from specops.spec_decode import build_spec_decode_metadata
+    >>> spec = build_spec_decode_metadata([2, 0], [3, 4])          # 2 requests, 2 + 0 drafts
+    >>> md = SamplingMetadata.from_params([0.0, 0.7], vocab_size=100, seeds=[1, None], positions=[10, 4])
+    >>> logits = torch.randn(4, 100)                                # rows: target, target, bonus, bonus
+    >>> out = RejectionSampler()(logits, spec, md, draft_token_ids=torch.tensor([5, 9]))
+    >>> out.output_token_ids.shape
+    torch.Size([2, 3])
+    """
+
+    def __init__(self, sampler: Sampler | None = None, backend: str = "auto"):
+        if backend not in ("auto", "triton", "torch"):
+            raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+        self.sampler = sampler if sampler is not None else Sampler(backend=backend)
+        self.backend = backend
+
+    def __call__(
+        self,
+        logits: torch.Tensor,                       # [T + num_reqs, V] logits at spec.logits_indices
+        spec: SpecDecodeMetadata,
+        metadata: SamplingMetadata,                 # one row per request
+        draft_token_ids: torch.Tensor | None = None,  # [T] int (default: spec.draft_token_ids)
+        draft_probs: torch.Tensor | None = None,    # [T, V] draft distributions, None for n-gram drafts
+        draft_token_lists: list[list[int]] | None = None,  # host copy of the drafts per request
+    ) -> RejectionSamplerOutput:
+        """Verify the drafts of every request; see the module docstring.
+
+        Parameters
+        ----------
+        logits : torch.Tensor
+            The step's logits at ``spec.logits_indices`` (target and bonus rows interleaved
+            per request, as ``spec.target_logits_indices`` / ``bonus_logits_indices`` say).
+        spec : SpecDecodeMetadata
+        metadata : SamplingMetadata
+            Per-request sampling parameters (row r = request r). ``token_positions`` are
+            the positions of each request's first draft. With logits processors,
+            ``metadata.rows`` must give each request's persistent index and output length.
+        draft_token_ids : torch.Tensor, optional
+            [T] drafts (default ``spec.draft_token_ids``).
+        draft_probs : torch.Tensor, optional
+            [T, V] probabilities the drafts were sampled from.
+        draft_token_lists : list of list of int, optional
+            Host copy of each request's drafts, used by bad_words and logits processors
+            (read back from the device when needed and not given).
+
+        Returns
+        -------
+        RejectionSamplerOutput
+        """
+        counts = list(spec.num_draft_tokens)
+        num_reqs, total = len(counts), sum(counts)
+        if draft_token_ids is None:
+            draft_token_ids = spec.draft_token_ids
+        if draft_token_ids is None:
+            raise ValueError("draft_token_ids is required when spec has none (build it with input_ids)")
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[0] != total + num_reqs:
+            raise ValueError(f"logits must be [{total + num_reqs}, vocab] (target + bonus rows), got "
+                             f"{tuple(logits.shape) if isinstance(logits, torch.Tensor) else logits!r}")
+        if metadata.num_rows != num_reqs:
+            raise ValueError(f"metadata has {metadata.num_rows} rows, expected one per request ({num_reqs})")
+        if tuple(draft_token_ids.shape) != (total,):
+            raise ValueError(f"draft_token_ids must have shape [{total}], got {tuple(draft_token_ids.shape)}")
+        device, vocab = logits.device, logits.shape[1]
+        md = metadata
+        procs = md.logitsprocs
+        history_procs = _active(procs, False) + _active(procs, True)
+        min_p_proc = procs.get(MinPLogitsProcessor) if procs is not None else None
+        uses_min_p = md.min_p is not None or (min_p_proc is not None and min_p_proc.num_active > 0)
+        filters = not md.all_greedy and (md.top_k is not None or md.top_p is not None or uses_min_p)
+        needs_drafts_on_host = bool(md.bad_words_token_ids) or bool(history_procs)
+        if (history_procs or uses_min_p) and md.rows is None:
+            raise ValueError("metadata.rows (LogitsRows: persistent index and output length of each request) "
+                             "is required when logits processors are active")
+        if needs_drafts_on_host and draft_token_lists is None:
+            flat = draft_token_ids.tolist()   # host sync: bad_words / custom processors work on host lists
+            starts = [sum(counts[:r]) for r in range(num_reqs)]
+            draft_token_lists = [flat[s:s + c] for s, c in zip(starts, counts)]
+        if draft_token_lists is not None and [len(d) for d in draft_token_lists] != counts:
+            raise ValueError("draft_token_lists must hold num_draft_tokens[r] drafts for every request r")
+
+        cu = spec.cu_num_draft_tokens.to(device)
+        row_req = [r for r, c in enumerate(counts) for _ in range(c)]
+        within = [i for c in counts for i in range(c)]
+
+        # 1. bonus rows: the full Sampler, positions + K, history + all K drafts
+        b_md = md.expand(list(range(num_reqs)), position_offsets=counts,
+                         rows=self._rows(md, list(range(num_reqs)), counts, draft_token_lists, full=True),
+                         output_token_ids=self._history(md, list(range(num_reqs)), counts, draft_token_lists)
+                         if md.bad_words_token_ids else None)
+        if not md.no_penalties:
+            self._count_drafts(b_md, list(range(num_reqs)), counts, counts, draft_token_ids)
+        bonus = self.sampler(logits[spec.bonus_logits_indices.to(device).long()], b_md)
+
+        greedy = True if md.all_greedy else (False if md.all_random else md.temperature == 0)
+        keys = dict(seeds=md.request_seeds, has_seed=md.has_seed, positions=md.token_positions, step=md.step,
+                    engine_seed=md.engine_seed)
+        target_idx = spec.target_logits_indices.to(device).long()
+        needs_processing = (filters or md.allowed_token_mask is not None or bool(md.bad_words_token_ids)
+                            or not md.no_penalties or bool(history_procs))
+        if not needs_processing:
+            # temperature only: the kernels read the target rows in place
+            out = rejection_sample(
+                logits, draft_token_ids, cu, spec.max_spec_len, bonus.sampled_token_ids,
+                target_rows=target_idx, draft_probs=draft_probs,
+                temperature=None if md.all_greedy else md.temperature, is_greedy=greedy,
+                backend=self.backend, **keys)
+            return RejectionSamplerOutput(out, bonus)
+
+        # 2. target rows: each row with its request's parameters and the drafts before it
+        t_md = md.expand(row_req, position_offsets=within,
+                         rows=self._rows(md, row_req, within, draft_token_lists, full=False),
+                         output_token_ids=self._history(md, row_req, within, draft_token_lists)
+                         if md.bad_words_token_ids else None)
+        if not md.no_penalties:
+            self._count_drafts(t_md, row_req, within, counts, draft_token_ids)
+        processed = self.sampler.process(logits[target_idx], t_md)   # a gathered copy: may be written
+        threshold = None
+        if filters and total:
+            res = sample_with_thresholds(processed.logits, processed.inv_temperature, t_md.top_k, t_md.top_p,
+                                         processed.min_p, t_md.seeds, t_md.positions,
+                                         backend=self.sampler.backend)
+            threshold = res.threshold
+        out = rejection_sample(
+            processed.logits, draft_token_ids, cu, spec.max_spec_len, bonus.sampled_token_ids,
+            draft_probs=draft_probs, inv_temperature=processed.inv_temperature, threshold=threshold,
+            is_greedy=greedy, backend=self.backend, **keys)
+        return RejectionSamplerOutput(out, bonus)
+
+    # ---- per-row history ------------------------------------------------------------------
+
+    @staticmethod
+    def _rows(md: SamplingMetadata, row_req: list[int], num_before: list[int],
+              drafts: list[list[int]] | None, full: bool) -> LogitsRows | None:
+        """LogitsRows of new rows: request row_req[j] with num_before[j] drafts before it."""
+        if md.rows is None:
+            return None
+        preceding = None
+        if drafts is not None:
+            preceding = [list(drafts[r][:n]) for r, n in zip(row_req, num_before)]
+        return LogitsRows([md.rows.req_indices[r] for r in row_req],
+                          [md.rows.num_output_tokens[r] + n for r, n in zip(row_req, num_before)],
+                          preceding)
+
+    @staticmethod
+    def _history(md: SamplingMetadata, row_req: list[int], num_before: list[int],
+                 drafts: list[list[int]]) -> list[list[int]]:
+        base = md.output_token_ids or [[] for _ in range(md.num_rows)]
+        return [list(base[r]) + list(drafts[r][:n]) for r, n in zip(row_req, num_before)]
+
+    @staticmethod
+    def _count_drafts(md: SamplingMetadata, row_req: list[int], num_before: list[int], counts: list[int],
+                      draft_token_ids: torch.Tensor) -> None:
+        """Add the drafts before each row to its (gathered, private) output counts."""
+        starts = [0] * len(counts)
+        for r in range(1, len(counts)):
+            starts[r] = starts[r - 1] + counts[r - 1]
+        rows = [j for j, n in enumerate(num_before) for _ in range(n)]
+        pos = [starts[row_req[j]] + k for j, n in enumerate(num_before) for k in range(n)]
+        if not rows:
+            return
+        device = md.output_counts.device
+        tokens = draft_token_ids.to(device)[torch.tensor(pos).to(device)]
+        from specops.ops import token_bincount_update_
+        token_bincount_update_(md.output_counts, torch.tensor(rows).to(device), tokens)
