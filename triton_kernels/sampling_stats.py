@@ -23,7 +23,7 @@ from .sampling_common import select_word
 _BIG = tl.constexpr(2147483647)
 
 
-@triton.jit(do_not_specialize=["stride_row", "TILES_PER_PROG", "S", "stream"])
+@triton.jit(do_not_specialize=["NT", "TILES_PER_PROG", "S", "stream"])
 def _row_stats_kernel(
     logits_ptr, stride_row,       # [R, V] fp32/bf16/fp16, unit column stride
     inv_temp_ptr,                 # [R] fp32: 1/T, -1 on greedy rows

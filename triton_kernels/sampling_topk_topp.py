@@ -221,7 +221,7 @@ def _find_threshold(row, tm_row, list_row, cand_row, V, NT, scale, m, mode_mass,
     return result
 
 
-@triton.jit(do_not_specialize=["stride_row", "S", "stream"])
+@triton.jit(do_not_specialize=["NT", "S", "stream"])
 def _sample_resolve_kernel(
     logits_ptr, stride_row,            # [R, V] fp32/bf16/fp16, unit column stride
     inv_temp_ptr,                      # [R] fp32: 1/T, -1 on greedy rows
@@ -281,7 +281,7 @@ def _sample_resolve_kernel(
         elif (~has_k) & (~has_p) & (~has_mp):
             tok = bidx
         else:
-            tau = tl.where(has_mp, m + tl.log(mp), float("-inf"))
+            tau = tl.where(has_mp, m + tl.log(tl.where(has_mp, mp, 1.0)), float("-inf"))
             if has_k | has_p:
                 # guesses of lower bounds of the cuts, from the sorted tile maxima alone
                 t = tl.arange(0, NT_P2)
@@ -379,6 +379,6 @@ def sample_top_k_top_p_triton(
         seeds, positions, tile_max, part_f, part_i, tile_list, cand,
         tokens, thr, rmax, lnorm,
         V, NT, S, stream,
-        TILE=tile, G=G, NT_P2=NT_P2, S_P2=MAX_CHUNKS if S > 1 else 2, CAP=cap, num_warps=8,
+        TILE=tile, G=G, NT_P2=NT_P2, S_P2=MAX_CHUNKS, CAP=cap, num_warps=8,
     )
     return tokens, thr, rmax, lnorm

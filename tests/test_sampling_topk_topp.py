@@ -1,0 +1,371 @@
+"""Top-k / top-p / min-p and the exponential-noise draw.
+
+- The sort-based reference against an independent brute-force target: empirical token
+  frequencies over many draws (one call over thousands of rows that share logits and
+  differ in position) pass a chi-square test at false-failure probability ~1e-6 per
+  case; masked tokens are never drawn; greedy rows equal the argmax.
+- The fused Triton passes (interpreter on CPU at small shapes, compiled on CUDA at full
+  shapes) against the reference: same thresholds, same tokens (up to float near-ties of
+  the noise argmax, which are checked to be ties), every path reached (direct, candidate,
+  bisection fallback, tiny candidate capacity).
+- Seeded rows repeat and do not depend on the batch; invalid rows give -1.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from specops import rng
+from specops.sampling import SamplingMetadata, row_thresholds_torch, sample, sample_torch
+from specops.sampling.sampler_torch import scale_logits
+
+CUDA = torch.cuda.is_available()
+Z_1E6 = 4.753  # one-sided standard normal quantile for probability 1e-6
+
+
+# ---- helpers -------------------------------------------------------------------------------
+
+def fresh_gen() -> torch.Generator:
+    """A generator seeded from torch's global RNG (which conftest seeds and prints)."""
+    return torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+
+
+def mixed_params(R: int, V: int, gen: torch.Generator, greedy_frac=0.15, device="cpu"):
+    """Per-row parameters: greedy and random rows, each filter on in about half the rows."""
+    u = lambda: torch.rand(R, generator=gen)  # noqa: E731
+    temp = torch.where(u() < 0.5, 0.5 + u(), torch.ones(R))
+    inv = torch.where(u() < greedy_frac, torch.full((R,), -1.0), 1.0 / temp)
+    k = torch.where(u() < 0.5, torch.randint(1, max(2, V), (R,), generator=gen), torch.zeros(R, dtype=torch.int64))
+    k = torch.where(u() < 0.3, torch.randint(1, 6, (R,), generator=gen), k)
+    p = torch.where(u() < 0.5, 0.3 + 0.69 * u(), torch.ones(R))
+    mp = torch.where(u() < 0.3, 0.2 * u(), torch.zeros(R))
+    seeds = torch.randint(-2**62, 2**62, (R,), generator=gen)
+    pos = torch.randint(0, 2**32, (R,), generator=gen)
+    return [t.to(device) for t in (inv.float(), k.to(torch.int32), p.float(), mp.float(), seeds, pos)]
+
+
+def noise_scores(x: torch.Tensor, tau: torch.Tensor, seeds, positions) -> torch.Tensor:
+    """exp(x - max) / E on kept tokens, 0 elsewhere ([R, V] fp64, reference noise)."""
+    e = rng.vocab_noise(seeds.cpu(), positions.cpu(), rng.STREAM_SAMPLE, x.shape[1]).double()
+    x = x.double().cpu()
+    s = torch.exp(x - x.max(dim=-1, keepdim=True).values) / e
+    return torch.where(x >= tau.double().cpu().unsqueeze(1), s, torch.zeros_like(s))
+
+
+def assert_same_draw(a, b, logits, inv, seeds, positions):
+    """Kernel result `a` equals reference `b`: thresholds exactly, tokens up to noise near-ties."""
+    bad = torch.isnan(b.threshold)
+    assert torch.equal(torch.isnan(a.threshold), bad)
+    assert torch.equal(a.tokens[bad], b.tokens[bad]) and bool((b.tokens[bad] == -1).all())
+    ok = ~bad
+    assert torch.equal(a.threshold[ok].cpu(), b.threshold[ok].cpu()), (a.threshold, b.threshold)
+    torch.testing.assert_close(a.row_max[ok].cpu(), b.row_max[ok].cpu())
+    torch.testing.assert_close(a.log_norm[ok].cpu(), b.log_norm[ok].cpu(), rtol=1e-4, atol=1e-4)
+    diff = (a.tokens != b.tokens).nonzero().flatten().cpu()
+    if len(diff):
+        x = scale_logits(logits, inv)[diff]
+        s = noise_scores(x, b.threshold[diff], seeds[diff], positions[diff])
+        sa = s.gather(1, a.tokens[diff].cpu().clamp(min=0).unsqueeze(1)).squeeze(1)
+        sb = s.gather(1, b.tokens[diff].cpu().clamp(min=0).unsqueeze(1)).squeeze(1)
+        greedy = inv[diff].cpu() <= 0
+        assert not bool(greedy.any()), "greedy rows must agree exactly"
+        assert bool((sa >= sb * (1 - 1e-5)).all()), f"rows {diff.tolist()}: kernel {sa} vs reference {sb}"
+    assert len(diff) <= max(1, len(a.tokens) // 100)
+
+
+def exact_target(logits_row: np.ndarray, inv_t: float, k: int, p: float, mp: float) -> np.ndarray:
+    """The truncated distribution by definition (brute force, float64, independent code)."""
+    x = (logits_row.astype(np.float32) * np.float32(inv_t)).astype(np.float64)
+    V = len(x)
+    m = x.max()
+    keep = x > -np.inf
+    if mp > 0:
+        keep &= x >= float(np.float32(m) + np.log(np.float32(mp)))
+    if 0 < k < V:
+        kth = np.sort(x[keep])[::-1][k - 1] if keep.sum() >= k else -np.inf
+        keep &= x >= kth
+    if p < 1:
+        w = np.where(keep, np.exp(x - m), 0.0)
+        za = w.sum()
+        above = np.array([w[(x > x[i]) & keep].sum() for i in range(V)])
+        keep &= above < p * za
+    w = np.where(keep, np.exp(x - m), 0.0)
+    return w / w.sum()
+
+
+def chi2_ok(counts: np.ndarray, probs: np.ndarray) -> tuple[bool, float, float]:
+    """Chi-square goodness of fit, bins with expected < 5 merged; threshold at p ~ 1e-6."""
+    n = counts.sum()
+    exp = probs * n
+    big = exp >= 5
+    obs_b = list(counts[big]) + [counts[~big].sum()]
+    exp_b = list(exp[big]) + [exp[~big].sum()]
+    pairs = [(o, e) for o, e in zip(obs_b, exp_b) if e > 0]
+    stat = sum((o - e) ** 2 / e for o, e in pairs)
+    df = max(1, len(pairs) - 1)
+    q = df * (1 - 2 / (9 * df) + Z_1E6 * math.sqrt(2 / (9 * df))) ** 3  # Wilson-Hilferty
+    return stat < q, stat, q
+
+
+# ---- the reference, statistically ----------------------------------------------------------
+
+DISTRIBUTIONS = {
+    "flat": lambda g, V: torch.randn(V, generator=g) * 0.3,
+    "peaked": lambda g, V: torch.randn(V, generator=g) * 3.0,
+    "llm_like": lambda g, V: torch.randn(V, generator=g) * 1.5 + 8.0 * (torch.rand(V, generator=g) < 0.1),
+    "ties": lambda g, V: torch.randint(0, 4, (V,), generator=g).float(),
+}
+PARAMS = [  # (temperature, top_k, top_p, min_p)
+    (1.0, 0, 1.0, 0.0), (0.7, 5, 1.0, 0.0), (1.3, 0, 0.6, 0.0), (1.0, 0, 1.0, 0.15),
+    (0.9, 12, 0.8, 0.02), (1.0, 3, 0.5, 0.3),
+]
+
+
+CASES = [(d, PARAMS[(i + j) % len(PARAMS)]) for i, d in enumerate(sorted(DISTRIBUTIONS)) for j in range(0, 6, 2)]
+
+
+@pytest.mark.parametrize("dist,params", CASES)
+def test_reference_matches_exact_target(dist, params):
+    g = fresh_gen()
+    V, N = 32, 16000
+    row = DISTRIBUTIONS[dist](g, V)
+    temp, k, p, mp = params
+    md = SamplingMetadata.from_params([temp] * N, vocab_size=V, top_k=[k] * N, top_p=[p] * N, min_p=[mp] * N,
+                                      seeds=[4242] * N, positions=list(range(N)))
+    res = sample_torch(row.expand(N, V), md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions)
+    target = exact_target(row.numpy(), float(md.inv_temperature[0]), k, p, mp)
+    counts = np.bincount(res.tokens.numpy(), minlength=V)
+    assert counts[target == 0].sum() == 0, "a masked token was drawn"
+    ok, stat, q = chi2_ok(counts, target)
+    assert ok, f"chi-square {stat:.1f} >= {q:.1f} ({dist}, {params})"
+    # the processed distribution reported with the draw is the target
+    x = scale_logits(row.unsqueeze(0), md.inv_temperature[:1])[0].double()
+    lp = torch.where(x >= res.threshold[0].double(), x - res.row_max[0] - res.log_norm[0], -torch.inf)
+    np.testing.assert_allclose(torch.exp(lp).numpy(), target, atol=1e-5)
+
+
+def test_reference_detects_a_wrong_sampler():
+    # Guard of the statistical test itself: dropping the top-p boundary token must fail.
+    g = fresh_gen()
+    V, N = 40, 20000
+    row = torch.randn(V, generator=g)
+    target = exact_target(row.numpy(), 1.0, 0, 0.6, 0.0)
+    wrong = target.copy()
+    wrong[np.argmin(np.where(target > 0, target, np.inf))] = 0
+    wrong /= wrong.sum()
+    draws = np.random.default_rng(0).choice(V, size=N, p=wrong)
+    assert not chi2_ok(np.bincount(draws, minlength=V), target)[0]
+
+
+def test_unseeded_rows_draw_the_target_too():
+    g = fresh_gen()
+    V, N = 30, 20000
+    row = torch.randn(V, generator=g) * 2
+    md = SamplingMetadata.from_params([0.8] * N, vocab_size=V, top_p=[0.9] * N, engine_seed=99, step=5)
+    res = sample_torch(row.expand(N, V), md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions)
+    target = exact_target(row.numpy(), float(md.inv_temperature[0]), 0, 0.9, 0.0)
+    assert chi2_ok(np.bincount(res.tokens.numpy(), minlength=V), target)[0]
+
+
+def test_reference_greedy_rows_take_argmax_and_ignore_filters():
+    g = fresh_gen()
+    logits = torch.randn(64, 100, generator=g)
+    inv = torch.full((64,), -1.0)
+    k = torch.full((64,), 3, dtype=torch.int32)
+    res = sample_torch(logits, inv, k, torch.full((64,), 0.5), None, torch.arange(64), torch.zeros(64, dtype=torch.int64))
+    assert torch.equal(res.tokens, logits.argmax(dim=-1))
+    assert bool((res.threshold == -torch.inf).all())
+
+
+def test_thresholds_keep_ties():
+    x = torch.tensor([[3.0, 1.0, 3.0, 2.0, 2.0, 2.0, 0.0]])
+    k1 = torch.tensor([1], dtype=torch.int32)
+    assert row_thresholds_torch(x, k1, None, None).item() == 3.0  # both 3.0 kept
+    k3 = torch.tensor([3], dtype=torch.int32)
+    assert row_thresholds_torch(x, k3, None, None).item() == 2.0  # all three 2.0 kept with k=3
+    # top-p: the two 3.0 carry 2e^3/(2e^3+3e^2+e+1) ~ 0.62 of the mass; p = 0.5 keeps both
+    assert row_thresholds_torch(x, None, torch.tensor([0.5]), None).item() == 3.0
+    assert row_thresholds_torch(x, None, torch.tensor([0.7]), None).item() == 2.0
+
+
+# ---- the Triton passes against the reference ----------------------------------------------
+
+SMALL_CASES = [  # (V, tile, cap, chunks): every path of pass 2 at a small vocabulary
+    (17, 4, 16, 1),
+    (257, 16, 64, 3),
+    (257, 32, 16, 2),      # cap 16: most filtered rows overflow and take the bisection
+    (1000, 32, 128, 4),
+]
+
+
+@pytest.mark.skipif(CUDA, reason="small shapes run under the interpreter; CUDA runs the full shapes")
+@pytest.mark.parametrize("V,tile,cap,chunks", SMALL_CASES)
+def test_triton_matches_reference_small(V, tile, cap, chunks):
+    g = fresh_gen()
+    R = 10
+    dist = list(DISTRIBUTIONS.values())
+    logits = torch.stack([dist[i % len(dist)](g, V) for i in range(R)]) * 2
+    inv, k, p, mp, seeds, pos = mixed_params(R, V, g)
+    a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", tile=tile, cap=cap, num_chunks=chunks)
+    b = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")
+    assert_same_draw(a, b, logits, inv, seeds, pos)
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter test")
+def test_triton_half_precision_strides_and_broadcast_rows():
+    g = fresh_gen()
+    V, R = 300, 6
+    inv, k, p, mp, seeds, pos = mixed_params(R, V, g, greedy_frac=0.2)
+    wide = torch.randn(R, V + 13, generator=g) * 2
+    cases = [wide[:, :V],                                     # row stride != V
+             torch.randn(1, V, generator=g).expand(R, V),     # row stride 0
+             (torch.randn(R, V, generator=g) * 3).bfloat16(),
+             (torch.randn(R, V, generator=g) * 3).half()]
+    for logits in cases:
+        a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", tile=16, cap=64, num_chunks=2)
+        b = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")
+        assert_same_draw(a, b, logits, inv, seeds, pos)
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter test")
+def test_triton_ties_and_masked_tokens():
+    g = fresh_gen()
+    V, R = 200, 6
+    logits = torch.randint(0, 5, (R, V), generator=g).float()
+    logits[:, ::3] = float("-inf")                      # masked tokens
+    logits[5] = float("-inf")
+    logits[5, 1] = 2.0                                  # one finite token
+    inv = torch.tensor([1.0, 1.0, 0.5, 2.0, 1.0, 1.0])
+    k = torch.tensor([1, 7, 0, 30, 0, 4], dtype=torch.int32)
+    p = torch.tensor([1.0, 0.9, 0.4, 1.0, 0.999, 0.5])
+    mp = torch.tensor([0.0, 0.0, 0.0, 0.1, 0.0, 0.0])
+    seeds, pos = torch.arange(R), torch.arange(R) + 100
+    for cap in (16, 256):
+        a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", tile=16, cap=cap, num_chunks=3)
+        b = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")
+        assert_same_draw(a, b, logits, inv, seeds, pos)
+        assert bool((logits.gather(1, a.tokens.unsqueeze(1)) > float("-inf")).all())
+        assert a.tokens[5].item() == 1
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_invalid_rows_give_minus_one(backend):
+    if backend == "triton" and CUDA:
+        pytest.skip("covered by the CUDA full-shape test")
+    V = 50
+    logits = torch.randn(6, V)
+    logits[0, 3] = float("nan")
+    logits[1, 7] = float("inf")
+    logits[2] = float("-inf")
+    logits[3, 9] = float("nan")              # greedy row with a NaN
+    inv = torch.tensor([1.0, 1.0, 1.0, -1.0, 1.0, -1.0])
+    k = torch.tensor([0, 5, 0, 0, 5, 0], dtype=torch.int32)
+    kw = dict(tile=16, cap=32) if backend == "triton" else {}
+    res = sample(logits, inv, k, None, None, torch.arange(6), torch.zeros(6, dtype=torch.int64), backend=backend, **kw)
+    assert res.tokens.tolist()[:4] == [-1, -1, -1, -1]
+    assert res.tokens[4] >= 0 and res.tokens[5] == logits[5].argmax()
+    assert bool(torch.isnan(res.threshold[:4]).all()) and not bool(torch.isnan(res.threshold[4:]).any())
+
+
+def _seed_invariance(backend: str, V: int, kw: dict, device: str = "cpu"):
+    g = fresh_gen()
+    R = 5
+    logits = (torch.randn(R, V, generator=g) * 2).to(device)
+    inv, k, p, mp, seeds, pos = mixed_params(R, V, g, greedy_frac=0.0, device=device)
+    full = sample(logits, inv, k, p, mp, seeds, pos, backend=backend, **kw).tokens
+    again = sample(logits, inv, k, p, mp, seeds, pos, backend=backend, **kw).tokens
+    assert torch.equal(full, again)
+    # row 2 alone, and row 2 moved to the front of different neighbours with other parameters
+    alone = sample(logits[2:3], inv[2:3], k[2:3], p[2:3], mp[2:3], seeds[2:3], pos[2:3], backend=backend, **kw).tokens
+    order = torch.tensor([2, 0, 4], device=device)
+    k2, p2 = k.clone(), p.clone()
+    k2[0], p2[4] = 3, 0.5
+    moved = sample(logits[order], inv[order], k2[order], p2[order], mp[order], seeds[order], pos[order],
+                   backend=backend, **kw).tokens
+    assert full[2] == alone[0] == moved[0]
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_seeded_rows_are_batch_invariant(backend):
+    if backend == "triton" and CUDA:
+        _seed_invariance(backend, 128256, {}, "cuda")
+    else:
+        _seed_invariance(backend, 300, dict(tile=16, cap=64) if backend == "triton" else {})
+
+
+def test_argument_checks():
+    x = torch.randn(3, 10)
+    inv = torch.ones(3)
+    s = torch.zeros(3, dtype=torch.int64)
+    with pytest.raises(TypeError, match="top_k"):
+        sample(x, inv, torch.zeros(3), None, None, s, s)
+    with pytest.raises(ValueError, match="inv_temperature"):
+        sample(x, torch.ones(4), None, None, None, s, s)
+    with pytest.raises(TypeError, match="logits"):
+        sample(x.long(), inv, None, None, None, s, s)
+    with pytest.raises(TypeError, match="seeds and positions"):
+        sample(x, inv)
+    with pytest.raises(ValueError, match="backend"):
+        sample(x, inv, None, None, None, s, s, backend="cuda")
+
+
+# ---- CUDA: full shapes ----------------------------------------------------------------------
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("V,R,dtype", [
+    (128256, 1, torch.float32), (128256, 7, torch.float32), (128256, 512, torch.float32),
+    (128256, 64, torch.bfloat16), (151936, 33, torch.float32), (262144, 9, torch.float32),
+])
+def test_cuda_full_shapes_match_reference(V, R, dtype):
+    g = fresh_gen()
+    base = torch.randn(R, V, generator=g) * 2.5
+    hot = torch.rand(R, V, generator=g) < 3e-4
+    logits = (base + 10.0 * hot).to(dtype).cuda()                   # an LLM-like distribution
+    inv, k, p, mp, seeds, pos = mixed_params(R, V, g, device="cuda")
+    k = torch.where(k > 0, (k % 300) + 1, k).to(torch.int32)         # also a few k > ~1000 below
+    if R >= 64:
+        k[:4] = torch.tensor([2000, 5000, 1, 0], dtype=torch.int32)
+        p[4:8] = torch.tensor([0.99, 0.999, 0.5, 0.95])
+    a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton")
+    b = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")
+    assert_same_draw(a, b, logits, inv, seeds, pos)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_cuda_flat_distribution_fallback_matches_reference():
+    g = fresh_gen()
+    R, V = 16, 128256
+    logits = (torch.randn(R, V, generator=g) * 0.5).cuda()           # top-p keeps most of the vocabulary
+    inv, k, p, mp, seeds, pos = mixed_params(R, V, g, greedy_frac=0.0, device="cuda")
+    p = torch.full((R,), 0.9, device="cuda")
+    a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton")
+    b = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")
+    assert_same_draw(a, b, logits, inv, seeds, pos)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("params", [(0.8, 50, 0.9, 0.0), (1.0, 0, 0.95, 0.0), (1.0, 0, 1.0, 0.0), (0.7, 0, 1.0, 0.05)])
+def test_cuda_kernel_statistics_full_vocab(params):
+    # 16384 draws from one shared row (row stride 0) against the exact target on its support
+    g = fresh_gen()
+    V, N = 128256, 16384
+    row = torch.randn(V, generator=g) * 1.5
+    row[torch.randperm(V, generator=g)[:40]] += torch.linspace(6, 12, 40)
+    temp, k, p, mp = params
+    md = SamplingMetadata.from_params([temp] * N, vocab_size=V, top_k=[k] * N, top_p=[p] * N, min_p=[mp] * N,
+                                      seeds=[77] * N, positions=list(range(N)), device="cuda")
+    logits = row.cuda().unsqueeze(0).expand(N, V)
+    res = sample(logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions,
+                 backend="triton")
+    x = scale_logits(row.unsqueeze(0).cuda(), md.inv_temperature[:1])[0]
+    tau = row_thresholds_torch(x.unsqueeze(0), md.top_k[:1] if md.top_k is not None else None,
+                               md.top_p[:1] if md.top_p is not None else None,
+                               md.min_p[:1] if md.min_p is not None else None)[0]
+    assert res.threshold[0] == tau and bool((res.threshold == tau).all())
+    w = torch.where(x >= tau, torch.exp(x.double() - x.max()), torch.zeros_like(x, dtype=torch.float64))
+    probs = (w / w.sum()).cpu().numpy()
+    counts = np.bincount(res.tokens.cpu().numpy(), minlength=V)
+    assert counts[probs == 0].sum() == 0
+    assert chi2_ok(counts, probs)[0]
