@@ -13,10 +13,11 @@ request's committed tokens. ``propose`` does, for the requests that want drafts:
    (usually the one token sampled last step, plus any accepted drafts it did not write,
    or a whole prompt) and samples draft 1 from its last position; steps 2..K feed the
    previous draft back, one token per request. Sampling is argmax for greedy requests
-   and an exponential race (argmax p / E, E ~ Exp(1) keyed by the request's (seed,
-   position) on Philox stream ``STREAM_DRAFT``) otherwise. Nothing is read back to the
-   host between steps; the draft distributions [num_reqs, K, vocab] are kept for
-   probabilistic verification;
+   and otherwise the specops Sampler's draw (``specops.sampling.topk_topp.sample``: an
+   exponential race argmax p / E, E ~ Exp(1) keyed by the request's (seed, position) on
+   Philox stream ``STREAM_DRAFT``; temperature only, p = softmax(logits / T)). Nothing
+   is read back to the host between steps; the draft distributions [num_reqs, K, vocab]
+   are kept for probabilistic verification;
 3. one copy of the [num_reqs, K] drafts to the host.
 
 The draft model must share the target's tokenizer (same vocabulary size).
@@ -31,7 +32,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from specops import rng
+from specops.sampling.topk_topp import sample as sample_draw
 
 from .proposer import DraftBatch, DraftRequest, ProposeContext, Proposer, check_num_spec_tokens
 
@@ -59,8 +60,8 @@ class _LoopPlan:
     positions: list[torch.Tensor]  # K x ([T1] or [R]) int64
     attn: list  # K x AttnMetadata
     last_index: torch.Tensor  # [R] int64: row of each request's last step-1 token
-    temperature: torch.Tensor | None  # [R] fp32 (> 0 for sampled rows, 1 for greedy rows)
-    is_random: torch.Tensor | None  # [R] bool
+    inv_temperature: torch.Tensor | None  # [R] fp32: 1/T on sampled rows, -1 on greedy rows
+    scale: torch.Tensor | None  # [R] fp32: 1/T on sampled rows, 1 on greedy rows (for the probs)
     noise_seeds: torch.Tensor | None  # [R] int64
     noise_positions: torch.Tensor | None  # [K, R] int64
 
@@ -264,8 +265,9 @@ class DraftModelProposer(Proposer):
             j = np.arange(num_steps, dtype=np.int64)[:, None]
             unseeded = lane[None, :] | ((step * MAX_DRAFT_STEPS + j) & _M32)
             noise_pos = np.where(seeded[None, :], lens[None, :] + j, unseeded)  # seeded: draft j's position
-            plan.temperature = torch.from_numpy(np.where(temps > 0, temps, 1.0).astype(np.float32)).to(dev)
-            plan.is_random = torch.from_numpy(temps > 0).to(dev)
+            inv_t = np.where(temps > 0, 1.0 / np.maximum(temps, 1e-30), -1.0).astype(np.float32)
+            plan.inv_temperature = torch.from_numpy(inv_t).to(dev)  # the Sampler's convention: -1 = greedy
+            plan.scale = torch.from_numpy(np.where(temps > 0, inv_t, 1.0).astype(np.float32)).to(dev)
             plan.noise_seeds = torch.from_numpy(seeds).to(dev)
             plan.noise_positions = torch.from_numpy(noise_pos).to(dev)
         return plan
@@ -292,7 +294,7 @@ class DraftModelProposer(Proposer):
         num_reqs = plan.last_index.shape[0]
         out = torch.empty(num_reqs, plan.num_steps, dtype=torch.int64, device=self.device)
         probs = None
-        if plan.is_random is not None:
+        if plan.inv_temperature is not None:
             probs = torch.empty(num_reqs, plan.num_steps, self.vocab_size, dtype=torch.float32, device=self.device)
         saved = model.attn_backend
         try:
@@ -304,12 +306,12 @@ class DraftModelProposer(Proposer):
                 if j == 0:
                     hidden = hidden.index_select(0, plan.last_index)
                 logits = model.compute_logits(hidden)  # [R, vocab] fp32
-                tok = logits.argmax(dim=-1)
-                if probs is not None:
-                    p = torch.softmax(logits / plan.temperature[:, None], dim=-1)
-                    noise = rng.vocab_noise(plan.noise_seeds, plan.noise_positions[j], STREAM_DRAFT, self.vocab_size)
-                    tok = torch.where(plan.is_random, (p / noise).argmax(dim=-1), tok)
-                    probs[:, j] = p
+                if probs is None:
+                    tok = logits.argmax(dim=-1)
+                else:  # the Sampler's draw: argmax on greedy rows, exp race on the others
+                    tok = sample_draw(logits, plan.inv_temperature, None, None, None, plan.noise_seeds,
+                                      plan.noise_positions[j], STREAM_DRAFT).tokens
+                    probs[:, j] = torch.softmax(logits * plan.scale[:, None], dim=-1)
                 out[:, j] = tok
         finally:
             model.attn_backend = saved
