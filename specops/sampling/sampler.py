@@ -96,6 +96,8 @@ class Sampler:
         sort-based reference for thresholds and draw, torch penalties).
     stream : int
         Generator stream of the draw (specops.rng.STREAM_SAMPLE).
+    kernel_options : dict, optional
+        Tuning knobs of the Triton passes (cap, tile, num_chunks); tests use them.
 
     Examples
     --------
@@ -107,13 +109,14 @@ class Sampler:
     """
 
     def __init__(self, logprobs_mode: str = "raw_logprobs", backend: str = "auto",
-                 stream: int = rng.STREAM_SAMPLE):
+                 stream: int = rng.STREAM_SAMPLE, kernel_options: dict | None = None):
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
         resolve_backend(backend, torch.device("cpu"))
         self.logprobs_mode = logprobs_mode
         self.backend = backend
         self.stream = stream
+        self.kernel_options = dict(kernel_options or {})
 
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         """Sample one token per row of `logits` ([R, V] fp32/bf16/fp16)."""
@@ -192,5 +195,7 @@ class Sampler:
         """Temperature, min-p, top-k, top-p and the draw on processed logits."""
         md = metadata
         filters = (None, None, None) if md.all_greedy else (md.top_k, md.top_p, processed.min_p)
+        backend = resolve_backend(self.backend, processed.logits.device)
         return sample(processed.logits, processed.inv_temperature, *filters, md.seeds, md.positions,
-                      self.stream if stream is None else stream, self.backend)
+                      self.stream if stream is None else stream, backend,
+                      **(self.kernel_options if backend == "triton" else {}))

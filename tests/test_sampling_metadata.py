@@ -1,0 +1,113 @@
+"""SamplingMetadata: validation with clear errors, normalisation, short cuts, keys, expand."""
+
+import pytest
+import torch
+
+from specops import rng
+from specops.sampling import SamplingMetadata, inv_temperature
+
+V = 100
+
+
+def build(n=3, **kw):
+    kw.setdefault("vocab_size", V)
+    return SamplingMetadata.from_params(kw.pop("temperature", [1.0] * n), **kw)
+
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    (dict(temperature=[1.0, -0.5]), ValueError, r"temperature\[1\] must be >= 0"),
+    (dict(temperature=[float("nan")]), ValueError, r"temperature\[0\] must be finite"),
+    (dict(temperature=["hot"]), TypeError, r"temperature\[0\] must be a real number"),
+    (dict(top_p=[0.0, 1.0, 1.0]), ValueError, r"top_p\[0\] must be in \(0, 1\]"),
+    (dict(top_p=[1.0, 1.5, 1.0]), ValueError, r"top_p\[1\] must be in \(0, 1\]"),
+    (dict(top_k=[0, -2, 5]), ValueError, r"top_k\[1\] must be >= -1"),
+    (dict(top_k=[0, 2.5, 5]), TypeError, r"top_k\[1\] must be an int"),
+    (dict(top_k=[True, 0, 0]), TypeError, r"top_k\[0\] must be an int"),
+    (dict(min_p=[0.0, 0.0, 1.5]), ValueError, r"min_p\[2\] must be <= 1"),
+    (dict(min_p=[-0.1, 0.0, 0.0]), ValueError, r"min_p\[0\] must be >= 0"),
+    (dict(top_p=[0.5, 0.5]), ValueError, r"top_p must have one value per row \(3\)"),
+    (dict(seeds=[None, 2**63, None]), ValueError, r"seeds\[1\] must be <="),
+    (dict(positions=[0, 2**32, 1]), ValueError, r"positions\[1\] must be <="),
+    (dict(repetition_penalties=[1.0, 0.0, 1.0]), ValueError, r"repetition_penalties\[1\] must be > 0"),
+    (dict(frequency_penalties=[0.0, 3.0, 0.0]), ValueError, r"frequency_penalties\[1\] must be <= 2"),
+    (dict(presence_penalties=[0.5, 0.0, 0.0]), ValueError, r"prompt_mask .* is required"),
+    (dict(allowed_token_ids=[None, [1, V], None]), ValueError, r"allowed_token_ids\[1\] must be <= 99"),
+    (dict(allowed_token_ids=[None, [], None]), ValueError, r"allowed_token_ids\[1\] must not be empty"),
+    (dict(max_num_logprobs=V + 1), ValueError, r"max_num_logprobs must be <= 100"),
+    (dict(vocab_size=0), ValueError, r"vocab_size must be >= 1"),
+    (dict(bad_words_token_ids={0: [[1, 2]]}), ValueError, r"output_token_ids"),
+])
+def test_bad_parameters_are_rejected_with_clear_errors(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        build(**kwargs)
+
+
+def test_normalisation_and_short_cuts():
+    md = build(4, temperature=[0.0, 1e-6, 0.5, 1.0], top_k=[-1, 0, V, 7], top_p=[1.0, 1.0, 0.9, 1.0],
+               min_p=[0.0] * 4)
+    assert md.temperature.tolist() == [0.0, 0.0, 0.5, 1.0]
+    assert md.inv_temperature.tolist() == [-1.0, -1.0, 2.0, 1.0]
+    assert md.top_k.tolist() == [0, 0, 0, 7] and md.top_k.dtype == torch.int32
+    assert md.min_p is None and md.no_penalties
+    assert not md.all_greedy and not md.all_random
+    off = build(2, temperature=[0.0, 0.0], top_k=[0, -1], top_p=[1.0, 1.0], repetition_penalties=[1.0, 1.0])
+    assert off.all_greedy and off.top_k is None and off.top_p is None and off.no_penalties
+    assert build(2, temperature=[0.3, 2.0]).all_random
+    assert torch.equal(inv_temperature(torch.tensor([0.0, 4.0])), torch.tensor([-1.0, 0.25]))
+
+
+def test_keys_follow_the_rng_convention():
+    md = build(3, seeds=[7, None, -5], positions=[10, 11, 12], engine_seed=99, step=4)
+    seeds, pos = rng.row_keys(torch.tensor([7, 0, -5]), torch.tensor([True, False, True]),
+                              torch.tensor([10, 11, 12]), 99, torch.tensor(4))
+    assert torch.equal(md.seeds, seeds) and torch.equal(md.positions, pos)
+    assert md.seeds.tolist() == [7, 99, -5] and md.positions[0] == 10 and md.positions[1] == (2 << 32) | 4
+
+
+def test_penalty_state_and_allowed_mask():
+    pm = torch.zeros(2, V, dtype=torch.bool)
+    oc = torch.zeros(2, V, dtype=torch.int32)
+    md = build(2, repetition_penalties=[1.2, 1.0], prompt_mask=pm, output_counts=oc,
+               allowed_token_ids=[[3, 4], None])
+    assert not md.no_penalties and md.presence_penalties.tolist() == [0.0, 0.0]
+    assert md.prompt_mask is pm and md.output_counts is oc
+    assert md.allowed_token_mask[0].nonzero().flatten().tolist() == [3, 4] and bool(md.allowed_token_mask[1].all())
+    with pytest.raises(ValueError, match=r"output_counts must be \[2, 100\] torch.int32"):
+        build(2, repetition_penalties=[1.2, 1.0], prompt_mask=pm, output_counts=oc.long())
+
+
+def test_from_sampling_params():
+    class P:  # a SamplingParams look-alike
+        def __init__(self, **kw):
+            self.__dict__.update(dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=None,
+                                      repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0,
+                                      allowed_token_ids=None, logprobs=None) | kw)
+
+    md = SamplingMetadata.from_sampling_params([P(temperature=0.0), P(top_k=5, seed=3, logprobs=2)],
+                                               vocab_size=V, positions=[4, 9])
+    assert md.top_k.tolist() == [0, 5] and md.max_num_logprobs == 2 and md.seeds[1] == 3
+    with pytest.raises(ValueError, match=r"top_p\[0\]"):
+        SamplingMetadata.from_sampling_params([P(top_p=2.0)], vocab_size=V)
+
+
+def test_expand_gathers_rows_and_gives_fresh_keys():
+    pm = torch.rand(2, V) < 0.1
+    oc = torch.randint(0, 3, (2, V), dtype=torch.int32)
+    md = build(2, temperature=[0.5, 1.0], top_k=[3, 0], seeds=[11, None], positions=[100, 50], engine_seed=1, step=9,
+               repetition_penalties=[1.5, 1.0], prompt_mask=pm, output_counts=oc,
+               bad_words_token_ids={1: [[5, 6]]}, output_token_ids=[[1], [2]])
+    ex = md.expand([0, 0, 0, 1, 1], position_offsets=[0, 1, 2, 0, 1],
+                   output_token_ids=[[1], [1, 7], [1, 7, 8], [2], [2, 5]])
+    assert ex.num_rows == 5
+    assert ex.temperature.tolist() == [0.5, 0.5, 0.5, 1.0, 1.0] and ex.top_k.tolist() == [3, 3, 3, 0, 0]
+    assert ex.positions[:3].tolist() == [100, 101, 102] and ex.seeds[:3].tolist() == [11, 11, 11]
+    assert ex.seeds[3:].tolist() == [1, 1]
+    assert len(set(ex.positions[3:].tolist())) == 2       # unseeded rows: distinct lanes
+    assert torch.equal(ex.output_counts[2], oc[0]) and torch.equal(ex.prompt_mask[4], pm[1])
+    assert ex.bad_words_token_ids == {3: [[5, 6]], 4: [[5, 6]]}
+    with pytest.raises(ValueError, match="row_req_index values"):
+        md.expand([0, 2])
+    with pytest.raises(ValueError, match="output_token_ids"):
+        md.expand([0, 1])
+    with pytest.raises(ValueError, match="host row_req_index"):
+        md.expand(torch.tensor([1, 0]), output_token_ids=[[2], [1]])

@@ -1,0 +1,340 @@
+"""The Sampler pipeline, the logits-processor interface and logprobs.
+
+- Pipeline order (allowed ids, bad words, min_tokens, logit_bias, penalties, temperature,
+  min_p, top-k/top-p) against a hand-written reference on fresh random inputs.
+- Sampler(triton) == Sampler(torch) (interpreter at small shapes, CUDA at full shapes).
+- BatchUpdate semantics (removed -> added -> moved, swaps, live output lists), rows that
+  are not 1:1 with requests, the loader (module:Class and the entry-point group).
+- Logprobs in the four modes, ranks, invalid rows.
+"""
+
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from specops.sampling import (BatchUpdate, LogitsProcessor, LogitsRows, MoveDirectionality, Sampler,
+                              SamplingMetadata, apply_penalties_torch, build_logits_processors, sample_torch)
+from specops.sampling.logits_processors import (LogitBiasLogitsProcessor, MinPLogitsProcessor,
+                                                MinTokensLogitsProcessor, load_processor_class)
+from specops.sampling.logits_processors import loader as loader_mod
+from specops.sampling.logprobs import compute_logprobs
+
+CUDA = torch.cuda.is_available()
+EOS = 2
+
+
+def params(**kw):
+    base = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=None, min_tokens=0, logit_bias=None,
+                stop_token_ids=None, ignore_eos=False, repetition_penalty=1.0, frequency_penalty=0.0,
+                presence_penalty=0.0, allowed_token_ids=None, logprobs=None)
+    return SimpleNamespace(**(base | kw))
+
+
+def batch(V, plist, outputs, prompts, device="cpu", procs=None, **md_kw):
+    """Processors fed with one BatchUpdate adding every request, and the step's metadata."""
+    n = len(plist)
+    procs = procs or build_logits_processors(n, V, device, eos_token_ids=[EOS], use_entry_points=False)
+    procs.update_state(BatchUpdate(n, added=[(i, p, prompts[i], outputs[i]) for i, p in enumerate(plist)]))
+    pm = torch.zeros(n, V, dtype=torch.bool)
+    oc = torch.zeros(n, V, dtype=torch.int32)
+    for i in range(n):
+        pm[i, prompts[i]] = True
+        for t in outputs[i]:
+            oc[i, t] += 1
+    md = SamplingMetadata.from_params(
+        [p.temperature for p in plist], vocab_size=V, device=device, top_k=[p.top_k for p in plist],
+        top_p=[p.top_p for p in plist], min_p=[p.min_p for p in plist], seeds=[p.seed for p in plist],
+        positions=[len(prompts[i]) + len(outputs[i]) for i in range(n)],
+        repetition_penalties=[p.repetition_penalty for p in plist],
+        frequency_penalties=[p.frequency_penalty for p in plist],
+        presence_penalties=[p.presence_penalty for p in plist], prompt_mask=pm.to(device), output_counts=oc.to(device),
+        allowed_token_ids=[p.allowed_token_ids for p in plist], output_token_ids=[list(o) for o in outputs],
+        logitsprocs=procs, rows=LogitsRows(list(range(n)), [len(o) for o in outputs]), **md_kw)
+    return md, procs
+
+
+def hand_pipeline(logits, plist, outputs, prompts, bad_words):
+    """The pipeline written out row by row: the processed, scaled logits of random rows."""
+    out = []
+    for i, p in enumerate(plist):
+        x = logits[i].float().clone()
+        if p.allowed_token_ids is not None:
+            keep = torch.zeros_like(x, dtype=torch.bool)
+            keep[p.allowed_token_ids] = True
+            x[~keep] = -torch.inf
+        for w in bad_words.get(i, []):
+            if len(w) == 1 or outputs[i][-(len(w) - 1):] == w[:-1]:
+                x[w[-1]] = -torch.inf
+        if len(outputs[i]) < p.min_tokens:
+            x[EOS] = -torch.inf
+        for t, b in (p.logit_bias or {}).items():
+            x[t] += b
+        seen = torch.zeros_like(x, dtype=torch.bool)
+        seen[prompts[i]] = True
+        cnt = torch.zeros_like(x)
+        for t in outputs[i]:
+            cnt[t] += 1
+            seen[t] = True
+        x = torch.where(seen, torch.where(x > 0, x / p.repetition_penalty, x * p.repetition_penalty), x)
+        x = x - p.frequency_penalty * cnt - p.presence_penalty * (cnt > 0).float()
+        out.append(x)
+    return torch.stack(out)
+
+
+def random_batch(V, n, gen):
+    plist, outputs, prompts = [], [], []
+    for i in range(n):
+        r = torch.rand(8, generator=gen).tolist()
+        plist.append(params(
+            temperature=0.0 if r[0] < 0.2 else 0.5 + r[1],
+            top_k=int(torch.randint(1, 20, (1,), generator=gen)) if r[2] < 0.4 else 0,
+            top_p=0.5 + 0.4 * r[3] if r[3] < 0.5 else 1.0, min_p=0.1 * r[4] if r[4] < 0.3 else 0.0,
+            seed=int(torch.randint(0, 2**40, (1,), generator=gen)) if r[5] < 0.5 else None,
+            min_tokens=5 if r[6] < 0.3 else 0,
+            logit_bias={int(torch.randint(0, V, (1,), generator=gen)): 3.0} if r[7] < 0.3 else None,
+            repetition_penalty=1.3 if r[1] < 0.5 else 1.0, frequency_penalty=0.4 if r[2] < 0.5 else 0.0,
+            presence_penalty=0.2 if r[4] < 0.5 else 0.0,
+            allowed_token_ids=list(range(0, V, 3)) if r[6] > 0.85 else None))
+        outputs.append(torch.randint(0, V, (int(torch.randint(0, 8, (1,), generator=gen)),), generator=gen).tolist())
+        prompts.append(torch.randint(0, V, (6,), generator=gen).tolist())
+    return plist, outputs, prompts
+
+
+def fresh_gen():
+    return torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+
+
+# ---- the pipeline --------------------------------------------------------------------------
+
+def test_pipeline_order_matches_hand_reference():
+    g = fresh_gen()
+    V, n = 64, 12
+    plist, outputs, prompts = random_batch(V, n, g)
+    bad = {0: [[outputs[0][-1] if outputs[0] else 1, 9]], 3: [[4]]}
+    md, _ = batch(V, plist, outputs, prompts, bad_words_token_ids=bad)
+    logits = torch.randn(n, V, generator=g) * 3
+    want = hand_pipeline(logits, plist, outputs, prompts, bad)
+    sampler = Sampler(backend="torch")
+    proc = sampler.process(logits.clone(), md)
+    torch.testing.assert_close(proc.logits, want)
+    out = sampler(logits.clone(), md)
+    ref = sample_torch(want, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions)
+    assert torch.equal(out.sampled_token_ids, ref.tokens)
+    greedy = md.temperature == 0
+    assert torch.equal(out.sampled_token_ids[greedy], want[greedy].argmax(dim=-1))
+    # tokens are always allowed by the processed logits
+    assert bool((want.gather(1, out.sampled_token_ids.unsqueeze(1)) > -torch.inf).all())
+
+
+def test_penalty_op_matches_the_reference():
+    from specops.ops import apply_penalties_
+    g = fresh_gen()
+    R, V = 7, 300
+    x = torch.randn(R, V, generator=g) * 4
+    pm = torch.rand(R, V, generator=g) < 0.1
+    oc = torch.randint(0, 3, (R, V), generator=g, dtype=torch.int32) * (torch.rand(R, V, generator=g) < 0.1)
+    rep, freq, pres = torch.rand(R, generator=g) + 0.5, torch.rand(R, generator=g) - 0.5, torch.rand(R, generator=g)
+    a, b = x.clone(), x.clone()
+    apply_penalties_(a, pm, oc.int(), rep, freq, pres)
+    apply_penalties_torch(b, pm, oc.int(), rep, freq, pres)
+    torch.testing.assert_close(a, b)
+
+
+def test_sampler_does_not_touch_untouched_logits_and_reads_half_precision():
+    g = fresh_gen()
+    V = 50
+    md = SamplingMetadata.from_params([0.8, 0.0], vocab_size=V, top_p=[0.9, 1.0], seeds=[1, 2], max_num_logprobs=3)
+    logits = (torch.randn(2, V, generator=g) * 2).bfloat16()
+    out = Sampler(backend="torch")(logits, md)
+    ref = sample_torch(logits, md.inv_temperature, None, md.top_p, None, md.seeds, md.positions)
+    assert torch.equal(out.sampled_token_ids, ref.tokens)
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    torch.testing.assert_close(out.logprobs.logprobs[:, 0], lp.gather(1, ref.tokens.unsqueeze(1)).squeeze(1))
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter test; CUDA runs the full-shape version")
+def test_triton_sampler_matches_torch_sampler_small():
+    g = fresh_gen()
+    V, n = 257, 8
+    plist, outputs, prompts = random_batch(V, n, g)
+    md, _ = batch(V, plist, outputs, prompts, max_num_logprobs=2)
+    logits = torch.randn(n, V, generator=g) * 3
+    a = Sampler(backend="torch")(logits.clone(), md)
+    md2, _ = batch(V, plist, outputs, prompts, max_num_logprobs=2)
+    b = Sampler(backend="triton", kernel_options=dict(tile=16, cap=64, num_chunks=2))(logits.clone(), md2)
+    assert torch.equal(a.sampled_token_ids, b.sampled_token_ids)
+    assert torch.equal(a.result.threshold, b.result.threshold)
+    assert torch.equal(a.logprobs.token_ids, b.logprobs.token_ids)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_cuda_sampler_matches_torch_sampler_full_vocab():
+    g = fresh_gen()
+    V, n = 128256, 48
+    plist, outputs, prompts = random_batch(V, n, g)
+    logits = torch.randn(n, V, generator=g).cuda() * 2.5
+    md, _ = batch(V, plist, outputs, prompts, device="cuda", max_num_logprobs=5)
+    a = Sampler(backend="torch")(logits.clone(), md)
+    md2, _ = batch(V, plist, outputs, prompts, device="cuda", max_num_logprobs=5)
+    b = Sampler()(logits.clone(), md2)
+    assert torch.equal(a.result.threshold, b.result.threshold)
+    assert (a.sampled_token_ids != b.sampled_token_ids).sum() <= 1   # float near-ties only
+    torch.testing.assert_close(a.logprobs.logprobs[:, 1:], b.logprobs.logprobs[:, 1:])
+
+
+def test_custom_argmax_invariant_processor_runs_on_scaled_logits():
+    class Halve(LogitsProcessor):  # argmax invariant: scales the random rows' logits by 1/2
+        seen = []
+
+        def is_argmax_invariant(self):
+            return True
+
+        def update_state(self, batch_update):
+            pass
+
+        def apply(self, logits, rows=None):
+            Halve.seen.append(logits.clone())
+            return logits * 0.5
+
+    V = 30
+    procs = build_logits_processors(2, V, custom=[Halve], use_entry_points=False)
+    md = SamplingMetadata.from_params([0.5, 0.0], vocab_size=V, seeds=[3, 4], logitsprocs=procs)
+    logits = torch.randn(2, V)
+    out = Sampler(backend="torch")(logits.clone(), md)
+    torch.testing.assert_close(Halve.seen[0][0], logits[0] * 2.0)   # temperature 0.5 applied first
+    ref = sample_torch(logits * torch.tensor([[1.0], [0.5]]), md.inv_temperature, None, None, None, md.seeds,
+                       md.positions)
+    assert torch.equal(out.sampled_token_ids, ref.tokens)
+
+
+# ---- processors and the persistent batch ----------------------------------------------------
+
+def test_batch_update_removed_added_moved_in_order():
+    V = 20
+    minp = MinPLogitsProcessor(4, V)
+    bias = LogitBiasLogitsProcessor(4, V)
+    out0, out1 = [], [5]
+    for proc in (minp, bias):
+        proc.update_state(BatchUpdate(2, added=[(0, params(min_p=0.1, logit_bias={3: 1.0}), [1], out0),
+                                                (1, params(min_p=0.2), [1], out1)]))
+    # request 0 leaves, a new one lands on index 0, then 0 and 1 swap, then 1 moves to 3
+    upd = BatchUpdate(2, removed=[0], added=[(0, params(min_p=0.3, logit_bias={4: -1.0}), [2], [])],
+                      moved=[(0, 1, MoveDirectionality.SWAP), (1, 3, MoveDirectionality.UNIDIRECTIONAL)])
+    for proc in (minp, bias):
+        proc.update_state(upd)
+    assert minp.min_p.tolist() == pytest.approx([0.2, 0.0, 0.0, 0.3])
+    assert bias.state == {3: ([4], [-1.0])}
+    rows = LogitsRows([3, 0, 3], [0, 1, 1])
+    assert minp.row_min_p(rows, 3, "cpu").tolist() == pytest.approx([0.3, 0.2, 0.3])
+    x = torch.zeros(3, V)
+    bias.apply(x, rows)
+    assert x[0, 4] == -1.0 and x[2, 4] == -1.0 and x[1].abs().sum() == 0
+
+
+def test_min_tokens_follows_live_output_lists_and_spec_rows():
+    V = 10
+    proc = MinTokensLogitsProcessor(2, V, eos_token_ids=[EOS])
+    out = [1, 1]
+    proc.update_state(BatchUpdate(1, added=[(0, params(min_tokens=3, stop_token_ids=[7]), [0], out)]))
+    x = torch.zeros(1, V)
+    proc.apply(x)
+    assert x[0, EOS] == -torch.inf and x[0, 7] == -torch.inf
+    # speculative rows of the same request: 2 committed outputs, then 0, 1, 2 drafts before the row
+    x = torch.zeros(3, V)
+    proc.apply(x, LogitsRows([0, 0, 0], [2, 3, 4], [[], [4], [4, 5]]))
+    assert x[:, EOS].tolist() == [-torch.inf, 0.0, 0.0]
+    out.append(3)             # the live list grew: min_tokens reached, the state drops the request
+    proc.update_state(None)
+    assert not proc.is_active()
+
+
+def test_loader_by_name_and_entry_point(tmp_path, monkeypatch):
+    mod = tmp_path / "my_procs_mod.py"
+    mod.write_text(textwrap.dedent("""
+        import torch
+        from specops.sampling import LogitsProcessor
+
+        class BanZero(LogitsProcessor):
+            def is_argmax_invariant(self):
+                return False
+            def update_state(self, batch_update):
+                pass
+            def apply(self, logits, rows=None):
+                logits[:, 0] = -torch.inf
+                return logits
+
+        class NotAProcessor:
+            pass
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cls = load_processor_class("my_procs_mod:BanZero")
+    assert cls.__name__ == "BanZero"
+    with pytest.raises(TypeError, match="subclass"):
+        load_processor_class("my_procs_mod:NotAProcessor")
+    with pytest.raises(ValueError, match="module.path:ClassName"):
+        load_processor_class("my_procs_mod.BanZero")
+    with pytest.raises(ValueError, match="has no class"):
+        load_processor_class("my_procs_mod:Missing")
+
+    class EP:
+        def load(self):
+            return cls
+
+    monkeypatch.setattr(loader_mod, "entry_points", lambda group: [EP()] if group == "specops.logits_processors" else [])
+    procs = build_logits_processors(2, 5)
+    assert any(type(p).__name__ == "BanZero" for p in procs.non_argmax_invariant)
+    md = SamplingMetadata.from_params([0.0, 0.0], vocab_size=5, logitsprocs=procs)
+    logits = torch.tensor([[9.0, 1, 2, 3, 4], [9.0, 5, 1, 1, 1]])
+    assert Sampler(backend="torch")(logits, md).sampled_token_ids.tolist() == [4, 1]
+    del sys.modules["my_procs_mod"]
+
+
+# ---- logprobs ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"])
+def test_logprobs_modes(mode):
+    g = fresh_gen()
+    V, n = 40, 5
+    md = SamplingMetadata.from_params([1.0, 0.5, 0.0, 1.0, 2.0], vocab_size=V, top_k=[5, 0, 0, 0, 3],
+                                      top_p=[1.0, 0.7, 1.0, 1.0, 1.0], seeds=[1, 2, 3, 4, 5], max_num_logprobs=4,
+                                      repetition_penalties=[1.5] * n,
+                                      prompt_mask=torch.rand(n, V, generator=g) < 0.3,
+                                      output_counts=torch.zeros(n, V, dtype=torch.int32))
+    logits = torch.randn(n, V, generator=g) * 2
+    logits[3, 6] = float("nan")                          # invalid row
+    out = Sampler(logprobs_mode=mode, backend="torch")(logits.clone(), md)
+    lp = out.logprobs
+    tok = out.sampled_token_ids
+    assert tok[3] == -1 and lp.ranks[3] == -1 and lp.token_ids[3, 0] == -1
+    ok = torch.tensor([0, 1, 2, 4])
+    if mode.startswith("raw"):
+        vals = logits.float()
+        if mode == "raw_logprobs":
+            vals = torch.log_softmax(vals, dim=-1)
+    else:
+        proc = logits.clone()
+        apply_penalties_torch(proc, md.prompt_mask, md.output_counts, md.repetition_penalties,
+                              md.frequency_penalties, md.presence_penalties)
+        x = torch.where(md.inv_temperature.unsqueeze(1) > 0, proc * md.inv_temperature.unsqueeze(1), proc)
+        res = out.result
+        vals = torch.where(x >= res.threshold.unsqueeze(1), x, -torch.inf)
+        if mode == "processed_logprobs":
+            vals = torch.log_softmax(vals, dim=-1)
+    vals = vals[ok]
+    t = tok[ok]
+    torch.testing.assert_close(lp.logprobs[ok, 0], vals.gather(1, t.unsqueeze(1)).squeeze(1))
+    top = vals.topk(4, dim=-1)
+    torch.testing.assert_close(lp.logprobs[ok, 1:], top.values)
+    assert torch.equal(lp.ranks[ok], (vals > vals.gather(1, t.unsqueeze(1))).sum(-1) + 1)
+    if mode.startswith("processed"):  # the sampled token is inside the processed support
+        assert bool((lp.logprobs[ok, 0] > -torch.inf).all())
+
+
+def test_logprobs_mode_is_checked():
+    with pytest.raises(ValueError, match="logprobs_mode"):
+        Sampler(logprobs_mode="probs")
+    with pytest.raises(ValueError, match="raw_logits"):
+        compute_logprobs("raw_logprobs", 2, torch.zeros(1, dtype=torch.int64))
