@@ -3,7 +3,8 @@
 Greedy drafts equal step-by-step greedy decoding (non-paged reference forward) across
 rounds of accepts and rejects; the draft KV after any mix equals a from-scratch
 recomputation; sampled drafts follow the returned draft distributions; seeded drafts are
-batch invariant; no host sync inside the K-step loop.
+batch invariant; no host sync inside the K-step loop (checked on CUDA with
+torch.cuda.set_sync_debug_mode("error"), with the torch and FlashInfer attention backends).
 """
 
 import inspect
@@ -22,12 +23,15 @@ TIE_MARGIN = 1e-3  # reference top-2 logit gap below which paged/reference round
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny shapes: one thread avoids oversubscription on a shared 2-core machine.
-    n = torch.get_num_threads()
+def _one_thread_no_tf32():
+    # Tiny shapes: one thread avoids oversubscription on a shared 2-core machine; fp32
+    # comparisons on CUDA need fp32 matmuls whatever other tests set.
+    n, tf32 = torch.get_num_threads(), torch.backends.cuda.matmul.allow_tf32
     torch.set_num_threads(1)
+    torch.backends.cuda.matmul.allow_tf32 = False
     yield
     torch.set_num_threads(n)
+    torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +160,9 @@ def test_seeded_drafts_are_batch_invariant_and_mixed_batches(ckpt, device):
     alone = run([request("x", ctx_a, 1.0, seed=123)]).token_ids[0]
     mixed = run([request("g", ctx_b), request("u", ctx_b, 1.0), request("x", ctx_a, 1.0, seed=123)], step=9)
     assert mixed.token_ids[2] == alone  # same seed, context and positions: same drafts in any batch
+    flat = mixed.gather_probs(["x", "g", "u"], [2, 0, 1])  # the next step's order, drafts truncated
+    assert torch.equal(flat, torch.stack([mixed.probs[2, 0], mixed.probs[2, 1], mixed.probs[1, 0]]))
+    torch.testing.assert_close(flat.sum(-1), torch.ones(3, device=flat.device))
     assert_greedy_equal(model, request("g", ctx_b), mixed.token_ids[0], 3)  # greedy row in a sampled batch
     # the noise changes with the seed (unseeded: with the step); 3 draws agreeing by chance is unlikely
     others = [tuple(run([request("x", ctx_a, 1.0, seed=s)]).token_ids[0]) for s in (1, 2, 3, 4)]
