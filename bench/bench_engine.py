@@ -8,8 +8,9 @@ top-k, top-p, min-p, the three penalties, logit bias, min_tokens, seed, logprobs
 The runner synchronises around the forward and the sampler to split the step time.
 Target: sampling with all parameters on < 5% of a decode step at batch 32.
 
-Correctness first: the default model must answer the quickstart question with Paris, and its
-greedy tokens must be the reference forward's argmax (within bf16 near-ties).
+Correctness first: each model's greedy tokens must be the reference forward's argmax (within
+bf16 noise), and the default model must answer the quickstart question with Paris; a failed
+check is printed and written into the results' notes.
 
 Run from the repo root on the GPU machine: python bench/bench_engine.py
 """
@@ -36,25 +37,31 @@ ALL_PARAMS = dict(temperature=0.8, top_k=50, top_p=0.9, min_p=0.02, repetition_p
                   logprobs=1)
 
 
-def check_default_model(lm) -> None:
+def check_model(lm, name: str) -> bool:
+    """Greedy tokens of the engine vs the reference forward (teacher-forced): the engine's token must be
+    the reference argmax up to bf16 noise (gap < 0.5, or 2% of the logits' spread for random weights);
+    the default model must also answer the quickstart question with Paris."""
     from specops.engine.llm import LLM
     from specops.engine.model.reference import reference_forward
     from specops.engine.sampling_params import SamplingParams
 
     llm = LLM(loaded=lm, max_model_len=512)
-    prompt = lm.tokenizer.encode(llm.chat_prompt("What is the capital of France?"))
-    out = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=16))[0]
-    logits = reference_forward(lm.model, prompt + out.token_ids[:-1])[len(prompt) - 1:]
+    default = name.startswith("smollm2")
+    prompt = (lm.tokenizer.encode(llm.chat_prompt("What is the capital of France?")) if default
+              else list(range(10, 42)))
+    out = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=not default))[0]
+    logits = reference_forward(lm.model, prompt + out.token_ids[:-1])[len(prompt) - 1:].float()
     toks = torch.tensor(out.token_ids, device=logits.device)
     chosen = logits.gather(1, toks[:, None]).squeeze(1)
     gap = float((logits.max(-1).values - chosen).max())
-    ok = "Paris" in out.text and gap < 0.25
-    print(f"check: default model answers {out.text!r}; largest gap to the reference argmax {gap:.3f} "
-          f"-> {'OK' if ok else 'FAILED'}")
-    if not ok:
-        raise SystemExit("engine output disagrees with the reference: not timing")
+    tol = 0.5 if default else max(0.5, 0.02 * float(logits.std()))
+    ok = gap < tol and (not default or "Paris" in out.text)
+    answer = f"answers {out.text!r}; " if default else ""
+    print(f"check {name}: {answer}largest gap to the reference argmax {gap:.3f} (tolerance {tol:.2f}) "
+          f"-> {'OK' if ok else 'FAILED (timings below are of a wrong engine)'}")
     del llm
     _free()
+    return ok
 
 
 def _sync() -> None:
@@ -120,14 +127,15 @@ def main() -> int:
     models.append(("llama3-8b-shapes-4L", lambda: random_model(llama3_8b_shapes_config(4), device="cuda")))
 
     rows = []
+    checks_failed: list[str] = []
     for name, load in models:
         t = time.perf_counter()
         lm = load()
         backend = getattr(lm.model, "attn_backend_name", "?")
         print(f"{name}: loaded in {time.perf_counter() - t:.1f} s, dtype {lm.model.dtype}, attention {backend}, "
               f"sampler {sampler_name()}")
-        if name.startswith("smollm2"):
-            check_default_model(lm)
+        if not check_model(lm, name):
+            checks_failed.append(name)
         for label, params in (("greedy", dict(temperature=0.0)), ("all", ALL_PARAMS)):
             for batch in BATCHES:
                 r = measure(lm, batch, params, lm.config.vocab_size)
@@ -145,6 +153,8 @@ def main() -> int:
              f"{DECODE_STEPS} timed steps after {WARMUP_STEPS} warm-up steps; median µs = mean step time. "
              "'all' = temperature, top-k, top-p, min-p, repetition/frequency/presence penalties, logit bias, "
              "min_tokens, per-request seeds, logprobs. Target: sampling_share < 0.05 at batch 32.")
+    if checks_failed:
+        notes += f" CORRECTNESS CHECK FAILED for {checks_failed}: these timings are of a wrong engine."
     path = write_results("engine", rows, notes=notes)
     print(f"wrote {path}")
     share32 = [r.extra["sampling_share"] for r in rows if r.shape["batch"] == 32 and r.impl.startswith("all/")]

@@ -54,7 +54,7 @@ def test_quickstart_answer_matches_reference(device):
         assert torch.equal(logits.argmax(-1), toks)
     else:  # bf16 on CUDA (FlashInfer): near-ties may flip, the answer may not
         chosen = logits.gather(1, toks[:, None]).squeeze(1)
-        assert bool((chosen >= logits.max(-1).values - 0.25).all())
+        assert bool((chosen >= logits.max(-1).values - 0.5).all())
 
 
 def test_scheduling_does_not_change_outputs(device):

@@ -56,7 +56,7 @@ def assert_reference_greedy(lm, prompt_ids, out_ids, exact=True):
     if exact:
         assert torch.equal(logits.argmax(dim=-1), toks), (logits.argmax(dim=-1).tolist(), out_ids)
     else:  # bf16 paged vs bf16 reference: near-ties may flip
-        assert bool((chosen >= best - 0.25).all()), (best - chosen).max()
+        assert bool((chosen >= best - 0.5).all()), (best - chosen).max()
         assert float((logits.argmax(dim=-1) == toks).float().mean()) >= 0.9
 
 
