@@ -175,7 +175,7 @@ def rejection_recover_pass(
         rec_j, rec_ms,
         ws_f[:f], ws_i[:f], ws_f[f:], ws_i[f:], counters,
         vocab,
-        NUM_SPLITS=num_splits, CHUNK=chunk, BLOCK=min(chunk, 1024),
+        NUM_SPLITS=num_splits, CHUNK=chunk, BLOCK=min(chunk, 1024),   # noise-heavy: small blocks
         SPLIT_BLOCK=triton.next_power_of_2(num_splits),
         HAS_TARGET_ROWS=target_rows is not None, HAS_DRAFT_PROBS=draft_probs is not None,
         TEMP_MODE=temp_mode, HAS_THRESHOLD=threshold is not None, HAS_SEEDS=seeds is not None,

@@ -316,7 +316,10 @@ def rejection_sample_pass(
     assert draft_probs is None or draft_probs.stride(1) == 1
     dev = logits.device
     num_splits = triton.cdiv(vocab, chunk)
-    block = min(chunk, 1024)
+    # A whole chunk per load (32 fp32 per thread at 8192): one max / argmax / sum reduction
+    # per program. The same block with or without FUSE_RACE, so that both modes reduce every
+    # row in the same order (same tokens).
+    block = min(chunk, 8192)
     nt = max(num_target_rows, 1)
     ws_f = torch.empty(3 * nt * num_splits + 2 * nt + 2 * num_reqs, dtype=torch.float32, device=dev)
     ws_i = torch.empty(2 * nt * num_splits + num_reqs, dtype=torch.int32, device=dev)
@@ -350,6 +353,6 @@ def rejection_sample_pass(
         HAS_TARGET_ROWS=target_rows is not None, HAS_DRAFT_PROBS=draft_probs is not None,
         TEMP_MODE=temp_mode, HAS_THRESHOLD=threshold is not None, GREEDY_MODE=greedy_mode,
         HAS_SEEDS=seeds is not None, FUSE_RACE=fuse_race,
-        num_warps=4,
+        num_warps=8 if block >= 4096 else 4,
     )
     return rec_j, rec_ms

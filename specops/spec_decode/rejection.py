@@ -109,8 +109,8 @@ def rejection_sample(
         "auto": Triton on CUDA, torch elsewhere. "triton" on CPU needs TRITON_INTERPRET=1.
     fuse_recover : bool, optional
         Without draft probs, draw recovered-token candidates during the first pass (noise
-        on every random row, no second read) instead of re-reading the rejected row. Same
-        tokens either way; None picks by max_spec_len (fused for K == 1).
+        on every random row, no second read) instead of re-reading the one rejected row of
+        each request. Same tokens either way; None (default) re-reads.
 
     Returns
     -------
@@ -219,7 +219,7 @@ def rejection_sample(
         step = torch.zeros(1, dtype=torch.int64, device=device)
     step = step.reshape(1)
     if fuse_recover is None:
-        fuse_recover = max_spec_len <= 1
+        fuse_recover = False
     fuse = bool(fuse_recover) and draft_probs is None and is_greedy is not True
     args = dict(target_rows=target_rows, draft_token_ids=draft_token_ids.contiguous(),
                 draft_probs=draft_probs, cu_num_draft_tokens=cu_num_draft_tokens.contiguous(),
