@@ -50,7 +50,7 @@ def test_quickstart_answer_matches_reference(device):
     seq = prompt + out.token_ids
     logits = reference_forward(lm.model, seq[:-1])[len(prompt) - 1:]
     toks = torch.tensor(out.token_ids, device=logits.device)
-    if lm.model.dtype == torch.float32:
+    if lm.model.dtype == torch.float32 and logits.device.type == "cpu":
         assert torch.equal(logits.argmax(-1), toks)
     else:  # bf16 on CUDA (FlashInfer): near-ties may flip, the answer may not
         chosen = logits.gather(1, toks[:, None]).squeeze(1)

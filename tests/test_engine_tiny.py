@@ -53,8 +53,10 @@ def assert_reference_greedy(lm, prompt_ids, out_ids, exact=True):
     toks = torch.tensor(out_ids, device=logits.device)
     best = logits.max(dim=-1).values
     chosen = logits.gather(1, toks[:, None]).squeeze(1)
-    if exact:
+    if exact and logits.device.type == "cpu":
         assert torch.equal(logits.argmax(dim=-1), toks), (logits.argmax(dim=-1).tolist(), out_ids)
+    elif exact:  # CUDA fp32: GEMM kernels differ between the paged and the reference forward
+        assert bool((chosen >= best - 1e-3).all()), (best - chosen).max()
     else:  # bf16 paged vs bf16 reference: near-ties may flip
         assert bool((chosen >= best - 0.5).all()), (best - chosen).max()
         assert float((logits.argmax(dim=-1) == toks).float().mean()) >= 0.9
