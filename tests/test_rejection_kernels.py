@@ -26,12 +26,13 @@ def make_case(num_drafts, vocab, *, device, dtype=torch.float32, draft_probs=Fal
               correct_frac=0.5):
     """A random batch; about `correct_frac` of the drafts are the row's argmax (so that
     requests get past their first position)."""
-    g = gen or torch.Generator().manual_seed(0)
-    counts = torch.tensor(num_drafts, dtype=torch.int64)
-    num_reqs, total = counts.shape[0], int(counts.sum())
-    rows = torch.randn(total, vocab, generator=g) * scale
-    drafts = torch.randint(0, vocab, (total,), generator=g)
-    hit = torch.rand(total, generator=g) < correct_frac
+    g = gen or torch.Generator(device=device).manual_seed(0)
+    dev = dict(device=device, generator=g)
+    counts = torch.tensor(num_drafts, dtype=torch.int64, device=device)
+    num_reqs, total = counts.shape[0], int(sum(num_drafts))
+    rows = torch.randn(total, vocab, **dev) * scale
+    drafts = torch.randint(0, vocab, (total,), **dev)
+    hit = torch.rand(total, **dev) < correct_frac
     drafts = torch.where(hit, rows.argmax(1), drafts)
     if invalid and total >= 3:
         drafts[1] = -1
@@ -39,32 +40,31 @@ def make_case(num_drafts, vocab, *, device, dtype=torch.float32, draft_probs=Fal
     kw = {}
     if target_rows:   # target rows scattered among other rows of a bigger logits tensor
         n_logits = 2 * total + 1
-        perm = torch.randperm(n_logits, generator=g)[:total]
-        logits = torch.randn(n_logits, vocab, generator=g)
+        perm = torch.randperm(n_logits, **dev)[:total]
+        logits = torch.randn(n_logits, vocab, **dev)
         logits[perm] = rows
-        kw["target_rows"] = perm.to(device)
+        kw["target_rows"] = perm
     else:
         logits = rows
     if draft_probs:
-        q = torch.softmax(torch.randn(total, vocab, generator=g) * scale, dim=1)
+        q = torch.softmax(torch.randn(total, vocab, **dev) * scale, dim=1)
         q = (q + torch.softmax(rows, 1)) / 2           # overlap with p so that some drafts are accepted
-        kw["draft_probs"] = q.to(device, dtype)
+        kw["draft_probs"] = q.to(dtype)
     if temperature:
-        kw["temperature"] = (torch.rand(num_reqs, generator=g) * 1.5 + 0.3).to(device)
+        kw["temperature"] = torch.rand(num_reqs, **dev) * 1.5 + 0.3
     if greedy == "mixed":
-        kw["is_greedy"] = (torch.rand(num_reqs, generator=g) < 0.4).to(device)
+        kw["is_greedy"] = torch.rand(num_reqs, **dev) < 0.4
     else:
         kw["is_greedy"] = greedy
     if seeded != "none":
-        kw["seeds"] = torch.randint(-2**62, 2**62, (num_reqs,), generator=g).to(device)
-        has = torch.rand(num_reqs, generator=g) < 0.5 if seeded == "mixed" else torch.ones(num_reqs, dtype=torch.bool)
-        kw["has_seed"] = has.to(device)
-        kw["positions"] = torch.randint(0, 2**31, (num_reqs,), generator=g).to(device)
-    kw["step"] = torch.tensor([int(torch.randint(0, 2**40, (1,), generator=g))], device=device)
+        kw["seeds"] = torch.randint(-2**62, 2**62, (num_reqs,), **dev)
+        kw["has_seed"] = (torch.rand(num_reqs, **dev) < 0.5 if seeded == "mixed"
+                          else torch.ones(num_reqs, dtype=torch.bool, device=device))
+        kw["positions"] = torch.randint(0, 2**31, (num_reqs,), **dev)
+    kw["step"] = torch.randint(0, 2**40, (1,), **dev)
     kw["engine_seed"] = 2**63 + 12345
-    args = (logits.to(device, dtype), drafts.to(device), torch.cumsum(counts, 0).to(device),
-            int(counts.max()) if num_reqs else 0,
-            torch.randint(0, vocab, (num_reqs,), generator=g).to(device))
+    args = (logits.to(dtype), drafts, torch.cumsum(counts, 0), max(num_drafts) if num_reqs else 0,
+            torch.randint(0, vocab, (num_reqs,), **dev))
     return args, kw
 
 
@@ -298,8 +298,8 @@ def test_bad_inputs():
 @pytest.mark.parametrize("batch, k", [(1, 1), (8, 4), (33, 8), (128, 4)])
 @pytest.mark.parametrize("draft_probs", [False, True])
 def test_full_shapes_cuda(vocab, batch, k, draft_probs):
-    g = torch.Generator().manual_seed(batch * k)
-    drafts = torch.randint(0, k + 1, (batch,), generator=g).tolist()
+    g = torch.Generator(device="cuda").manual_seed(batch * k)
+    drafts = torch.randint(0, k + 1, (batch,), generator=g, device="cuda").tolist()
     drafts[0] = k
     args, kw = make_case(drafts, vocab, device="cuda", draft_probs=draft_probs, gen=g,
                          target_rows=batch == 8, scale=2.0)
@@ -318,7 +318,6 @@ def test_cuda_graph_capture():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = rejection_sample(*args, **kw)
-    kw["step"].add_(0)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, ref)

@@ -299,6 +299,13 @@ def test_temperature_only_fast_path_matches_kernel_call():
     bonus_md = md.expand([0, 1, 2], position_offsets=[2, 0, 3])
     assert torch.equal(out.bonus.sampled_token_ids,
                        Sampler()(logits[spec.bonus_logits_indices.long()], bonus_md).sampled_token_ids)
+    # every request with K = 2 drafts: the bonus rows are read in place (a strided view)
+    spec = build_spec_decode_metadata([2, 2, 2], [3, 6, 9], device=DEVICE)
+    logits = torch.randn(9, vocab, device=DEVICE)
+    out = RejectionSampler()(logits, spec, md, draft_token_ids=torch.tensor([1, 2, 3, 4, 5, 6], device=DEVICE))
+    bonus_md = md.expand([0, 1, 2], position_offsets=[2, 2, 2])
+    assert torch.equal(out.bonus.sampled_token_ids,
+                       Sampler()(logits[spec.bonus_logits_indices.long()], bonus_md).sampled_token_ids)
 
 
 def test_bad_inputs():

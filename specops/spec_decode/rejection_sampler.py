@@ -155,14 +155,21 @@ class RejectionSampler:
                          if md.bad_words_token_ids else None)
         if not md.no_penalties:
             self._count_drafts(b_md, list(range(num_reqs)), counts, counts, draft_token_ids)
-        bonus = self.sampler(logits[spec.bonus_logits_indices.to(device).long()], b_md)
+        needs_processing = (filters or md.allowed_token_mask is not None or bool(md.bad_words_token_ids)
+                            or not md.no_penalties or bool(history_procs))
+        uniform = num_reqs > 0 and min(counts) == max(counts) and logits.is_contiguous()
+        if uniform and not needs_processing:
+            # every request has K drafts: the bonus rows are every (K+1)-th row, read in place
+            # (the Sampler writes nothing when no parameter needs processing)
+            bonus_logits = logits.view(num_reqs, counts[0] + 1, vocab)[:, counts[0]]
+        else:
+            bonus_logits = logits[spec.bonus_logits_indices.to(device).long()]
+        bonus = self.sampler(bonus_logits, b_md)
 
         greedy = True if md.all_greedy else (False if md.all_random else md.temperature == 0)
         keys = dict(seeds=md.request_seeds, has_seed=md.has_seed, positions=md.token_positions, step=md.step,
                     engine_seed=md.engine_seed)
         target_idx = spec.target_logits_indices.to(device).long()
-        needs_processing = (filters or md.allowed_token_mask is not None or bool(md.bad_words_token_ids)
-                            or not md.no_penalties or bool(history_procs))
         if not needs_processing:
             # temperature only: the kernels read the target rows in place
             out = rejection_sample(
