@@ -2,6 +2,19 @@
 
 Importing specops loads the compiled extension specops._C, which registers the
 `torch.ops.specops.*` operators (CPU always, CUDA where the build had CUDA).
+
+Public API
+----------
+Compiled ops (in place where the name ends in ``_``), each with a ``*_torch`` reference:
+    token_bincount, token_bincount_update_, apply_penalties_,
+    apply_repetition_penalties_, apply_token_bitmask_
+Sampling (Triton on CUDA, torch reference elsewhere):
+    SamplingMetadata, Sampler, sample, draw, compute_logprobs,
+    LogitsProcessor, BatchUpdate
+Speculative decoding:
+    build_spec_decode_metadata, SpecDecodeMetadata, RejectionSampler,
+    rejection_sample, parse_output
+The reference engine lives in ``specops.engine`` (``LLM``, ``SamplingParams``).
 """
 
 try:
@@ -11,4 +24,46 @@ except ImportError as exc:  # pragma: no cover - only on a broken install
         "specops._C is missing: build the extension with "
         "`pip install --no-build-isolation -e .` (see README.md)") from exc
 
+from specops.ops import (
+    apply_penalties_,
+    apply_penalties_torch,
+    apply_repetition_penalties_,
+    apply_repetition_penalties_torch,
+    apply_token_bitmask_,
+    apply_token_bitmask_torch,
+    token_bincount,
+    token_bincount_torch,
+    token_bincount_update_,
+    token_bincount_update_torch,
+)
+from specops.sampling import (
+    BatchUpdate,
+    LogitsProcessor,
+    Sampler,
+    SamplerOutput,
+    SamplingMetadata,
+    compute_logprobs,
+    draw,
+    sample,
+    sample_torch,
+)
+from specops.spec_decode import (
+    RejectionSampler,
+    SpecDecodeMetadata,
+    build_spec_decode_metadata,
+    parse_output,
+    rejection_sample,
+    rejection_sample_torch,
+)
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "token_bincount", "token_bincount_torch", "token_bincount_update_", "token_bincount_update_torch",
+    "apply_penalties_", "apply_penalties_torch", "apply_repetition_penalties_", "apply_repetition_penalties_torch",
+    "apply_token_bitmask_", "apply_token_bitmask_torch",
+    "SamplingMetadata", "Sampler", "SamplerOutput", "sample", "sample_torch", "draw", "compute_logprobs",
+    "LogitsProcessor", "BatchUpdate",
+    "build_spec_decode_metadata", "SpecDecodeMetadata", "RejectionSampler", "rejection_sample",
+    "rejection_sample_torch", "parse_output",
+]
