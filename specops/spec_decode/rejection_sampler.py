@@ -28,6 +28,7 @@ from specops.sampling.logits_processors.builtin import MinPLogitsProcessor
 from specops.sampling.topk_topp import sample as sample_with_thresholds
 from specops.spec_decode.metadata import SpecDecodeMetadata
 from specops.spec_decode.rejection import rejection_sample
+from specops.triton_kernels.expand import expand_to_draft_rows
 
 
 @dataclass
@@ -43,6 +44,18 @@ class RejectionSamplerOutput:
 
     output_token_ids: torch.Tensor
     bonus: SamplerOutput
+
+
+def _draft_row_index(cu: torch.Tensor, total: int, max_spec_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(request of each draft row, draft index within the request), [T] int64 each, on cu's device."""
+    num_reqs = cu.shape[0]
+    reqs = torch.arange(num_reqs, device=cu.device)
+    if cu.is_cuda:
+        return (expand_to_draft_rows(reqs, cu, total, max_spec_len),
+                expand_to_draft_rows(torch.zeros_like(reqs), cu, total, max_spec_len, add_index=True))
+    counts = torch.diff(cu.long(), prepend=cu.new_zeros(1, dtype=torch.long))
+    req = torch.repeat_interleave(reqs, counts, output_size=total)
+    return req, torch.arange(total, device=cu.device) - (cu.long() - counts)[req]
 
 
 def _active(procs, argmax_invariant: bool) -> list:
@@ -180,7 +193,11 @@ class RejectionSampler:
             return RejectionSamplerOutput(out, bonus)
 
         # 2. target rows: each row with its request's parameters and the drafts before it
-        t_md = md.expand(row_req, position_offsets=within,
+        if md.bad_words_token_ids:
+            req_of_row, offsets = row_req, within             # bad_words needs host indices
+        else:
+            req_of_row, offsets = _draft_row_index(cu, total, spec.max_spec_len)
+        t_md = md.expand(req_of_row, position_offsets=offsets,
                          rows=self._rows(md, row_req, within, draft_token_lists, full=False),
                          output_token_ids=self._history(md, row_req, within, draft_token_lists)
                          if md.bad_words_token_ids else None)
