@@ -202,7 +202,6 @@ def main() -> None:
                             r.extra["x fi-pipeline"] = r.median_us / fi
                     msg = " ".join(f"{name}={us:.1f}" for name, us in results.items())
                     print(f"V={vocab} probs={with_probs} K={k} B={batch} rejected={rejected}: {msg} µs", flush=True)
-                    del case
     notes = (f"fp32 logits, temperature {TEMP}, 80% good drafts. Floors: specops-kernels = target rows once + "
              "the q row of each rejecting request; pipelines and FlashInfer = that + the bonus rows. "
              f"Copy bandwidth {bw / 1e12:.2f} TB/s. FlashInfer pipeline softmax: {softmax_note or 'n/a'}; "

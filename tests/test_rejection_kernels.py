@@ -106,7 +106,7 @@ def test_inv_temperature_and_threshold(device, draft_probs):
     # per-row 1/T (the Sampler's convention, -1 on greedy rows) and a top-k style threshold
     args, kw = make_case([3, 2, 4], 300, device=device, draft_probs=draft_probs, temperature=False,
                          correct_frac=0.2)
-    logits, drafts, cu = args[0], args[1], args[2]
+    logits, cu = args[0], args[2]
     req = torch.repeat_interleave(torch.arange(3, device=device), torch.diff(cu, prepend=cu[:1] * 0))
     inv = torch.tensor([1.25, 0.8, 2.0], device=device)[req]
     inv = torch.where(kw["is_greedy"][req], -1.0, inv)

@@ -128,7 +128,8 @@ def test_emitted_sequences_follow_target(backend, k, with_probs, seeded):
         if with_probs:
             kw["draft_probs"] = q[prev.flatten()].float().to(DEVICE)
         if seeded:
-            kw.update(seeds=torch.arange(n, device=DEVICE) + 10**6, has_seed=torch.ones(n, dtype=torch.bool, device=DEVICE),
+            kw.update(seeds=torch.arange(n, device=DEVICE) + 10**6,
+                      has_seed=torch.ones(n, dtype=torch.bool, device=DEVICE),
                       positions=torch.tensor([len(s) for s in seqs], device=DEVICE))
         out = run(backend, rows.to(DEVICE), drafts.flatten().to(DEVICE), k, n, bonus.to(DEVICE), **kw)
         for s, row in zip(seqs, out.tolist()):

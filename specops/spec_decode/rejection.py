@@ -223,8 +223,8 @@ def rejection_sample(
     fuse = bool(fuse_recover) and draft_probs is None and is_greedy is not True
     args = dict(target_rows=target_rows, draft_token_ids=draft_token_ids.contiguous(),
                 draft_probs=draft_probs, cu_num_draft_tokens=cu_num_draft_tokens.contiguous(),
-                temperature=temperature, inv_temperature=inv_temperature, threshold=threshold, seeds=seeds, has_seed=has_seed, positions=positions,
-                step=step, engine_seed=engine_seed)
+                temperature=temperature, inv_temperature=inv_temperature, threshold=threshold, seeds=seeds,
+                has_seed=has_seed, positions=positions, step=step, engine_seed=engine_seed)
     chunk = chunk_size(vocab)
     rec_j, rec_ms = rejection_sample_pass(out, logits, bonus_token_ids=bonus_token_ids.contiguous(),
                                           is_greedy=is_greedy, fuse_race=fuse, chunk=chunk, **args)
