@@ -14,7 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specops.sampling import BatchUpdate, LogitsRows, Sampler, SamplingMetadata, build_logits_processors
+from specops.sampling import (BatchUpdate, LogitsProcessor, LogitsProcessors, LogitsRows, Sampler, SamplingMetadata,
+                              build_logits_processors)
 from specops.spec_decode import build_spec_decode_metadata
 from specops.spec_decode.rejection_sampler import RejectionSampler
 
@@ -306,6 +307,57 @@ def test_temperature_only_fast_path_matches_kernel_call():
     bonus_md = md.expand([0, 1, 2], position_offsets=[2, 2, 2])
     assert torch.equal(out.bonus.sampled_token_ids,
                        Sampler()(logits[spec.bonus_logits_indices.long()], bonus_md).sampled_token_ids)
+
+
+class HistoryBan(LogitsProcessor):
+    """Custom processor: bans token (len(history) + sum(drafts before the row)) % vocab, and
+    records the rows it was shown."""
+
+    def __init__(self, max_num_reqs, vocab_size, device="cpu"):
+        super().__init__(max_num_reqs, vocab_size, device)
+        self.seen = []
+
+    def is_argmax_invariant(self):
+        return False
+
+    def update_state(self, batch_update):
+        pass
+
+    def apply(self, logits, rows=None):
+        self.seen.append(rows)
+        for r in range(logits.shape[0]):
+            pre = rows.preceding_token_ids[r] if rows.preceding_token_ids else []
+            logits[r, (rows.num_output_tokens[r] + sum(pre)) % self.vocab_size] = float("-inf")
+        return logits
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_custom_processor_and_allowed_tokens_see_every_row(temperature):
+    vocab = 16
+    logits = torch.zeros(8, vocab, device=DEVICE)
+    logits[:, 3] = 5.0                       # the favourite token, unless banned
+    spec = build_spec_decode_metadata([3, 0, 2], [4, 5, 8], device=DEVICE)
+    procs = LogitsProcessors([HistoryBan(3, vocab, DEVICE)])
+    md = SamplingMetadata.from_params([temperature] * 3, vocab_size=vocab, device=DEVICE, seeds=[1, 2, 3],
+                                      positions=[5, 6, 7], allowed_token_ids=[None, None, [3, 4, 9]],
+                                      logitsprocs=procs, rows=LogitsRows([10, 11, 12], [1, 3, 0]))
+    drafts = [[3, 3, 3], [], [9, 3]]
+    out = RejectionSampler()(logits, spec, md, draft_token_ids=torch.tensor([3, 3, 3, 9, 3], device=DEVICE),
+                             draft_token_lists=drafts)
+    # bonus rows first (output length + K, all K drafts before them), then the target rows
+    bonus_rows, target_rows = procs.all[0].seen
+    assert bonus_rows.req_indices == [10, 11, 12] and bonus_rows.num_output_tokens == [4, 3, 2]
+    assert bonus_rows.preceding_token_ids == drafts
+    assert target_rows.req_indices == [10, 10, 10, 12, 12]
+    assert target_rows.num_output_tokens == [1, 2, 3, 0, 1]
+    assert target_rows.preceding_token_ids == [[], [3], [3, 3], [], [9]]
+    toks = [row[:row.index(-1)] if -1 in row else row for row in out.output_token_ids.tolist()]
+    # request 1's bonus row bans 3 (3 outputs, no drafts); request 2 only has {3, 4, 9}
+    assert toks[1][0] != 3 and all(t in (3, 4, 9) for t in toks[2])
+    if temperature == 0.0:
+        # request 0: bans 1, 5, 9 on its target rows and 13 on its bonus row: all drafts accepted;
+        # request 1: 3 banned, every other logit 0: token 0; request 2: draft 9 != argmax 3
+        assert toks == [[3, 3, 3, 3], [0], [3]]
 
 
 def test_bad_inputs():
