@@ -64,8 +64,8 @@ def train_tokenizer(vocab_size: int, train_size: int = 400):
     while len(vocab) < vocab_size:
         # Three-character strings of the byte alphabet that no merge produces: unreachable
         # by encoding, and they still decode (to bytes, maybe invalid UTF-8).
-        a, b, c = chars[i % len(chars)], chars[(i // len(chars)) % len(chars)], chars[(i // len(chars) ** 2) % len(chars)]
-        filler = "Ā" + a + b + c
+        n = len(chars)
+        filler = "Ā" + chars[i % n] + chars[(i // n) % n] + chars[(i // n ** 2) % n]
         if filler not in vocab:
             vocab[filler] = len(vocab)
         i += 1
