@@ -2,7 +2,8 @@
 
 Grid (num_reqs * MAX_K, NUM_SPLITS): program (r, i, c) reads chunk c (CHUNK vocabulary
 entries) of the target row of draft i of request r and writes chunk partials: the max
-and argmax of the scaled logits, the sum of exp relative to that max and, when
+and argmax of the scaled logits x = l * (1/T) (tokens below the row's optional threshold,
+e.g. top-k / top-p / min-p, count as -inf), the sum of exp relative to that max and, when
 FUSE_RACE, the chunk's best recovered-token candidate. The last program to finish a
 request (an acq_rel atomic counter) combines the partials of all its rows, decides
 acceptance and writes the request's whole output row [K + 1].
@@ -15,7 +16,7 @@ acceptance and writes the request's whole output row [K + 1].
 - every draft accepted: the bonus token is appended.
 
 The recovered token of a random row is an exponential race over the row. Without draft
-probs it is argmax_{t != x} (l_t / T - log E_t) (p with x removed); it is computed here
+probs it is argmax_{t != x} (x_t - log E_t) (p with x removed); it is computed here
 when FUSE_RACE, else by rejection_recover.py over the one rejected row, which also
 handles the residual max(0, p - q) with draft probs. E_t is Exp(1) from word t % 4 of
 random_words(seed, pos, STREAM_RECOVER, t // 4).
