@@ -27,7 +27,8 @@ _BIG = tl.constexpr(2147483647)
 def _row_stats_kernel(
     logits_ptr, stride_row,       # [R, V] fp32/bf16/fp16, unit column stride
     inv_temp_ptr,                 # [R] fp32: 1/T, -1 on greedy rows
-    top_k_ptr, top_p_ptr, min_p_ptr,  # [R] int32 / fp32 / fp32
+    top_k_ptr, top_p_ptr,         # [R] int32 / fp32
+    log_min_p_ptr,                # [R] fp32: log(min_p), -inf = off
     seed_ptr, pos_ptr,            # [R] int64
     tile_max_ptr,                 # [R, NT] fp32 out
     part_f_ptr,                   # [R, S, 3] fp32 out: max, sumexp, best score
@@ -43,7 +44,7 @@ def _row_stats_kernel(
     scale = tl.where(inv_t > 0, inv_t, 1.0)
     k = tl.load(top_k_ptr + r)
     unfiltered = (inv_t > 0) & ((k <= 0) | (k >= V)) & (tl.load(top_p_ptr + r) >= 1.0)
-    unfiltered = unfiltered & (tl.load(min_p_ptr + r) <= 0.0)
+    unfiltered = unfiltered & (tl.load(log_min_p_ptr + r) == float("-inf"))
     seed = tl.load(seed_ptr + r)
     pos = tl.load(pos_ptr + r)
 
@@ -105,7 +106,8 @@ def tile_size(vocab_size: int) -> int:
 def row_stats_pass(
     logits,            # [R, V] fp32/bf16/fp16, unit column stride
     inv_temperature,   # [R] fp32
-    top_k, top_p, min_p,  # [R] int32 / fp32 / fp32
+    top_k, top_p,      # [R] int32 / fp32
+    log_min_p,         # [R] fp32, -inf = off
     seeds, positions,  # [R] int64
     stream: int,
     tile: int,
@@ -122,7 +124,7 @@ def row_stats_pass(
     tiles_per_prog = -(-NT // num_chunks)
     tpb = min(max(1, block // tile), _next_pow2(tiles_per_prog))
     _row_stats_kernel[(R, num_chunks)](
-        logits, logits.stride(0), inv_temperature, top_k, top_p, min_p,
+        logits, logits.stride(0), inv_temperature, top_k, top_p, log_min_p,
         seeds, positions, tile_max, part_f, part_i,
         V, NT, tiles_per_prog, num_chunks, stream,
         TILE=tile, TPB=tpb, num_warps=num_warps,

@@ -225,7 +225,8 @@ def _find_threshold(row, tm_row, list_row, cand_row, V, NT, scale, m, mode_mass,
 def _sample_resolve_kernel(
     logits_ptr, stride_row,            # [R, V] fp32/bf16/fp16, unit column stride
     inv_temp_ptr,                      # [R] fp32: 1/T, -1 on greedy rows
-    top_k_ptr, top_p_ptr, min_p_ptr,   # [R] int32 / fp32 / fp32
+    top_k_ptr, top_p_ptr,              # [R] int32 / fp32
+    log_min_p_ptr,                     # [R] fp32: log(min_p), -inf = off
     seed_ptr, pos_ptr,                 # [R] int64
     tile_max_ptr,                      # [R, NT] fp32 (pass 1)
     part_f_ptr, part_i_ptr,            # [R, S, 3] fp32, [R, S, 2] int32 (pass 1)
@@ -246,10 +247,10 @@ def _sample_resolve_kernel(
     scale = tl.where(inv_t > 0, inv_t, 1.0)
     k = tl.load(top_k_ptr + r)
     p = tl.load(top_p_ptr + r)
-    mp = tl.load(min_p_ptr + r)
+    lmp = tl.load(log_min_p_ptr + r)
     has_k = (k > 0) & (k < V)
     has_p = p < 1.0
-    has_mp = mp > 0.0
+    has_mp = lmp > float("-inf")
     seed = tl.load(seed_ptr + r)
     pos = tl.load(pos_ptr + r)
 
@@ -281,7 +282,7 @@ def _sample_resolve_kernel(
         elif (~has_k) & (~has_p) & (~has_mp):
             tok = bidx
         else:
-            tau = tl.where(has_mp, m + tl.log(tl.where(has_mp, mp, 1.0)), float("-inf"))
+            tau = tl.where(has_mp, m + lmp, float("-inf"))
             if has_k | has_p:
                 # guesses of lower bounds of the cuts, from the sorted tile maxima alone
                 t = tl.arange(0, NT_P2)
@@ -365,17 +366,17 @@ def sample_top_k_top_p_triton(
         top_k = torch.zeros(R, dtype=torch.int32, device=dev)
     if top_p is None:
         top_p = torch.ones(R, dtype=torch.float32, device=dev)
-    if min_p is None:
-        min_p = torch.zeros(R, dtype=torch.float32, device=dev)
+    # log(min_p) once, in torch, so that the kernels and the reference share its rounding
+    log_min_p = (torch.full((R,), float("-inf"), device=dev) if min_p is None else torch.log(min_p))
     tile_max = torch.empty(R, NT, dtype=torch.float32, device=dev)
     part_f = torch.empty(R, S, 3, dtype=torch.float32, device=dev)
     part_i = torch.empty(R, S, 2, dtype=torch.int32, device=dev)
     tile_list = torch.empty(R, NT_P2, dtype=torch.int32, device=dev)
     cand = torch.empty(R, cap, dtype=torch.int64, device=dev)
-    row_stats_pass(logits, inv_temperature, top_k, top_p, min_p, seeds, positions, stream, tile, S,
+    row_stats_pass(logits, inv_temperature, top_k, top_p, log_min_p, seeds, positions, stream, tile, S,
                    tile_max, part_f, part_i)
     _sample_resolve_kernel[(R,)](
-        logits, logits.stride(0), inv_temperature, top_k, top_p, min_p,
+        logits, logits.stride(0), inv_temperature, top_k, top_p, log_min_p,
         seeds, positions, tile_max, part_f, part_i, tile_list, cand,
         tokens, thr, rmax, lnorm,
         V, NT, S, stream,

@@ -126,7 +126,7 @@ def row_thresholds_torch(
     tau = torch.full((R,), float("-inf"), dtype=torch.float32, device=dev)
     if min_p is not None:
         mp = min_p.to(dev, torch.float32)
-        tau = torch.where(mp > 0, m + torch.log(torch.where(mp > 0, mp, 1.0)), tau)
+        tau = torch.where(mp > 0, m + torch.log(mp), tau)  # log(min_p) rounded as the kernels get it
     if top_k is None and top_p is None:
         return tau
     sv = torch.sort(x, dim=-1, descending=True).values
