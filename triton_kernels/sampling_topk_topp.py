@@ -28,6 +28,8 @@ Outputs per row: token (int64, -1 when invalid), threshold tau (-inf when nothin
 cut), m and log(sum over kept of exp(x - m)): the processed distribution.
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -316,6 +318,7 @@ def _sample_resolve_kernel(
     tl.store(lnorm_ptr + r, lnorm)
 
 
+@functools.lru_cache(maxsize=None)
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count

@@ -1,0 +1,223 @@
+"""Sampling benchmark: temperature + top-k + top-p + min-p + draw, from logits, one token per row.
+
+    python bench/bench_sampling.py        (GPU machine, repo root)
+
+Implementations, same logits, same per-row parameters:
+
+- specops: `specops.sampling.sample` (two fused Triton passes, counter-based noise), with
+  unseeded rows (engine seed + step) and with every row seeded ("seeded");
+- torch-sort: vLLM's sort-based recipe in plain torch (sort, top-k gather, top-p cumsum,
+  softmax, exponential noise, argmax);
+- flashinfer: `flashinfer.sampling.top_k_top_p_sampling_from_logits` with per-row top_k /
+  top_p tensors on logits already divided by the temperature (its kernel alone: the
+  division is not timed; min_p rows run without min_p, greedy rows sample at T = 1);
+- plain sampling (no filter, T = 1 on every row): specops vs
+  `flashinfer.sampling.sampling_from_logits`.
+
+Logits: "llm" rows are randn * 2 with 32 tokens per row raised by 6..12 (a peaked,
+LLM-like distribution: top-p keeps a few tokens); "flat" rows are randn (top-p keeps most
+of the vocabulary: specops' exact bisection fallback). Per-row parameters cycle through
+MIX. Correctness is checked against the torch reference (specops.sampling.sample_torch,
+same noise) before timing. Memory floor: the logits read once.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import Row, copy_bandwidth, floor_us, time_us, write_results  # noqa: E402
+
+VOCABS = (128256, 151936)
+BATCHES = (1, 8, 32, 128, 512)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+MIX = [  # (temperature, top_k, top_p, min_p) cycled over the rows
+    (0.0, 0, 1.0, 0.0),       # greedy
+    (0.7, 50, 1.0, 0.0),
+    (1.0, 0, 0.9, 0.0),
+    (0.8, 40, 0.95, 0.0),
+    (1.0, 0, 1.0, 0.05),
+    (1.0, 0, 1.0, 0.0),       # plain sampling
+    (0.6, 20, 0.8, 0.02),
+    (1.0, 1000, 0.95, 0.0),
+]
+FAST = dict(warmup=3, iters=30, replays_per_graph=5)
+SLOW = dict(warmup=1, iters=5, replays_per_graph=1)
+
+
+def make_logits(B: int, V: int, dtype: torch.dtype, kind: str, seed: int) -> torch.Tensor:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    if kind == "flat":
+        return torch.randn(B, V, device="cuda", generator=g).to(dtype)
+    x = torch.randn(B, V, device="cuda", generator=g) * 2.0
+    hot = torch.randint(0, V, (B, 32), device="cuda", generator=g)
+    x.scatter_add_(1, hot, 6.0 + 6.0 * torch.rand(B, 32, device="cuda", generator=g))
+    return x.to(dtype)
+
+
+def metadata(B: int, V: int, seeded: bool, mix=MIX):
+    from specops.sampling import SamplingMetadata
+    rows = [mix[i % len(mix)] for i in range(B)]
+    return SamplingMetadata.from_params(
+        [r[0] for r in rows], vocab_size=V, device="cuda", top_k=[r[1] for r in rows], top_p=[r[2] for r in rows],
+        min_p=[r[3] for r in rows], seeds=[1000 + i for i in range(B)] if seeded else None,
+        positions=[17 + i for i in range(B)], engine_seed=12345, step=3)
+
+
+def torch_sort_sample(logits, temperature, top_k, top_p, min_p):
+    """vLLM's plain-torch path: softmax min-p, sort-based top-k/top-p, exponential noise."""
+    x = logits.float()
+    greedy = temperature <= 0
+    x = x / torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(1)
+    if min_p is not None:
+        probs = torch.softmax(x, dim=-1)
+        x = x.masked_fill(probs < min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values, float("-inf"))
+    xs, idx = x.sort(dim=-1, descending=False)
+    V = x.shape[1]
+    if top_k is not None:
+        k = torch.where(top_k > 0, top_k, V).long()
+        kth = xs.gather(1, (V - k).clamp(0, V - 1).unsqueeze(1))
+        xs = xs.masked_fill(xs < kth, float("-inf"))
+    if top_p is not None:
+        cum = torch.softmax(xs, dim=-1).cumsum(dim=-1)
+        mask = cum <= 1 - top_p.unsqueeze(1)
+        mask[:, -1] = False
+        xs = xs.masked_fill(mask, float("-inf"))
+    x = torch.empty_like(xs).scatter_(1, idx, xs)
+    probs = torch.softmax(x, dim=-1)
+    q = torch.empty_like(probs).exponential_()
+    return torch.where(greedy, logits.argmax(dim=-1), (probs / q).argmax(dim=-1))
+
+
+def flashinfer_sampling():
+    try:
+        import flashinfer.sampling as fs
+        return fs
+    except Exception as exc:  # noqa: BLE001 - absent or broken peer: its rows are skipped
+        print(f"FlashInfer unavailable ({type(exc).__name__}: {exc}): its rows are skipped", flush=True)
+        return None
+
+
+def check(logits, md, name: str) -> None:
+    """specops against the reference (same noise) on up to 16 rows; raises on disagreement."""
+    from specops.sampling import sample, sample_torch
+    n = min(16, logits.shape[0])
+    args = (logits[:n], md.inv_temperature[:n], None if md.top_k is None else md.top_k[:n],
+            None if md.top_p is None else md.top_p[:n], None if md.min_p is None else md.min_p[:n],
+            md.seeds[:n], md.positions[:n])
+    a = sample(*args, backend="triton")
+    b = sample_torch(*args)
+    same_thr = torch.equal(a.threshold.nan_to_num(7.0), b.threshold.nan_to_num(7.0))
+    mismatches = int((a.tokens != b.tokens).sum())
+    if not same_thr or mismatches > 1:
+        raise AssertionError(f"{name}: specops disagrees with the reference (thresholds equal: {same_thr}, "
+                             f"token mismatches: {mismatches}/{n})")
+
+
+def bench_case(rows, fs, V, B, dname, kind, do_torch=True):
+    from specops.sampling import sample
+    dtype = DTYPES[dname]
+    logits = make_logits(B, V, dtype, kind, seed=B * 7 + V)
+    md_u = metadata(B, V, seeded=False)
+    md_s = metadata(B, V, seeded=True)
+    check(logits, md_u, f"{kind} V={V} B={B} {dname}")
+    min_bytes = logits.numel() * logits.element_size()
+    shape = dict(V=V, batch=B, dtype=dname, logits=kind)
+    flo = floor_us(min_bytes)
+
+    def ours(md):
+        return lambda: sample(logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions,
+                              backend="triton")
+
+    t_u = time_us(ours(md_u), **FAST)
+    t_s = time_us(ours(md_s), **FAST)
+    extra = {"seeded/unseeded": t_s / t_u}
+    peers = {}
+    if do_torch:
+        peers["torch-sort"] = time_us(lambda: torch_sort_sample(logits, md_u.temperature, md_u.top_k, md_u.top_p,
+                                                                md_u.min_p), **SLOW)
+    if fs is not None:
+        inv = md_u.inv_temperature
+        scaled = (logits.float() * torch.where(inv > 0, inv, torch.ones_like(inv)).unsqueeze(1)).to(dtype)
+        k = torch.where(md_u.top_k > 0, md_u.top_k, V).to(torch.int32)
+        p = md_u.top_p.contiguous()
+        try:
+            fs.top_k_top_p_sampling_from_logits(scaled, k, p)
+            peers["flashinfer"] = time_us(lambda: fs.top_k_top_p_sampling_from_logits(scaled, k, p), **FAST)
+        except Exception as exc:  # noqa: BLE001
+            print(f"flashinfer top_k_top_p_sampling_from_logits failed: {type(exc).__name__}: {exc}", flush=True)
+    for name, t in peers.items():
+        extra[f"x {name}"] = t / t_u
+    rows.append(Row("top-k/top-p/min-p sample", "specops", shape, t_u, min_bytes, flo, extra))
+    rows.append(Row("top-k/top-p/min-p sample", "specops seeded", shape, t_s, min_bytes, flo, {}))
+    for name, t in peers.items():
+        rows.append(Row("top-k/top-p/min-p sample", name, shape, t, min_bytes, flo, {}))
+    fi = f" flashinfer {peers['flashinfer']:8.1f}" if "flashinfer" in peers else ""
+    to = f" torch {peers['torch-sort']:8.1f}" if "torch-sort" in peers else ""
+    print(f"{kind:4s} V={V:6d} B={B:3d} {dname}: specops {t_u:7.1f} us (seeded {t_s:7.1f}, floor {flo:6.2f},"
+          f" {t_u / flo:5.2f}x){fi}{to}", flush=True)
+
+
+def bench_plain(rows, fs, V, B, dname):
+    from specops.sampling import sample
+    dtype = DTYPES[dname]
+    logits = make_logits(B, V, dtype, "llm", seed=B + 1)
+    md = metadata(B, V, seeded=False, mix=[(1.0, 0, 1.0, 0.0)])
+    check(logits, md, f"plain V={V} B={B} {dname}")
+    min_bytes = logits.numel() * logits.element_size()
+    shape = dict(V=V, batch=B, dtype=dname, logits="llm")
+    flo = floor_us(min_bytes)
+    t = time_us(lambda: sample(logits, md.inv_temperature, None, None, None, md.seeds, md.positions,
+                               backend="triton"), **FAST)
+    extra = {}
+    t_fi = None
+    if fs is not None:
+        try:
+            fs.sampling_from_logits(logits)
+            t_fi = time_us(lambda: fs.sampling_from_logits(logits), **FAST)
+            extra["x flashinfer"] = t_fi / t
+        except Exception as exc:  # noqa: BLE001
+            print(f"flashinfer sampling_from_logits failed: {type(exc).__name__}: {exc}", flush=True)
+    rows.append(Row("sample (no filter)", "specops", shape, t, min_bytes, flo, extra))
+    if t_fi is not None:
+        rows.append(Row("sample (no filter)", "flashinfer", shape, t_fi, min_bytes, flo, {}))
+    print(f"plain V={V:6d} B={B:3d} {dname}: specops {t:7.1f} us" + (f" flashinfer {t_fi:7.1f}" if t_fi else ""),
+          flush=True)
+
+
+NOTES = ("Per-row parameters cycle through (temperature, top_k, top_p, min_p) = " + ", ".join(map(str, MIX))
+         + ". 'llm' logits: randn*2 with 32 tokens per row raised by 6..12; 'flat': randn. FlashInfer runs "
+         "top_k_top_p_sampling_from_logits on pre-scaled logits (temperature not timed, no min_p, greedy rows "
+         "sampled); x <peer> = peer time / specops time. specops seeded = every row with its own seed.")
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("bench_sampling needs CUDA: skipped")
+        return 0
+    t0 = time.time()
+    copy_bandwidth()
+    fs = flashinfer_sampling()
+    rows: list[Row] = []
+    for dname in DTYPES:
+        for V in VOCABS:
+            for B in BATCHES:
+                bench_case(rows, fs, V, B, dname, "llm", do_torch=(dname == "fp32"))
+            write_results("sampling", rows, notes=NOTES)
+    for B in (1, 32, 512):
+        bench_case(rows, fs, 128256, B, "fp32", "flat", do_torch=False)
+    for dname in DTYPES:
+        for B in (1, 32, 512):
+            bench_plain(rows, fs, 128256, B, dname)
+    path = write_results("sampling", rows, notes=NOTES)
+    print(f"wrote {path} in {time.time() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
