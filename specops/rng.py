@@ -75,7 +75,7 @@ def vocab_noise(seeds: torch.Tensor, positions: torch.Tensor, stream: int, vocab
     rows = seeds.shape[0]
     index = torch.arange((vocab_size + 3) // 4, device=seeds.device)
     words = random_words(seeds.view(-1, 1), positions.view(-1, 1), stream, index.view(1, -1))
-    words = torch.stack(words, dim=-1).reshape(rows, -1)[:, :vocab_size]
+    words = torch.stack(words, dim=-1).reshape(rows, 4 * index.numel())[:, :vocab_size]
     return exponential(words) if kind == "exponential" else uniform_open(words)
 
 

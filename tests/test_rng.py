@@ -36,6 +36,11 @@ def test_row_keys_depend_only_on_seed_and_position():
     assert not torch.equal(a[0], a[1])
 
 
+def test_vocab_noise_with_no_rows():
+    empty = torch.zeros(0, dtype=torch.int64)
+    assert rng.vocab_noise(empty, empty, rng.STREAM_SAMPLE, 10).shape == (0, 10)
+
+
 def test_unseeded_rows_get_distinct_lanes():
     seeds, pos = rng.row_keys(torch.tensor([11, 0, 0]), torch.tensor([True, False, False]),
                               torch.tensor([4, 4, 4]), engine_seed=123, step=torch.tensor(17))
