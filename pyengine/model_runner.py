@@ -6,6 +6,12 @@ query_start_loc, seq_lens, block tables) with numpy and move them to the device 
 go; run the model; compute logits only at the last position of each sequence that
 completes its prompt or decodes this step; sample; read the tokens back (the step's one
 host sync).
+
+Speculative decoding: a request with K scheduled drafts runs 1 + K tokens (its last
+sampled token and the drafts); the logits of those 1 + K positions are kept
+(`build_spec_decode_metadata`) and `BatchSampler.verify` emits the accepted drafts plus
+one token. The draft distributions of a draft-model proposer come from `last_drafts`,
+the DraftBatch that the engine's proposer made after the previous step.
 """
 
 from __future__ import annotations
@@ -15,6 +21,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+
+from specops.sampling.logprobs import compute_logprobs
+from specops.spec_decode.metadata import SpecDecodeMetadata, build_spec_decode_metadata
+from specops.spec_decode.parse import parse_output
 
 from .input_batch import InputBatch
 from .request import Logprob, Request
@@ -35,8 +45,11 @@ class StepInputs:
     attn: object  # AttnMetadata
     logits_indices: torch.Tensor  # [N] int64: token index of each sampled sequence's last position
     sample_rows: list[int]  # persistent-batch row of each sampled sequence
-    sample_positions: list[int]  # position of the token being sampled
+    sample_positions: list[int]  # position of the token being sampled (the bonus token's, with drafts)
     sample_reqs: list[Request]
+    # speculative decoding (None / empty when no sampled request has drafts this step)
+    spec: SpecDecodeMetadata | None = None
+    drafts: list[list[int]] = field(default_factory=list)  # per sampled request, its scheduled drafts
 
 
 class ModelRunner:
@@ -54,11 +67,13 @@ class ModelRunner:
     max_model_len : int
     seed : int
         Engine seed for unseeded requests.
+    synthetic_acceptance : SyntheticAcceptance or None
+        Benchmarks only: decide acceptance by these rates instead of verifying drafts.
     """
 
     def __init__(self, model, vocab_size: int, num_blocks: int, block_size: int, max_num_reqs: int,
                  max_model_len: int, seed: int = 0, num_lookahead_tokens: int = 0, eos_token_ids: list[int] = (),
-                 logits_processors: list = ()):
+                 logits_processors: list = (), synthetic_acceptance=None):
         from .model.attention import AttnMetadata
 
         self._attn_cls = AttnMetadata
@@ -72,6 +87,9 @@ class ModelRunner:
         self.time_forward = 0.0  # seconds, for benchmarks (synchronised only when profile=True)
         self.time_sample = 0.0
         self.profile = False
+        self.vocab_size = vocab_size
+        self.last_drafts = None  # DraftBatch of the proposer's last call (draft probabilities)
+        self.synthetic = synthetic_acceptance
 
     @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
@@ -86,6 +104,8 @@ class ModelRunner:
         if not inputs.sample_reqs:
             self.time_forward += self._now() - t0
             return out
+        if inputs.spec is not None:
+            return self._execute_spec(hidden, inputs, t0)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         t1 = self._now()
         tokens, logprobs = self.sampler.sample(logits, inputs.sample_rows, inputs.sample_positions)
@@ -100,6 +120,69 @@ class ModelRunner:
         for i, entry in zip(want, lp):
             out.logprobs[inputs.sample_reqs[i].request_id] = [entry]
         return out
+
+    def _execute_spec(self, hidden: torch.Tensor, inputs: StepInputs, t0: float) -> ModelRunnerOutput:
+        """Verify the step's drafts: logits at the 1 + K positions of each request, then emitted tokens."""
+        spec, reqs, drafts = inputs.spec, inputs.sample_reqs, inputs.drafts
+        logits = self.model.compute_logits(hidden[spec.logits_indices.long()])  # [sum(nd) + N, vocab]
+        t1 = self._now()
+        want = [i for i, r in enumerate(reqs) if r.sampling_params.logprobs is not None]
+        raw = logits.clone() if want else None  # the Sampler may process the logits in place
+        first = [p - len(d) for p, d in zip(inputs.sample_positions, drafts)]  # position of draft 0
+        if self.synthetic is not None:
+            emitted = self._synthetic_emit(logits, spec, inputs, first)
+        else:
+            probs = None
+            if self.last_drafts is not None and spec.total_draft_tokens:
+                probs = self.last_drafts.gather_probs([r.request_id for r in reqs], spec.num_draft_tokens)
+            out = self.sampler.verify(logits, spec, inputs.sample_rows, first, drafts, probs)
+            emitted = parse_output(out)  # the step's one host sync
+        out = ModelRunnerOutput()
+        for req, e, d in zip(reqs, emitted, drafts):
+            if e == d[:len(e)]:  # no token after the accepted drafts: the bonus row was invalid
+                e = e + [-1]
+            out.sampled[req.request_id] = e
+        if want:
+            self._spec_logprobs(raw, spec, [reqs[i] for i in want], [emitted[i] for i in want], want, out)
+        t2 = self._now()
+        self.time_forward += t1 - t0
+        self.time_sample += t2 - t1
+        return out
+
+    def _synthetic_emit(self, logits: torch.Tensor, spec: SpecDecodeMetadata, inputs: StepInputs,
+                        first: list[int]) -> list[list[int]]:
+        """Benchmark mode: the first n drafts (n drawn at the configured rates), then the target's argmax."""
+        reqs, drafts = inputs.sample_reqs, inputs.drafts
+        top = logits.argmax(dim=-1).tolist()
+        starts = np.cumsum([0] + [len(d) + 1 for d in drafts]).tolist()
+        target = [top[s:s + len(d) + 1] for s, d in zip(starts, drafts)]
+        n = self.synthetic.num_accepted([r.request_id for r in reqs], first, [len(d) for d in drafts])
+        emitted = self.synthetic.emit(drafts, target, n.tolist())
+        self.sampler.count_emitted(inputs.sample_rows, emitted)
+        return emitted
+
+    @staticmethod
+    def _spec_logprobs(raw: torch.Tensor, spec: SpecDecodeMetadata, reqs: list[Request], emitted: list[list[int]],
+                       index: list[int], out: ModelRunnerOutput) -> None:
+        """Raw logprobs of every emitted token: token j of a request comes from its j-th kept row."""
+        first_row = spec.bonus_logits_indices.cpu().numpy() - np.asarray(spec.num_draft_tokens)
+        rows, toks, num_top, counts = [], [], [], []
+        for i, req, e in zip(index, reqs, emitted):
+            e = [t for t in e if t >= 0]
+            rows += range(int(first_row[i]), int(first_row[i]) + len(e))
+            toks += e
+            num_top += [req.sampling_params.logprobs] * len(e)
+            counts.append(len(e))
+        if not rows:
+            return
+        dev = raw.device
+        lp = compute_logprobs("raw_logprobs", max(num_top), torch.tensor(toks, dtype=torch.int64).to(dev),
+                              raw_logits=raw[torch.tensor(rows, dtype=torch.int64).to(dev)])
+        entries = to_logprobs(lp, list(range(len(rows))), num_top)
+        start = 0
+        for req, c in zip(reqs, counts):
+            out.logprobs[req.request_id] = entries[start:start + c]
+            start += c
 
     def _now(self) -> float:
         if self.profile and self.device.type == "cuda":
@@ -117,9 +200,10 @@ class ModelRunner:
         np.cumsum(num_new, out=qsl[1:])
         num_tokens = int(qsl[-1])
         ids: list[int] = []
+        spec_tokens = sched.scheduled_spec_decode_tokens
         for req, s, k in zip(reqs, start.tolist(), num_new.tolist()):
-            toks = req.all_token_ids if not req.spec_token_ids else req.all_token_ids + req.spec_token_ids
-            ids.extend(toks[s:s + k])
+            drafts = spec_tokens.get(req.request_id)
+            ids.extend((req.all_token_ids + drafts)[s:s + k] if drafts else req.all_token_ids[s:s + k])
         positions = np.arange(num_tokens, dtype=np.int64) - np.repeat(qsl[:-1] - start, num_new)
         row_of_token = np.repeat(np.arange(n), num_new)
         bs = self.block_size
@@ -141,12 +225,20 @@ class ModelRunner:
             max_seq_len=int(seq_lens.max()),
             block_size=bs,
         )
+        input_ids = torch.tensor(ids, dtype=torch.int64).to(dev, non_blocking=True)
+        sample_reqs = [reqs[i] for i in sample_rows.tolist()]
+        spec, drafts = None, []
+        if spec_tokens:
+            drafts = [spec_tokens.get(r.request_id, []) for r in sample_reqs]
+            spec = build_spec_decode_metadata([len(d) for d in drafts], qsl[1:][sample_rows], input_ids=input_ids)
         return StepInputs(
-            input_ids=torch.tensor(ids, dtype=torch.int64).to(dev, non_blocking=True),
+            input_ids=input_ids,
             positions=to(positions, torch.int64),
             attn=attn,
             logits_indices=to(qsl[1:][sample_rows] - 1, torch.int64),
             sample_rows=sample_rows.tolist(),
             sample_positions=seq_lens[sample_rows].tolist(),
-            sample_reqs=[reqs[i] for i in sample_rows.tolist()],
+            sample_reqs=sample_reqs,
+            spec=spec,
+            drafts=drafts,
         )

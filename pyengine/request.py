@@ -58,7 +58,7 @@ class Request:
         self.arrival = arrival
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
-        self.spec_token_ids: list[int] = []  # draft tokens (speculative decoding, issue 6)
+        self.spec_token_ids: list[int] = []  # drafts for the next step (speculative decoding)
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache on first admission
         self.num_preemptions = 0
@@ -103,3 +103,12 @@ class Request:
     def append_token(self, token_id: int) -> None:
         self.all_token_ids.append(token_id)
         self.output_token_ids.append(token_id)
+
+    def truncate_output(self, num_output_tokens: int) -> None:
+        """Keep the first num_output_tokens outputs (a stop string ended the text among tokens
+        that one speculative step emitted). Only for a request that finishes now."""
+        if not 0 <= num_output_tokens <= self.num_output_tokens:
+            raise ValueError(f"num_output_tokens must be in [0, {self.num_output_tokens}], got {num_output_tokens}")
+        del self.output_token_ids[num_output_tokens:]
+        del self.all_token_ids[self.num_prompt_tokens + num_output_tokens:]
+        self.num_computed_tokens = min(self.num_computed_tokens, self.num_tokens)

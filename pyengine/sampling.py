@@ -13,6 +13,11 @@ are mid-prompt have no logits) and calls the specops `Sampler`: allowed tokens, 
 the argmax-changing processors, penalties, then temperature/min-p/top-k/top-p and the
 counter-based draw, and raw logprobs. Seeded rows are keyed by (seed, token position), so
 their draws do not depend on the rest of the batch.
+
+With speculative decoding, `verify` replaces `sample` in steps where some request has
+drafts: the specops `RejectionSampler` checks them (target rows processed per row with the
+request's parameters, penalties counting the earlier drafts), and the penalty counts are
+updated with the emitted tokens only, never with rejected drafts.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from specops.sampling.logits_processors import LogitsRows, build_logits_processo
 from specops.sampling.logprobs import LogprobsTensors
 from specops.sampling.metadata import SamplingMetadata
 from specops.sampling.sampler import Sampler
+from specops.spec_decode.metadata import SpecDecodeMetadata
+from specops.spec_decode.rejection_sampler import RejectionSampler
 
 from .input_batch import BatchUpdate
 from .request import Logprob, Request
@@ -64,6 +71,7 @@ class BatchSampler:
         self.procs = build_logits_processors(max_num_reqs, vocab_size, self.device, custom=logits_processors,
                                              eos_token_ids=eos_token_ids)
         self.sampler = Sampler()  # raw logprobs, fused Triton draw on CUDA, torch reference on CPU
+        self.rejection_sampler = RejectionSampler(self.sampler)
         self._only_builtin_procs = len(self.procs) == 3 and not logits_processors
         self._plain_greedy = False
         self.step = torch.zeros((), dtype=torch.int64, device=self.device)  # read by the metadata's row keys
@@ -157,6 +165,78 @@ class BatchSampler:
             token_bincount_update_(self.output_counts, lrows.req_index_tensor(self.device), tokens)
         self.step += 1
         return tokens, out.logprobs
+
+
+    # ---- speculative decoding: verification ---------------------------------------------
+
+    def verify(
+        self,
+        logits: torch.Tensor,  # [sum(nd) + N, vocab] fp32 raw logits at spec.logits_indices
+        spec: SpecDecodeMetadata,
+        rows: list[int],  # persistent-batch row of each verifying request
+        positions: list[int],  # position of each request's first draft (= its committed length)
+        drafts: list[list[int]],  # the drafts of each request (len = spec.num_draft_tokens)
+        draft_probs: torch.Tensor | None = None,  # [sum(nd), vocab] draft distributions (draft model)
+    ) -> torch.Tensor:  # [N, max_spec_len + 1] int32: emitted tokens, then -1
+        """Verify the drafts of the rows that sample this step with the RejectionSampler.
+
+        Rows without drafts (plain decodes, the last chunk of a prompt) have one bonus row and
+        are sampled as `sample` would. Plain-greedy batches take the rejection rule's greedy
+        branch on one checked argmax of every row. The penalty counts then add the emitted
+        tokens (the -1 placeholders after them are ignored by token_bincount_update_).
+        """
+        batch_md = self._batch_metadata()
+        if self._plain_greedy:
+            out = greedy_verify(_checked_argmax(logits), spec)
+        else:
+            reqs = [self._reqs[r] for r in rows]
+            lrows = LogitsRows(list(rows), [len(r.output_token_ids) for r in reqs])
+            history = [r.output_token_ids for r in reqs] if batch_md.bad_words_token_ids else None
+            md = batch_md.expand(rows, position_offsets=positions, rows=lrows, output_token_ids=history)
+            out = self.rejection_sampler(logits, spec, md, draft_probs=draft_probs,
+                                         draft_token_lists=drafts).output_token_ids
+        if self.output_counts is not None:
+            row_index = torch.tensor(rows, dtype=torch.int64).to(self.device)
+            token_bincount_update_(self.output_counts, row_index.repeat_interleave(out.shape[1]),
+                                   out.reshape(-1).long())
+        self.step += 1
+        return out
+
+    def count_emitted(self, rows: list[int], emitted: list[list[int]]) -> None:
+        """Add tokens emitted outside `sample`/`verify` (synthetic acceptance) to the penalty counts."""
+        if self.output_counts is None:
+            return
+        flat = [t for e in emitted for t in e]
+        index = [r for r, e in zip(rows, emitted) for _ in e]
+        token_bincount_update_(self.output_counts, torch.tensor(index, dtype=torch.int64).to(self.device),
+                               torch.tensor(flat, dtype=torch.int64).to(self.device))
+
+
+def greedy_verify(
+    tokens: torch.Tensor,  # [sum(nd) + N] int64 argmax of every kept row (-1: invalid row)
+    spec: SpecDecodeMetadata,
+) -> torch.Tensor:  # [N, max_spec_len + 1] int32
+    """The RejectionSampler's greedy rule from the argmax of every row, without a host sync.
+
+    Request r accepts its drafts while each equals the argmax of its target row; it emits
+    the accepted drafts, then the argmax at the first mismatch (or of the bonus row), then
+    -1. An invalid row (-1) rejects its draft and emits -1, which the caller reports.
+    """
+    num_reqs, k = len(spec.num_draft_tokens), spec.max_spec_len
+    dev = tokens.device
+    bonus = spec.bonus_logits_indices.to(dev).long()  # [N]
+    nd = torch.diff(spec.cu_num_draft_tokens.to(dev).long(), prepend=torch.zeros(1, dtype=torch.long, device=dev))
+    j = torch.arange(k + 1, device=dev)
+    first = bonus - nd  # row of each request's first kept logits row
+    target = tokens[torch.minimum(first[:, None] + j, bonus[:, None])]  # [N, k+1]: argmax of row j
+    draft = torch.full((num_reqs, k + 1), -2, dtype=torch.long, device=dev)
+    if k:
+        starts = spec.cu_num_draft_tokens.to(dev).long() - nd
+        src = torch.clamp(starts[:, None] + j[:k], max=max(spec.draft_token_ids.shape[0] - 1, 0))
+        within = j[:k] < nd[:, None]
+        draft[:, :k] = torch.where(within, spec.draft_token_ids.to(dev).long()[src], -2)
+    accepted = torch.cumprod((draft == target).long(), dim=1).sum(dim=1)  # [N] accepted drafts
+    return torch.where(j[None, :] <= accepted[:, None], target, -1).to(torch.int32)
 
 
 def _plain_greedy(sp) -> bool:

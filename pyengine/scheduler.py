@@ -7,6 +7,15 @@ then waiting requests are admitted while budget, rows (max_num_seqs) and KV bloc
 When a running request cannot get a block, the most recently admitted running request is
 preempted: its blocks are freed and it goes back to the front of the waiting queue, to be
 recomputed from its prompt and outputs (prefix caching usually gives most of it back).
+
+Speculative decoding (seeds/01 ch. 3): a decoding request's draft tokens
+(`spec_token_ids`, set by the engine's proposer after the previous step) are scheduled
+with it, 1 + K tokens, and count in the token budget; when the budget is short the drafts
+are truncated, and a request still in a prefill chunk never schedules drafts. The bound
+num_computed + new <= max_model_len - 1 leaves a position for the bonus token. After
+verification `update_from_output` rolls num_computed_tokens back by the number of
+rejected drafts, before any block is registered in the prefix cache, so rejected tokens
+never reach it (their slots are simply overwritten by later steps).
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ class SchedulerOutput:
     num_scheduled_tokens: dict[str, int]
     total_num_scheduled_tokens: int
     preempted: list[Request] = field(default_factory=list)
-    # Draft tokens scheduled for verification, per request (speculative decoding; empty for now).
+    # Draft tokens scheduled for verification, per request that has any (speculative decoding).
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 
     @property
@@ -100,12 +109,14 @@ class Scheduler:
         scheduled: list[Request] = []
         num_tokens: dict[str, int] = {}
         preempted: list[Request] = []
+        spec_tokens: dict[str, list[int]] = {}
 
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            # Drafts count in the budget; one position stays free for the bonus token.
             n = min(req.num_tokens_with_spec - req.num_computed_tokens, budget,
-                    self.max_model_len - req.num_computed_tokens)
+                    self.max_model_len - 1 - req.num_computed_tokens)
             assert n > 0, req
             while not self.block_manager.allocate_slots(req, n, num_lookahead_tokens=self.num_lookahead_tokens):
                 victim = self.running.pop()
@@ -118,6 +129,11 @@ class Scheduler:
                 num_tokens[req.request_id] = n
                 budget -= n
                 i += 1
+                if req.spec_token_ids:  # <= 0 during a prefill chunk: the drafts are dropped
+                    num_spec = req.num_computed_tokens + n - req.num_tokens
+                    if num_spec > 0:
+                        spec_tokens[req.request_id] = req.spec_token_ids[:num_spec]
+                    req.spec_token_ids = []  # the proposer sets the next step's drafts
 
         # Admit waiting requests only when nothing was preempted: the pool is full otherwise.
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
@@ -139,7 +155,7 @@ class Scheduler:
             num_tokens[req.request_id] = n
             budget -= n
 
-        return SchedulerOutput(scheduled, num_tokens, self.max_num_batched_tokens - budget, preempted)
+        return SchedulerOutput(scheduled, num_tokens, self.max_num_batched_tokens - budget, preempted, spec_tokens)
 
     def _preempt(self, req: Request) -> None:
         self.block_manager.free(req)
@@ -153,29 +169,39 @@ class Scheduler:
     def update_from_output(self, out: SchedulerOutput, sampled: dict[str, list[int]]) -> list[Request]:
         """Commit the step: advance num_computed_tokens, append sampled tokens, check stops.
 
-        sampled maps request id -> accepted tokens (one per request without speculation);
-        requests that were mid-prompt have no entry. Returns the requests that got tokens.
+        sampled maps request id -> emitted tokens: one per request without speculation; with
+        K drafts, the accepted drafts followed by the recovered or bonus token (1..K+1).
+        Requests that were mid-prompt have no entry. The KV of the rejected drafts is
+        dropped by rolling num_computed_tokens back; only committed tokens' full blocks
+        are registered in the prefix cache. Returns the requests that got tokens.
         """
         updated = []
         for req in out.scheduled:
             if req.is_finished:
                 continue
-            req.num_computed_tokens += out.num_scheduled_tokens[req.request_id]
-            self.block_manager.cache_blocks(req, min(req.num_computed_tokens, req.num_tokens))
-            new = sampled.get(req.request_id)
+            rid = req.request_id
+            new = sampled.get(rid)
+            drafts = out.scheduled_spec_decode_tokens.get(rid, ())
+            num_rejected = len(drafts) + 1 - len(new) if drafts and new else 0
+            req.num_computed_tokens += out.num_scheduled_tokens[rid] - num_rejected
             if not new:
+                self.block_manager.cache_blocks(req, min(req.num_computed_tokens, req.num_tokens))
                 continue
             updated.append(req)
+            status = None
             for tok in new:
                 if tok < 0:  # the sampler flags rows whose logits were NaN/inf
                     req.error = "sampling failed: the model produced invalid (NaN or infinite) logits"
-                    self.finish_request(req, RequestStatus.FINISHED_ERROR)
+                    status = RequestStatus.FINISHED_ERROR
                     break
                 req.append_token(tok)
                 status = self.check_stop(req, tok)
                 if status is not None:
-                    self.finish_request(req, status)
                     break
+            # Committed = computed and kept: the last emitted token's KV is computed next step.
+            self.block_manager.cache_blocks(req, min(req.num_computed_tokens, req.num_tokens))
+            if status is not None:
+                self.finish_request(req, status)
         return updated
 
     def check_stop(self, req: Request, tok: int) -> RequestStatus | None:
