@@ -99,7 +99,8 @@ def test_slow_compile_times_out_and_others_do_not_wait(max_workers):
     assert set(resolved) == set(tickets), f"unresolved: {set(tickets) - set(resolved)}"
     assert tickets["slow"].status is FAILED and isinstance(tickets["slow"].error, TimeoutError)
     assert "timed out after 0.4 s" in str(tickets["slow"].error)
-    assert timeout_s - 0.05 <= resolved["slow"] < timeout_s + 1.0
+    slow = tickets["slow"]
+    assert timeout_s <= slow.resolved_at - slow.submitted < timeout_s + 1.0  # at its deadline, not at its end
     assert tickets["bad"].status is FAILED
     ok_times = [resolved[f"ok{i}"] for i in range(4)]
     assert all(tickets[f"ok{i}"].status is READY for i in range(4))
@@ -195,3 +196,34 @@ def _poll_manager(so, ids, limit_s):
                 out[rid] = time.monotonic() - t0
         time.sleep(0.002)
     return out
+
+
+def test_manager_bad_specs_sync_and_async():
+    """Cheap checks raise on arrival; the meta-schema check and compile errors fail the request
+    in the pool, with the reason."""
+    pytest.importorskip("xgrammar")
+    pytest.importorskip("jsonschema")
+    from specops.engine.structured_output import StructuredOutputManager, StructuredOutputOptions
+    from specops.engine.structured_output.testing import small_tokenizer
+
+    so = StructuredOutputManager(small_tokenizer(), compile_timeout_s=20)
+    with pytest.raises(ValueError, match="choice must not be an empty list"):
+        so.add_request("a", StructuredOutputOptions(choice=[]))
+    with pytest.raises(ValueError, match="regex '\\(x' is invalid"):
+        so.add_request("b", StructuredOutputOptions(regex="(x"))
+    with pytest.raises(ValueError, match="not valid JSON"):
+        so.add_request("c", StructuredOutputOptions(json_schema="{'type': 'object'}"))
+    with pytest.raises(TypeError, match="options must be a StructuredOutputOptions"):
+        so.add_request("d", {"regex": "x"})
+    assert "a" not in so and "b" not in so
+    so.add_request("meta", StructuredOutputOptions(json_schema={"type": "object", "properties": {"x": {"type": 5}}}))
+    assert so.wait("meta", 10) is FAILED
+    assert "json_schema is malformed at properties/x/type" in so.error("meta")
+    so.add_request("ok", StructuredOutputOptions(regex="x+"))
+    assert so.wait("ok", 10) is READY and so.error("ok") is None
+    with pytest.raises(ValueError, match="already has structured output"):
+        so.add_request("ok", StructuredOutputOptions(regex="x+"))
+    so.remove_request("ok")
+    with pytest.raises(KeyError):
+        so.poll("ok")
+    so.shutdown()

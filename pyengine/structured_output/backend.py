@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from .options import StructuredOutputOptions, clean_xgrammar_error
+from .options import StructuredOutputOptions, check_json_schema_meta, clean_xgrammar_error, parse_json_schema
 
 
 def bitmask_width(vocab_size: int) -> int:
@@ -110,12 +110,14 @@ class XgrammarBackend:
         return bitmask_width(self.vocab_size)
 
     def compile(self, options: StructuredOutputOptions):
-        """Compile ``options`` (already validated); ValueError naming the problem on failure.
+        """Compile ``options`` (validated, meta-schema check aside); ValueError naming the problem on failure.
 
         Also rejects a grammar that accepts no output at all (e.g. ``[^\\s\\S]`` or
         contradictory bounds), found as an empty bitmask in the initial state.
         """
         kind, text = options.spec()
+        if kind == "json_schema":
+            check_json_schema_meta(parse_json_schema(options.json_schema))  # left out of validate() on arrival
         c = self.compiler
         try:
             if kind == "json_schema":

@@ -75,12 +75,16 @@ class StructuredOutputManager:
     # ---- arrival and readiness ------------------------------------------------------------
     def add_request(self, request_id: str, options: StructuredOutputOptions,
                     prompt_token_ids: list[int] = ()) -> None:
-        """Validate ``options`` and start compiling; ValueError/TypeError on a bad specification."""
+        """Validate ``options`` (cheap checks) and start compiling; ValueError/TypeError on a bad specification.
+
+        A schema that breaks its meta-schema, or a grammar that fails to compile, is found in
+        the pool instead: the request then polls FAILED with the reason in ``error``.
+        """
         if not isinstance(options, StructuredOutputOptions):
             raise TypeError(f"options must be a StructuredOutputOptions, got {type(options).__name__}")
         if request_id in self._entries:
             raise ValueError(f"request {request_id!r} already has structured output")
-        options.validate()
+        options.validate(check_meta_schema=False)
         ticket = self.pool.submit(options.cache_key(), options)
         gate = ReasoningGate(self.reasoning, prompt_token_ids) if self.reasoning is not None else None
         self._entries[request_id] = _Entry(ticket, gate)

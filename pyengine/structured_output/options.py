@@ -2,11 +2,12 @@
 
 Exactly one of ``json_schema``, ``json_object``, ``regex``, ``choice``, ``grammar`` is set.
 ``validate()`` rejects malformed specifications with a ValueError/TypeError that names the
-option and the problem; it does only cheap work (JSON parsing, the JSON Schema meta-schema,
-xgrammar's regex/EBNF parsers, no tokenizer), so it runs on the request's arrival path.
-The expensive part, compiling the grammar against the vocabulary, happens in the
-compiler pool (compiler_pool.py), where it can still fail (e.g. a grammar that accepts
-no output at all) and then fails that request alone.
+option and the problem. With ``check_meta_schema=False`` it does only cheap work (JSON
+parsing, a walk over the schema, xgrammar's regex/EBNF parsers: tens of microseconds), so
+the engine runs it on the request's arrival path; the JSON Schema meta-schema check
+(milliseconds with ``jsonschema``) then runs with the compilation in the compiler pool
+(compiler_pool.py), where a malformed schema, a compile error or a grammar that accepts
+no output at all fails that request alone.
 """
 
 from __future__ import annotations
@@ -79,15 +80,19 @@ class StructuredOutputOptions:
                              f"grammar; got {', '.join(set_) if set_ else 'none'}")
         return set_[0]
 
-    def validate(self) -> None:
-        """Raise ValueError/TypeError naming the option and the problem; return None when well formed."""
+    def validate(self, check_meta_schema: bool = True) -> None:
+        """Raise ValueError/TypeError naming the option and the problem; return None when well formed.
+
+        ``check_meta_schema=False`` leaves out the (slow) check of a JSON schema against its
+        meta-schema; ``XgrammarBackend.compile`` does it before compiling.
+        """
         if not isinstance(self.json_object, bool):
             raise TypeError(f"json_object must be a bool, got {self.json_object!r}")
         if not isinstance(self.any_whitespace, bool):
             raise TypeError(f"any_whitespace must be a bool, got {self.any_whitespace!r}")
         kind = self.kind
         if kind == "json_schema":
-            check_json_schema(parse_json_schema(self.json_schema))
+            check_json_schema(parse_json_schema(self.json_schema), meta=check_meta_schema)
         elif kind == "regex":
             check_regex(self.regex)
         elif kind == "choice":
@@ -165,20 +170,28 @@ def parse_json_schema(schema) -> dict:
     return schema
 
 
-def check_json_schema(schema: dict) -> None:
-    """Check ``schema`` against its JSON Schema meta-schema and for keywords xgrammar cannot enforce."""
+def check_json_schema(schema: dict, meta: bool = True) -> None:
+    """Check ``schema`` for keywords xgrammar cannot enforce and (``meta``) against its meta-schema."""
+    _walk_schema(schema, "#")
+    if meta:
+        check_json_schema_meta(schema)
+
+
+def check_json_schema_meta(schema: dict) -> None:
+    """Check ``schema`` against its JSON Schema meta-schema (``$schema``, default draft 2020-12).
+
+    Skipped when ``jsonschema`` is not installed (xgrammar still rejects much of what it catches).
+    """
     try:
         import jsonschema
-    except ImportError:  # pragma: no cover - jsonschema is a test/runtime requirement
-        jsonschema = None
-    if jsonschema is not None:
-        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-        try:
-            cls.check_schema(schema)
-        except jsonschema.SchemaError as e:
-            where = "/".join(str(p) for p in e.absolute_path) or "(root)"
-            raise ValueError(f"json_schema is malformed at {where}: {e.message}") from None
-    _walk_schema(schema, "#")
+    except ImportError:  # pragma: no cover - jsonschema is a test requirement
+        return
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError as e:
+        where = "/".join(str(p) for p in e.absolute_path) or "(root)"
+        raise ValueError(f"json_schema is malformed at {where}: {e.message}") from None
 
 
 def _walk_schema(s, path: str) -> None:
