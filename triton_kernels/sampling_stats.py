@@ -6,8 +6,8 @@ program reads its chunk once, tile by tile, and writes
 - the max of every tile of TILE tokens (`tile_max`, temperature-scaled): pass 2 uses it
   to bound the top-k / top-p / min-p threshold and then reads only the tiles that can
   hold a kept token;
-- its chunk's max, sum exp(x - max) (NaN when the chunk holds a NaN or +inf) and argmax
-  (first index; the greedy token);
+- its chunk's max and sum exp(x - max) (NaN when the chunk holds a NaN or +inf); the
+  greedy token is found in pass 2 from the tile maxima;
 - for rows that need no threshold (random, no top-k / top-p / min-p) the draw itself:
   the chunk's best exp(x - max) / E and its index, E being the row's Exp(1) noise.
 
@@ -32,13 +32,16 @@ def _row_stats_kernel(
     seed_ptr, pos_ptr,            # [R] int64
     tile_max_ptr,                 # [R, NT] fp32 out
     part_f_ptr,                   # [R, S, 3] fp32 out: max, sumexp, best score
-    part_i_ptr,                   # [R, S, 2] int32 out: argmax, best index
+    part_i_ptr,                   # [R, S] int32 out: best index
     V, NT, TILES_PER_PROG, S, stream,
     TILE: tl.constexpr, TPB: tl.constexpr,
 ):
+    # The block is [TPB tiles, TILE]: a tile row lies inside one warp, so the per-tile
+    # reductions need no barrier; running statistics are kept per tile slot and reduced
+    # across slots (and warps) once, at the end. The Philox call of token t is t >> 2 and
+    # its word t & 3: the 4 tokens a thread holds share one call (the compiler merges them).
     r = tl.program_id(0)
     s = tl.program_id(1)
-    Q: tl.constexpr = TILE // 4
     row = logits_ptr + r.to(tl.int64) * stride_row
     inv_t = tl.load(inv_temp_ptr + r)
     scale = tl.where(inv_t > 0, inv_t, 1.0)
@@ -49,49 +52,48 @@ def _row_stats_kernel(
     pos = tl.load(pos_ptr + r)
 
     tt = tl.arange(0, TPB)
-    t3 = tt[:, None, None]
-    q3 = tl.arange(0, Q)[None, :, None]
-    j3 = tl.arange(0, 4)[None, None, :]
+    cols = tl.arange(0, TILE)[None, :]
 
     t_begin = s * TILES_PER_PROG
     t_end = tl.minimum(t_begin + TILES_PER_PROG, NT)
-    m_run = tl.full([], float("-inf"), tl.float32)
-    z_run = tl.full([], 0.0, tl.float32)
-    best = tl.full([], 0.0, tl.float32)
-    amax = r * 0
-    bidx = r * 0 - 1
+    m_slot = tl.full([TPB], float("-inf"), tl.float32)
+    z_slot = tl.zeros([TPB], tl.float32)
+    b_slot = tl.zeros([TPB], tl.float32)       # best exp(x - m_slot) / E
+    i_slot = tl.full([TPB], _BIG, tl.int32)
     for t0 in range(t_begin, t_end, TPB):
-        tile = t0 + t3
-        offs = tile * TILE + q3 * 4 + j3                      # [TPB, Q, 4]
+        tile = t0 + tt[:, None]
+        offs = tile * TILE + cols                             # [TPB, TILE]
         ok = (offs < V) & (tile < t_end)
         x = tl.load(row + offs, mask=ok, other=float("-inf")).to(tl.float32) * scale
-        tmax = tl.max(tl.max(x, axis=2), axis=1)              # [TPB]
-        tl.store(tile_max_ptr + r.to(tl.int64) * NT + t0 + tt, tmax, mask=(t0 + tt) < t_end)
-        bmax = tl.max(tmax, axis=0)
-        m_new = tl.maximum(m_run, bmax)
+        tmax = tl.max(x, axis=1)                              # [TPB]
+        tid = tl.max(tile, axis=1)                            # [TPB], in tmax's layout: no shuffle
+        tl.store(tile_max_ptr + r.to(tl.int64) * NT + tid, tmax, mask=tid < t_end)
+        m_new = tl.maximum(m_slot, tmax)
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_run - m_ref)
-        e = tl.exp(x - m_ref)
-        z_run = z_run * alpha + tl.sum(tl.sum(tl.sum(e, axis=2), axis=1), axis=0)
-        if bmax > m_run:
-            amax = tl.min(tl.min(tl.min(tl.where(x == bmax, offs, _BIG), axis=2), axis=1), axis=0)
+        alpha = tl.exp(m_slot - m_ref)
+        e = tl.exp(x - m_ref[:, None])
+        z_slot = z_slot * alpha + tl.sum(e, axis=1)
         if unfiltered:
-            w0, w1, w2, w3 = random_words(seed, pos, stream, tile * Q + q3)
-            score = e / exponential(select_word(w0, w1, w2, w3, j3))
-            bs = tl.max(tl.max(tl.max(score, axis=2), axis=1), axis=0)
-            prev = best * alpha
-            if bs > prev:
-                best = bs
-                bidx = tl.min(tl.min(tl.min(tl.where(score == bs, offs, _BIG), axis=2), axis=1), axis=0)
-            else:
-                best = prev
-        m_run = m_new
+            w0, w1, w2, w3 = random_words(seed, pos, stream, offs >> 2)
+            score = e / exponential(select_word(w0, w1, w2, w3, offs & 3))
+            tb = tl.max(score, axis=1)
+            ti = tl.min(tl.where(score == tb[:, None], offs, _BIG), axis=1)
+            prev = b_slot * alpha
+            better = tb > prev
+            b_slot = tl.where(better, tb, prev)
+            i_slot = tl.where(better, ti, i_slot)
+        m_slot = m_new
+    m = tl.max(m_slot, axis=0)
+    w = tl.exp(m_slot - tl.where(m == float("-inf"), 0.0, m))
+    z = tl.sum(z_slot * w, axis=0)
+    sb = b_slot * w
+    best = tl.max(sb, axis=0)
+    bidx = tl.min(tl.where(sb == best, i_slot, _BIG), axis=0)
     base = (r * S + s).to(tl.int64)
-    tl.store(part_f_ptr + base * 3 + 0, m_run)
-    tl.store(part_f_ptr + base * 3 + 1, z_run)
+    tl.store(part_f_ptr + base * 3 + 0, m)
+    tl.store(part_f_ptr + base * 3 + 1, z)
     tl.store(part_f_ptr + base * 3 + 2, best)
-    tl.store(part_i_ptr + base * 2 + 0, amax)
-    tl.store(part_i_ptr + base * 2 + 1, bidx)
+    tl.store(part_i_ptr + base, bidx)
 
 
 def _next_pow2(n: int) -> int:
@@ -114,7 +116,7 @@ def row_stats_pass(
     num_chunks: int,
     tile_max,          # [R, NT] fp32 out
     part_f,            # [R, S, 3] fp32 out
-    part_i,            # [R, S, 2] int32 out
+    part_i,            # [R, S] int32 out
     block: int = 2048,
     num_warps: int = 4,
 ):

@@ -28,8 +28,6 @@ Outputs per row: token (int64, -1 when invalid), threshold tau (-inf when nothin
 cut), m and log(sum over kept of exp(x - m)): the processed distribution.
 """
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -45,18 +43,18 @@ MAX_CHUNKS = 128  # programs per row in pass 1, at most
 
 
 @triton.jit
-def _sum3(x):
-    return tl.sum(tl.sum(tl.sum(x, axis=2), axis=1), axis=0)
+def _sum2(x):
+    return tl.sum(tl.sum(x, axis=1), axis=0)
 
 
 @triton.jit
-def _max3(x):
-    return tl.max(tl.max(tl.max(x, axis=2), axis=1), axis=0)
+def _max2(x):
+    return tl.max(tl.max(x, axis=1), axis=0)
 
 
 @triton.jit
-def _min3(x):
-    return tl.min(tl.min(tl.min(x, axis=2), axis=1), axis=0)
+def _min2(x):
+    return tl.min(tl.min(x, axis=1), axis=0)
 
 
 @triton.jit
@@ -74,18 +72,14 @@ def _select_tiles(tm_row, list_row, NT, thr, NT_P2: tl.constexpr):
 
 @triton.jit
 def _load_group(row, list_row, g, n_sel, V, scale, TILE: tl.constexpr, G: tl.constexpr):
-    """Tiles g..g+G-1 of the selected list as [G, TILE/4, 4] (x, offsets, Philox call index, word)."""
-    Q: tl.constexpr = TILE // 4
+    """Tiles g..g+G-1 of the selected list as [G, TILE] (x, token offsets)."""
     gi = g + tl.arange(0, G)
     gm = gi < n_sel
     tid = tl.load(list_row + gi, mask=gm, other=0)
-    t3 = tid[:, None, None]
-    q3 = tl.arange(0, Q)[None, :, None]
-    j3 = tl.arange(0, 4)[None, None, :]
-    offs = t3 * TILE + q3 * 4 + j3
-    ok = gm[:, None, None] & (offs < V)
+    offs = tid[:, None] * TILE + tl.arange(0, TILE)[None, :]
+    ok = gm[:, None] & (offs < V)
     x = tl.load(row + offs, mask=ok, other=float("-inf")).to(tl.float32) * scale
-    return x, offs, t3 * Q + q3, j3
+    return x, offs
 
 
 @triton.jit
@@ -96,10 +90,10 @@ def _count_mass(row, tm_row, list_row, V, NT, scale, m, thr,
     cnt = n_sel * 0
     mass = tl.full([], 0.0, tl.float32)
     for g in range(0, n_sel, G):
-        x, offs, cidx, j3 = _load_group(row, list_row, g, n_sel, V, scale, TILE, G)
+        x, offs = _load_group(row, list_row, g, n_sel, V, scale, TILE, G)
         c = (x >= thr) & (x > float("-inf"))
-        cnt += _sum3(c.to(tl.int32))
-        mass += _sum3(tl.where(c, tl.exp(x - m), 0.0))
+        cnt += _sum2(c.to(tl.int32))
+        mass += _sum2(tl.where(c, tl.exp(x - m), 0.0))
     return cnt, mass
 
 
@@ -112,14 +106,14 @@ def _collect(row, tm_row, list_row, cand_row, V, NT, scale, m, lo, hi,
     n = n_sel * 0
     mass = tl.full([], 0.0, tl.float32)
     for g in range(0, n_sel, G):
-        x, offs, cidx, j3 = _load_group(row, list_row, g, n_sel, V, scale, TILE, G)
+        x, offs = _load_group(row, list_row, g, n_sel, V, scale, TILE, G)
         c = (x >= lo) & (x < hi) & (x > float("-inf"))
-        mass += _sum3(tl.where(c, tl.exp(x - m), 0.0))
-        cf = tl.reshape(c.to(tl.int32), [G * TILE])
-        pos = n + tl.cumsum(cf, axis=0) - 1
-        key = pack_key(tl.reshape(x, [G * TILE]), tl.reshape(offs, [G * TILE]))
-        tl.store(cand_row + pos, key, mask=(cf > 0) & (pos < CAP))
-        n += tl.sum(cf, axis=0)
+        mass += _sum2(tl.where(c, tl.exp(x - m), 0.0))
+        c2 = c.to(tl.int32)
+        rc = tl.sum(c2, axis=1)                                   # per tile
+        pos = n + (tl.cumsum(rc, axis=0) - rc)[:, None] + tl.cumsum(c2, axis=1) - 1
+        tl.store(cand_row + pos, pack_key(x, offs), mask=(c2 > 0) & (pos < CAP))
+        n += tl.sum(rc, axis=0)
     tl.debug_barrier()
     return n, mass
 
@@ -136,6 +130,17 @@ def _sorted_candidates(cand_row, n, CAP: tl.constexpr):
 
 
 @triton.jit
+def _first_argmax(row, tm_row, NT, m, V, TILE: tl.constexpr, NT_P2: tl.constexpr):
+    """First index of the row max m (unscaled row): scan the first tile whose max is m."""
+    t = tl.arange(0, NT_P2)
+    tm = tl.load(tm_row + t, mask=t < NT, other=float("-inf"))
+    first = tl.min(tl.where(tm == m, t, _BIG), axis=0)
+    offs = first * TILE + tl.arange(0, TILE)
+    x = tl.load(row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+    return tl.min(tl.where(x == m, offs, _BIG), axis=0)
+
+
+@triton.jit
 def _draw_tiles(row, tm_row, list_row, V, NT, scale, m, tau, seed, pos, stream,
                 TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr):
     """argmax over x >= tau of exp(x - m) / E (ties: smallest index), and the kept mass.
@@ -147,17 +152,17 @@ def _draw_tiles(row, tm_row, list_row, V, NT, scale, m, tau, seed, pos, stream,
     tok = n_sel * 0 - 1
     mass = tl.full([], 0.0, tl.float32)
     for g in range(0, n_sel, G):
-        x, offs, cidx, j3 = _load_group(row, list_row, g, n_sel, V, scale, TILE, G)
+        x, offs = _load_group(row, list_row, g, n_sel, V, scale, TILE, G)
         kept = (x >= tau) & (x > float("-inf"))
         e = tl.exp(x - m)
-        w0, w1, w2, w3 = random_words(seed, pos, stream, cidx)
-        sc = tl.where(kept, e / exponential(select_word(w0, w1, w2, w3, j3)), -1.0)
-        bs = _max3(sc)
-        bi = _min3(tl.where(sc == bs, offs, _BIG))
+        w0, w1, w2, w3 = random_words(seed, pos, stream, offs >> 2)
+        sc = tl.where(kept, e / exponential(select_word(w0, w1, w2, w3, offs & 3)), -1.0)
+        bs = _max2(sc)
+        bi = _min2(tl.where(sc == bs, offs, _BIG))
         better = (bs > best) | ((bs == best) & (bi < tok))
         best = tl.where(better, bs, best)
         tok = tl.where(better, bi, tok)
-        mass += _sum3(tl.where(kept, e, 0.0))
+        mass += _sum2(tl.where(kept, e, 0.0))
     return tok, mass
 
 
@@ -231,7 +236,7 @@ def _sample_resolve_kernel(
     log_min_p_ptr,                     # [R] fp32: log(min_p), -inf = off
     seed_ptr, pos_ptr,                 # [R] int64
     tile_max_ptr,                      # [R, NT] fp32 (pass 1)
-    part_f_ptr, part_i_ptr,            # [R, S, 3] fp32, [R, S, 2] int32 (pass 1)
+    part_f_ptr, part_i_ptr,            # [R, S, 3] fp32, [R, S] int32 (pass 1)
     list_ptr,                          # [R, NT_P2] int32 scratch
     cand_ptr,                          # [R, CAP] int64 scratch
     tok_ptr,                           # [R] int64 out
@@ -262,12 +267,10 @@ def _sample_resolve_kernel(
     m_s = tl.load(part_f_ptr + pb * 3 + 0, mask=sm, other=float("-inf"))
     z_s = tl.load(part_f_ptr + pb * 3 + 1, mask=sm, other=0.0)
     b_s = tl.load(part_f_ptr + pb * 3 + 2, mask=sm, other=0.0)
-    a_s = tl.load(part_i_ptr + pb * 2 + 0, mask=sm, other=_BIG)
-    i_s = tl.load(part_i_ptr + pb * 2 + 1, mask=sm, other=_BIG)
+    i_s = tl.load(part_i_ptr + pb, mask=sm, other=_BIG)
     m = tl.max(m_s, axis=0)
     w_s = tl.exp(m_s - tl.where(m == float("-inf"), 0.0, m))
     z = tl.sum(z_s * w_s, axis=0)
-    amax = tl.min(tl.where(m_s == m, a_s, _BIG), axis=0)
     sb = b_s * w_s
     bb = tl.max(sb, axis=0)
     bidx = tl.min(tl.where(sm & (sb == bb), i_s, _BIG), axis=0)
@@ -280,7 +283,7 @@ def _sample_resolve_kernel(
         tau = tl.full([], float("-inf"), tl.float32)
         lnorm = tl.log(z)
         if inv_t <= 0:
-            tok = amax
+            tok = _first_argmax(row, tm_row, NT, m, V, TILE, NT_P2)
         elif (~has_k) & (~has_p) & (~has_mp):
             tok = bidx
         else:
@@ -318,13 +321,6 @@ def _sample_resolve_kernel(
     tl.store(lnorm_ptr + r, lnorm)
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 2
-
-
 def sample_top_k_top_p_triton(
     logits: torch.Tensor,            # [R, V] fp32/bf16/fp16, unit column stride (row stride may be 0)
     inv_temperature: torch.Tensor,   # [R] fp32: 1/T, -1 on greedy rows
@@ -356,7 +352,9 @@ def sample_top_k_top_p_triton(
     NT = -(-V // tile)
     NT_P2 = max(16, _next_pow2(NT))
     if num_chunks is None:
-        num_chunks = -(-2 * _num_sms(dev) // max(R, 1))
+        # one block of 2048 tokens per program: many small programs keep enough loads in
+        # flight to stream the logits at full bandwidth without software pipelining
+        num_chunks = -(-NT // max(1, 2048 // tile))
     S = max(1, min(int(num_chunks), NT, MAX_CHUNKS))
     G = max(1, 2048 // tile)
     tokens = torch.empty(R, dtype=torch.int64, device=dev)
@@ -373,7 +371,7 @@ def sample_top_k_top_p_triton(
     log_min_p = (torch.full((R,), float("-inf"), device=dev) if min_p is None else torch.log(min_p))
     tile_max = torch.empty(R, NT, dtype=torch.float32, device=dev)
     part_f = torch.empty(R, S, 3, dtype=torch.float32, device=dev)
-    part_i = torch.empty(R, S, 2, dtype=torch.int32, device=dev)
+    part_i = torch.empty(R, S, dtype=torch.int32, device=dev)
     tile_list = torch.empty(R, NT_P2, dtype=torch.int32, device=dev)
     cand = torch.empty(R, cap, dtype=torch.int64, device=dev)
     row_stats_pass(logits, inv_temperature, top_k, top_p, log_min_p, seeds, positions, stream, tile, S,
