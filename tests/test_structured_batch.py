@@ -7,8 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from specops.engine.structured_output import (BatchBitmask, apply_batch_bitmask, apply_token_bitmask,
-                                              apply_token_bitmask_torch, bitmask_width)
+from specops.engine.structured_output import (BatchBitmask, BitmaskBuilder, BitmaskRequest, GrammarState,
+                                              StructuredOutputManager, StructuredOutputOptions, XgrammarBackend,
+                                              apply_batch_bitmask, apply_token_bitmask, apply_token_bitmask_torch,
+                                              bitmask_width)
+from specops.engine.structured_output.testing import random_walk, small_tokenizer
 
 
 def _apply_ref(logits, bitmask, indices=None):
@@ -56,12 +59,6 @@ def test_apply_batch_bitmask(device):
 
 # ---- building ------------------------------------------------------------------------------
 
-xgr = pytest.importorskip("xgrammar")
-
-from specops.engine.structured_output import (BitmaskBuilder, BitmaskRequest, GrammarState,  # noqa: E402
-                                              StructuredOutputManager, StructuredOutputOptions, XgrammarBackend)
-from specops.engine.structured_output.testing import random_walk, small_tokenizer  # noqa: E402
-
 SCHEMA = {"type": "object", "properties": {
     "ok": {"type": "boolean"},
     "n": {"type": "integer", "minimum": -20, "maximum": 300},
@@ -71,6 +68,7 @@ SCHEMA = {"type": "object", "properties": {
 
 @pytest.fixture(scope="module")
 def backend():
+    pytest.importorskip("xgrammar")
     return XgrammarBackend.from_tokenizer(small_tokenizer())
 
 
@@ -178,6 +176,7 @@ def _sample_step(logits, drafts, rng, greedy):
 def test_simulated_speculative_decoding_is_always_grammatical(greedy):
     """The engine's calls in order, with random logits biased towards the drafts: every emitted
     token is accepted by the grammar and every finished output validates."""
+    pytest.importorskip("xgrammar")
     jsonschema = pytest.importorskip("jsonschema")
     tok = small_tokenizer()
     so = StructuredOutputManager(tok, max_rows=8 * 5)

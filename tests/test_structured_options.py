@@ -38,6 +38,7 @@ def test_exactly_one_option():
 
 
 def test_malformed_json_schema():
+    pytest.importorskip("jsonschema")
     _bad("not valid JSON: Expecting ':' delimiter at line 1 column 31",
          json_schema='{"type": "object", "required" ["a"]}')
     _bad("malformed at type: 'objekt' is not valid", json_schema={"type": "objekt"})
