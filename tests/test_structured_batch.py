@@ -240,3 +240,44 @@ def test_simulated_speculative_decoding_is_always_grammatical(greedy):
     for rid, out in finished.items():
         jsonschema.validate(json.loads(tok.decode(out)), SCHEMA)
     so.shutdown()
+
+
+def test_logits_processor_adapter():
+    """The LogitsProcessor adapter: masks structured rows (drafts before a row included), follows the
+    live output lists, leaves other rows alone, and gives a failed grammar only its stop token."""
+    pytest.importorskip("xgrammar")
+    from types import SimpleNamespace
+
+    from specops.engine.structured_output.logits_processor import make_logits_processor
+    from specops.sampling.logits_processors.interface import BatchUpdate, LogitsRows
+
+    tok = small_tokenizer()
+    V = tok.vocab_size
+    cls = make_logits_processor(tok, compile_timeout_s=20)
+    proc = cls(4, V, "cpu")
+    assert not proc.is_argmax_invariant() and not proc.is_active()
+    params = lambda **kw: SimpleNamespace(extra_args={"structured_output": kw} if kw else {})  # noqa: E731
+    out0, out1, out2 = [], [], []
+    proc.update_state(BatchUpdate(3, added=[(0, params(choice=["abc", "xyz"]), [5], out0),
+                                            (1, params(), [5], out1),
+                                            (2, params(regex=r"[^\s\S]"), [5], out2)]))
+    assert proc.is_active()
+    a, b, x = (tok.encode(c)[0] for c in "abx")
+    logits = torch.zeros(5, V)
+    rows = LogitsRows([0, 0, 0, 1, 2], [0, 1, 2, 0, 0], [[], [a], [a, b], [], []])
+    proc.apply(logits, rows)
+    allowed = [set(torch.nonzero(logits[i] == 0).flatten().tolist()) for i in range(5)]
+    def prefixes(*rests):  # tokens that spell a non-empty prefix of one of the remaining strings
+        return {i for i in range(3, V) if any(r.startswith(tok.decode([i])) for r in rests)}
+
+    assert allowed[0] == prefixes("abc", "xyz") and {a, x} < allowed[0]
+    assert allowed[1] == prefixes("bc") and allowed[2] == prefixes("c") == {tok.encode("c")[0]}
+    assert allowed[3] == set(range(V))  # an unconstrained request
+    assert allowed[4] == {2}  # the grammar failed: only the stop token, so the request ends at once
+    assert "accepts no output" in next(iter(proc.errors.values()))
+    out0 += [x]  # the engine appended a sampled token: the next apply follows it
+    logits = torch.zeros(1, V)
+    proc.apply(logits, LogitsRows([0], [1], None))
+    assert set(torch.nonzero(logits[0] == 0).flatten().tolist()) == prefixes("yz")
+    proc.update_state(BatchUpdate(2, removed=[0, 2]))
+    assert not proc.so._entries and not proc.is_active()  # the unconstrained request never had an entry
