@@ -109,8 +109,7 @@ def make_requests(backend, batch: int, k: int, seed: int):
 
 
 def check(backend, builder, reqs) -> None:
-    from specops.engine.structured_output import GrammarState  # noqa: F401
-
+    """Every constrained row of the batch equals the per-request 1+K reference."""
     out = builder.build(reqs)
     idx = out.indices if out.indices is not None else list(range(out.bitmask.shape[0]))
     row = 0
@@ -142,7 +141,7 @@ def ttft_rows() -> list[Row]:
         from specops.engine.structured_output import StructuredOutputOptions
         from specops.engine.structured_output.logits_processor import make_logits_processor
 
-        loaded = load_model()
+        loaded = load_model(device="cuda" if torch.cuda.is_available() else "cpu")
     except Exception as e:  # noqa: BLE001 - the model or the engine is not available here
         print(f"note: time-to-first-token skipped ({type(e).__name__}: {e})")
         return []

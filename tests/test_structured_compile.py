@@ -175,7 +175,8 @@ def test_manager_slow_and_failing_grammars_do_not_delay_others():
     for i, s in enumerate(schemas):
         so.add_request(f"r{i}", StructuredOutputOptions(json_schema=s))
     got = _poll_manager(so, ["slow", "fails", "error"] + [f"r{i}" for i in range(4)], 2.5)
-    print("baseline", {k: round(v, 3) for k, v in base.items()}, "with slow+failing", {k: round(v, 3) for k, v in got.items()})
+    print("baseline", {k: round(v, 3) for k, v in base.items()},
+          "with slow+failing", {k: round(v, 3) for k, v in got.items()})
     assert so.poll("slow") is FAILED and "timed out" in so.error("slow")
     assert so.poll("fails") is FAILED and "accepts no output" in so.error("fails")
     assert so.poll("error") is FAILED and "minimum greater than maximum" in so.error("error")

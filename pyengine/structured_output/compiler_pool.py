@@ -103,7 +103,7 @@ class CompilerPool:
             if self._closed:
                 raise RuntimeError("CompilerPool is shut down")
             job = self._cache.get(key)
-            if job is not None and job.done.is_set() and job.error is not None and not isinstance(job.error, ValueError):
+            if job is not None and job.done.is_set() and not isinstance(job.error, (ValueError, type(None))):
                 job = None  # an unexpected failure (e.g. MemoryError) is retried, a spec error is not
             if job is None:
                 self.stats["misses"] += 1
