@@ -1,0 +1,212 @@
+"""Speculative decoding at temperature > 0 leaves the output distribution unchanged.
+
+A random Llama model with a 16-token vocabulary samples many short continuations of one prompt
+(its own greedy output, so that it tends to repeat its context) with and without speculation
+(n-gram drafts, verified against one-hot q; drafts of a perturbed copy of the model, verified
+with their probabilities), with temperature only and with top-k/top-p/min-p and the three
+penalties (whose counts must include the earlier drafts of the same step, and never rejected ones).
+Two-sample chi-square tests compare the token counts at every output position, the pairs of
+consecutive positions, and the number of distinct tokens per continuation (where penalties show).
+Each test rejects at p < ALPHA = 1e-5; over the 4 x 12 tests a correct engine fails with
+probability < 5e-4 (the draws are seeded: a run that passes always passes). Power checks: the same
+tests reject a sampler at temperature x1.15, an engine whose penalty counts include rejected
+drafts, and a verifier whose target rows ignore the earlier drafts' penalty counts.
+"""
+
+import pytest
+import torch
+
+from specops.engine.config import EngineConfig
+from specops.engine.llm_engine import LLMEngine
+from specops.engine.model.hf_loader import hf_to_state_dict
+from specops.engine.model.llama import LlamaForCausalLM
+from specops.engine.model.loader import LoadedModel
+from specops.engine.model.random_checkpoint import random_hf_tensors, tiny_config
+from specops.engine.sampling_params import SamplingParams
+
+VOCAB = 16
+EOS = 2
+N = 4000  # continuations per run
+LEN = 6  # tokens per continuation
+ALPHA = 1e-5
+SEED_PROMPT = [3, 7, 5, 3, 7, 5, 3, 7]
+TEMPERATURE = 1.5
+PROCESSED = dict(top_k=8, top_p=0.9, min_p=0.02, repetition_penalty=1.5, frequency_penalty=0.8,
+                 presence_penalty=0.8)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny matmuls gain nothing from threads (and a busy machine makes OpenMP spin): one thread."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+class IdTokenizer:
+    """Token ids as text (" 3 7 5"): all the engine needs for prompts given as ids."""
+
+    def __init__(self, vocab: int):
+        self.vocab_size = vocab
+        self.eos_token_ids = [EOS]
+
+    def encode(self, text):
+        return [int(t) for t in text.split()]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(f" {i}" for i in ids)
+
+    def id_to_token(self, i):
+        return str(i)
+
+
+_MODELS = {}
+
+
+def small_model(noise: float = 0.0) -> LoadedModel:
+    """The target (noise 0), or a copy with every weight perturbed (a draft that is right about half the time)."""
+    if noise not in _MODELS:
+        config = tiny_config(vocab_size=VOCAB, hidden_size=64, num_heads=2, num_kv_heads=1, head_dim=32,
+                             intermediate_size=128, tie_word_embeddings=False)
+        tensors = random_hf_tensors(config, torch.float32, seed=0)
+        g = torch.Generator().manual_seed(5)
+        for t in tensors.values():
+            t += torch.randn(t.shape, generator=g) * t.std() * noise
+        sd = hf_to_state_dict(config, tensors, "<random>")
+        model = LlamaForCausalLM.from_state_dict(config, sd, device="cpu", dtype=torch.float32)
+        _MODELS[noise] = LoadedModel(model=model, tokenizer=IdTokenizer(VOCAB), config=config, path="<random>")
+    return _MODELS[noise]
+
+
+def prompt() -> list[int]:
+    """SEED_PROMPT and the target's greedy continuation: patterns that the model tends to repeat."""
+    if "prompt" not in _MODELS:
+        eng = LLMEngine(EngineConfig(max_model_len=64), loaded=small_model())
+        eng.add_request(SEED_PROMPT, SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))
+        out = None
+        while eng.has_unfinished_requests():
+            out = eng.step() or out
+        _MODELS["prompt"] = SEED_PROMPT + out[0].token_ids
+    return _MODELS["prompt"]
+
+
+_SAMPLES = {}
+
+
+def samples(name: str, temperature: float = TEMPERATURE, processed: bool = False, spec: str | None = None,
+            seeded: bool = True, cache: bool = True) -> torch.Tensor:  # [N, LEN] int64
+    """N continuations of prompt() (request i seeded with i, or unseeded), LEN tokens each."""
+    if cache and name in _SAMPLES:
+        return _SAMPLES[name]
+    cfg = dict(max_model_len=64, max_num_seqs=256, max_num_batched_tokens=4096, seed=7)
+    draft = None
+    if spec is not None:
+        cfg.update(spec_method=spec, num_spec_tokens=3)
+        draft = small_model(0.2) if spec == "draft" else None
+    eng = LLMEngine(EngineConfig(**cfg), loaded=small_model(), draft_loaded=draft)
+    extra = PROCESSED if processed else {}
+    ids = [eng.add_request(prompt(), SamplingParams(temperature=temperature, max_tokens=LEN, ignore_eos=True,
+                                                  seed=i if seeded else None, **extra)) for i in range(N)]
+    done = {}
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = out.token_ids
+    assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
+    if spec is not None:  # real speculation: drafts both accepted and rejected
+        st = eng.stats()["spec_decoding"]
+        assert st["num_accepted_tokens"] > N / 2 and st["num_draft_tokens"] - st["num_accepted_tokens"] > N / 2, st
+    out = torch.tensor([done[i] for i in ids])
+    if cache:
+        _SAMPLES[name] = out
+    return out
+
+
+def chi2_two_sample(a: torch.Tensor, b: torch.Tensor, min_count: int = 10) -> float:
+    """p-value of the two-sample chi-square test that category samples a and b share one distribution.
+
+    Categories with fewer than min_count observations in both samples together are pooled.
+    """
+    n = int(max(a.max(), b.max())) + 1
+    ca = torch.bincount(a, minlength=n).double()
+    cb = torch.bincount(b, minlength=n).double()
+    rare = (ca + cb) < min_count
+    ca = torch.cat([ca[~rare], ca[rare].sum().reshape(1)])
+    cb = torch.cat([cb[~rare], cb[rare].sum().reshape(1)])
+    keep = (ca + cb) > 0
+    ca, cb = ca[keep], cb[keep]
+    na, nb = ca.sum(), cb.sum()
+    stat = (((ca * (nb / na).sqrt() - cb * (na / nb).sqrt()) ** 2) / (ca + cb)).sum()
+    df = ca.numel() - 1
+    if df < 1:
+        return 1.0
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat / 2))
+
+
+def p_values(a: torch.Tensor, b: torch.Tensor) -> list[float]:  # a, b: [n, LEN] samples
+    """One test per position, per pair of consecutive positions (joint categories), and on the
+    number of distinct tokens of each continuation."""
+    ps = [chi2_two_sample(a[:, j], b[:, j]) for j in range(LEN)]
+    ps += [chi2_two_sample(a[:, j] * VOCAB + a[:, j + 1], b[:, j] * VOCAB + b[:, j + 1]) for j in range(LEN - 1)]
+    distinct = [torch.tensor([len(set(row)) for row in x.tolist()]) for x in (a, b)]
+    ps.append(chi2_two_sample(*distinct))
+    return ps
+
+
+def test_the_model_is_a_fair_testbed():
+    """Position 1's distribution is spread out (not near one-hot): drafts are rejected often enough."""
+    x = samples("plain")
+    freq = torch.bincount(x[:, 1], minlength=VOCAB).double() / N
+    assert freq.max() < 0.7 and int((freq > 0.02).sum()) >= 4, freq
+
+
+@pytest.mark.parametrize("spec,processed,seeded", [
+    ("ngram", False, False),  # unseeded rows: (engine seed, step, lane) noise
+    ("draft", False, True),  # probabilistic verification with the draft's distributions
+    ("ngram", True, True),  # top-k/top-p/min-p thresholds and penalties on every target row
+    ("draft", True, True),
+])
+def test_spec_distribution_matches_plain(spec, processed, seeded):
+    base = samples("plain-processed" if processed else "plain", processed=processed)
+    got = samples(f"{spec}-{processed}-{seeded}", processed=processed, spec=spec, seeded=seeded)
+    ps = p_values(got, base)
+    assert min(ps) > ALPHA, [f"{p:.2e}" for p in ps]
+
+
+def test_power_a_slightly_hotter_sampler_is_caught():
+    assert min(p_values(samples("plain-hot", temperature=TEMPERATURE * 1.15), samples("plain"))) < ALPHA
+
+
+def test_power_rejected_drafts_in_penalty_counts_are_caught(monkeypatch):
+    """An engine that also counts the rejected drafts of each step in the penalties fails the test."""
+    from specops.engine import sampling
+    from specops.ops import token_bincount_update_
+
+    verify = sampling.BatchSampler.verify
+
+    def leaky_verify(self, logits, spec, rows, positions, drafts, draft_probs=None):
+        out = verify(self, logits, spec, rows, positions, drafts, draft_probs)
+        idx, toks = [], []
+        for r, d, e in zip(rows, drafts, out.tolist()):
+            n = sum(t >= 0 for t in e)
+            idx += [r] * (len(d) - (n - 1))
+            toks += d[n - 1:]
+        if toks and self.output_counts is not None:
+            token_bincount_update_(self.output_counts, torch.tensor(idx), torch.tensor(toks))
+        return out
+
+    monkeypatch.setattr(sampling.BatchSampler, "verify", leaky_verify)
+    bad = samples("leaky-ngram", processed=True, spec="ngram", cache=False)
+    assert min(p_values(bad, samples("plain-processed", processed=True))) < ALPHA
+
+
+def test_power_target_rows_without_earlier_drafts_are_caught(monkeypatch):
+    """A verifier whose target rows do not count the earlier drafts in the penalties fails the test."""
+    from specops.spec_decode.rejection_sampler import RejectionSampler
+
+    if "_count_drafts" not in vars(RejectionSampler):
+        pytest.skip("RejectionSampler._count_drafts is gone: nothing to break")
+    monkeypatch.setattr(RejectionSampler, "_count_drafts", staticmethod(lambda *args: None))
+    bad = samples("forgetful-draft", processed=True, spec="draft", cache=False)
+    assert min(p_values(bad, samples("plain-processed", processed=True))) < ALPHA
