@@ -192,23 +192,25 @@ def test_thresholds_keep_ties():
 
 # ---- the Triton passes against the reference ----------------------------------------------
 
-SMALL_CASES = [  # (V, tile, cap, chunks): every path of pass 2 at a small vocabulary
-    (17, 4, 16, 1),
-    (257, 16, 64, 3),
-    (257, 32, 16, 2),      # cap 16: most filtered rows overflow and take the bisection
-    (1000, 32, 128, 4),
+SMALL_CASES = [  # (V, tile, cap, chunks, guess): every path of pass 2 at a small vocabulary
+    (17, 4, 16, 1, True),
+    (257, 16, 64, 3, True),
+    (257, 32, 16, 2, True),      # cap 16: most filtered rows overflow and take the bisection
+    (1000, 32, 128, 4, True),
+    (300, 16, 32, 2, False),     # searches start from the max: wrong guesses are retried
 ]
 
 
 @pytest.mark.skipif(CUDA, reason="small shapes run under the interpreter; CUDA runs the full shapes")
-@pytest.mark.parametrize("V,tile,cap,chunks", SMALL_CASES)
-def test_triton_matches_reference_small(V, tile, cap, chunks):
+@pytest.mark.parametrize("V,tile,cap,chunks,guess", SMALL_CASES)
+def test_triton_matches_reference_small(V, tile, cap, chunks, guess):
     g = fresh_gen()
     R = 10
     dist = list(DISTRIBUTIONS.values())
     logits = torch.stack([dist[i % len(dist)](g, V) for i in range(R)]) * 2
     inv, k, p, mp, seeds, pos = mixed_params(R, V, g)
-    a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", tile=tile, cap=cap, num_chunks=chunks)
+    a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", tile=tile, cap=cap, num_chunks=chunks,
+               guess=guess)
     b = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")
     assert_same_draw(a, b, logits, inv, seeds, pos)
 
@@ -295,6 +297,20 @@ def test_seeded_rows_are_batch_invariant(backend):
         _seed_invariance(backend, 300, dict(tile=16, cap=64) if backend == "triton" else {})
 
 
+@pytest.mark.skipif(CUDA, reason="interpreter test")
+def test_triton_defaults_and_knob_checks():
+    x = torch.randn(2, 17)
+    inv = torch.tensor([1.0, -1.0])
+    s = torch.tensor([3, 4])
+    a = sample(x, inv, None, None, None, s, s, backend="triton", cap=16)      # default tile, no filter
+    b = sample(x, inv, None, None, None, s, s, backend="torch")
+    assert torch.equal(a.tokens, b.tokens) and bool((a.threshold == -torch.inf).all())
+    with pytest.raises(ValueError, match="tile"):
+        sample(x, inv, None, None, None, s, s, backend="triton", tile=48)
+    with pytest.raises(ValueError, match="cap"):
+        sample(x, inv, None, None, None, s, s, backend="triton", cap=8)
+
+
 def test_argument_checks():
     x = torch.randn(3, 10)
     inv = torch.ones(3)
@@ -309,6 +325,9 @@ def test_argument_checks():
         sample(x, inv)
     with pytest.raises(ValueError, match="backend"):
         sample(x, inv, None, None, None, s, s, backend="cuda")
+    for backend in ("torch", "triton"):  # an empty batch
+        res = sample(x[:0], inv[:0], None, None, None, s[:0], s[:0], backend=backend)
+        assert res.tokens.shape == (0,) and res.threshold.shape == (0,)
 
 
 # ---- CUDA: full shapes ----------------------------------------------------------------------

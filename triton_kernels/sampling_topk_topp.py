@@ -167,30 +167,52 @@ def _draw_tiles(row, tm_row, list_row, V, NT, scale, m, tau, seed, pos, stream,
 
 
 @triton.jit
-def _find_threshold(row, tm_row, list_row, cand_row, V, NT, scale, m, mode_mass, k_target, p_target,
-                    floor, lo, hi, TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr, CAP: tl.constexpr):
-    """Largest token value v < hi with pred(v): count(x >= v) >= k_target, or with mode_mass,
-    mass(x >= v) >= p_target; -inf when that value is below `floor` (the caller keeps
-    max(floor, result)). pred(hi) must be false; `lo` >= floor is a guess of a value with
-    pred(lo) true (checked: a wrong guess costs a retry from `floor`).
+def _resolve_filtered(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p, tau_min, has_k, has_p,
+                      c_k, c_p, seed, pos, stream,
+                      TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr, CAP: tl.constexpr):
+    """Exact threshold of a row with top-k and/or top-p (and maybe min_p), and the draw.
 
-    Tokens in [lo, hi) are collected; while they are more than CAP the bracket is bisected
-    (value midpoints, then key midpoints, so it ends); the last bracket is sorted.
+    Stage 0 (top-k) finds v_k, the largest value with count(x >= v) >= k, and
+    t1 = max(tau_min, v_k); stage 1 (top-p) finds the largest value v >= t1 with
+    mass(x >= v) >= p * mass(x >= t1). Each stage starts from a guess `lo` of a value that
+    satisfies its predicate (c_k / c_p from the tile maxima), collects the tokens in
+    [lo, hi); while they are more than CAP it bisects [lo, hi) (value midpoints, then key
+    midpoints, so it ends); a wrong guess is retried from the stage's floor. When the
+    sorted candidates hold every token >= lo, stage 1 and the draw are done on them
+    directly (the common case: one collect, one sort, no further pass).
+
+    Returns (tau, token or -1 when the draw is still to be done, kept mass).
     """
-    cnt_hi = k_target * 0
-    mass_hi = tl.full([], 0.0, tl.float32)
+    hi0 = key_float(float_key(m) + 1)          # next float above the max: nothing reaches it
+    stage = tl.where(has_k, 0, 1)
+    state = tl.where(has_k, 0, 2)              # 0 collect, 1 bisect, 2 start stage 1
+    t1 = tau_min
+    z_a = z
+    floor = tl.maximum(tau_min, -3.4028234663852886e38)
+    lo = tl.maximum(floor, c_k)
+    hi = hi0
+    cnt_hi = k * 0
     cnt_lo = cnt_hi
-    result = tl.full([], float("-inf"), tl.float32)
-    state = cnt_hi          # 0: collect [lo, hi), 1: bisect, 2: done
+    mass_hi = tl.full([], 0.0, tl.float32)
     it = cnt_hi
-    while state < 2:
+    tau = tl.full([], float("-inf"), tl.float32)
+    tok = cnt_hi - 1
+    kept_mass = tl.full([], 0.0, tl.float32)
+    sx = tl.full([CAP], float("-inf"), tl.float32)
+    sidx = tl.zeros([CAP], tl.int32)
+    n_sorted = cnt_hi
+    p_target = p * z
+    while stage < 2:
+        have_v = cnt_hi * 0
+        have_sorted = cnt_hi * 0
+        v = tl.full([], float("-inf"), tl.float32)
         if state == 0:
             n, mass_b = _collect(row, tm_row, list_row, cand_row, V, NT, scale, m, lo, hi, TILE, G, NT_P2, CAP)
             cnt_lo = cnt_hi + n
-            pred_lo = tl.where(mode_mass != 0, mass_hi + mass_b >= p_target, cnt_lo >= k_target)
+            pred_lo = tl.where(stage == 1, mass_hi + mass_b >= p_target, cnt_lo >= k)
             if ~pred_lo:
                 if lo <= floor:
-                    state = cnt_hi * 0 + 2
+                    have_v = have_v + 1            # the stage's answer lies below its floor
                 else:
                     hi = lo
                     cnt_hi = cnt_lo
@@ -198,12 +220,13 @@ def _find_threshold(row, tm_row, list_row, cand_row, V, NT, scale, m, mode_mass,
                     lo = floor
             elif n <= CAP:
                 sx, sidx, valid, i = _sorted_candidates(cand_row, n, CAP)
-                incl = mass_hi + tl.cumsum(tl.where(valid, tl.exp(sx - m), 0.0), axis=0)
-                jm = tl.sum((valid & (incl < p_target)).to(tl.int32), axis=0)
-                j = tl.where(mode_mass != 0, jm, k_target - cnt_hi - 1)
-                j = tl.minimum(tl.maximum(j, 0), n - 1)
-                result = tl.max(tl.where(i == j, sx, float("-inf")), axis=0)
-                state = cnt_hi * 0 + 2
+                n_sorted = n
+                e = tl.where(valid, tl.exp(sx - m), 0.0)
+                jm = tl.sum((valid & (mass_hi + tl.cumsum(e, axis=0) < p_target)).to(tl.int32), axis=0)
+                j = tl.minimum(tl.maximum(tl.where(stage == 1, jm, k - cnt_hi - 1), 0), n - 1)
+                v = tl.max(tl.where(i == j, sx, float("-inf")), axis=0)
+                have_v = have_v + 1
+                have_sorted = have_sorted + 1
             else:
                 state = cnt_hi * 0 + 1
         else:
@@ -211,21 +234,64 @@ def _find_threshold(row, tm_row, list_row, cand_row, V, NT, scale, m, mode_mass,
             klo = float_key(lo).to(tl.int64)
             khi = float_key(hi).to(tl.int64)
             mid = tl.where(use_key, key_float((klo + (khi - klo) // 2).to(tl.int32)), lo * 0.5 + hi * 0.5)
-            if (mid <= lo) | (mid >= hi) | (it >= _MAX_SEARCH):
-                result = lo       # [lo, hi) holds only the value lo
-                state = cnt_hi * 0 + 2
+            if (state == 1) & ((mid <= lo) | (mid >= hi) | (it >= _MAX_SEARCH)):
+                v = lo                            # [lo, hi) holds only the value lo
+                have_v = have_v + 1
             else:
-                cm, mm = _count_mass(row, tm_row, list_row, V, NT, scale, m, mid, TILE, G, NT_P2)
-                pred = tl.where(mode_mass != 0, mm >= p_target, cm >= k_target)
-                lo = tl.where(pred, mid, lo)
-                cnt_lo = tl.where(pred, cm, cnt_lo)
-                hi = tl.where(pred, hi, mid)
-                cnt_hi = tl.where(pred, cnt_hi, cm)
-                mass_hi = tl.where(pred, mass_hi, mm)
-                if cnt_lo - cnt_hi <= CAP:
+                thr = tl.where(state == 2, t1, mid)
+                cm = cnt_hi * 0
+                mm = z
+                if (state == 1) | (t1 > float("-inf")):
+                    cm, mm = _count_mass(row, tm_row, list_row, V, NT, scale, m, thr, TILE, G, NT_P2)
+                if state == 2:                    # start stage 1 from t1
+                    p_target = p * mm
+                    floor = tl.maximum(t1, -3.4028234663852886e38)
+                    lo = tl.maximum(floor, tl.where(t1 > float("-inf"), t1, c_p))
+                    hi = hi0
+                    cnt_hi = cnt_hi * 0
+                    mass_hi = mass_hi * 0.0
+                    it = cnt_hi * 0 - 1
                     state = cnt_hi * 0
+                else:
+                    pred = tl.where(stage == 1, mm >= p_target, cm >= k)
+                    lo = tl.where(pred, mid, lo)
+                    cnt_lo = tl.where(pred, cm, cnt_lo)
+                    hi = tl.where(pred, hi, mid)
+                    cnt_hi = tl.where(pred, cnt_hi, cm)
+                    mass_hi = tl.where(pred, mass_hi, mm)
+                    if cnt_lo - cnt_hi <= CAP:
+                        state = cnt_hi * 0
             it += 1
-    return result
+        if have_v > 0:
+            complete = (have_sorted > 0) & (cnt_hi == 0)  # the sorted candidates hold every x >= lo
+            i = tl.arange(0, CAP)
+            valid = i < n_sorted
+            e = tl.where(valid, tl.exp(sx - m), 0.0)
+            if stage == 0:
+                t1 = tl.maximum(tau_min, v)
+                if has_p & complete & (t1 >= lo):
+                    in_a = valid & (sx >= t1)
+                    z_in = tl.sum(tl.where(in_a, e, 0.0), axis=0)
+                    excl = tl.cumsum(e, axis=0) - e
+                    nk = tl.sum((in_a & (excl < p * z_in)).to(tl.int32), axis=0)
+                    tau = tl.maximum(t1, tl.max(tl.where(i == nk - 1, sx, float("-inf")), axis=0))
+                    stage = cnt_hi * 0 + 2
+                elif has_p:
+                    stage = cnt_hi * 0 + 1
+                    state = cnt_hi * 0 + 2
+                else:
+                    tau = t1
+                    stage = cnt_hi * 0 + 2
+            else:
+                tau = tl.maximum(t1, v)
+                stage = cnt_hi * 0 + 2
+            if (stage == 2) & complete & (tau >= lo):
+                kept = valid & (sx >= tau)
+                sc = tl.where(kept, e / token_noise(seed, pos, stream, sidx), -1.0)
+                bs = tl.max(sc, axis=0)
+                tok = tl.min(tl.where(kept & (sc == bs), sidx, _BIG), axis=0)
+                kept_mass = tl.sum(tl.where(kept, e, 0.0), axis=0)
+    return tau, tok, kept_mass
 
 
 @triton.jit(do_not_specialize=["NT", "S", "stream"])
@@ -243,6 +309,7 @@ def _sample_resolve_kernel(
     thr_ptr, rmax_ptr, lnorm_ptr,      # [R] fp32 out
     V, NT, S, stream,
     TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr, S_P2: tl.constexpr, CAP: tl.constexpr,
+    GUESS: tl.constexpr,
 ):
     r = tl.program_id(0)
     r64 = r.to(tl.int64)
@@ -295,26 +362,17 @@ def _sample_resolve_kernel(
                 c_k = tl.max(tl.where(t == k - 1, stm, float("-inf")), axis=0)
                 cm = tl.cumsum(tl.where(stm > float("-inf"), tl.exp(stm - m), 0.0), axis=0)
                 c_p = tl.max(tl.where(t == tl.sum((cm < p * z).to(tl.int32), axis=0), stm, float("-inf")), axis=0)
-                hi = key_float(float_key(m) + 1)
-                t1 = tau
-                z_a = z
-                for stage in range(2):
-                    if (stage == 0) & has_k:
-                        floor = tl.maximum(tau, -3.4028234663852886e38)
-                        t1 = tl.maximum(t1, _find_threshold(row, tm_row, list_row, cand_row, V, NT, scale, m,
-                                                            0, k, 0.0, floor, tl.maximum(floor, c_k), hi,
-                                                            TILE, G, NT_P2, CAP))
-                    if (stage == 1) & has_p:
-                        if t1 > float("-inf"):
-                            cnt_a, z_a = _count_mass(row, tm_row, list_row, V, NT, scale, m, t1, TILE, G, NT_P2)
-                        floor = tl.maximum(t1, -3.4028234663852886e38)
-                        t1 = tl.maximum(t1, _find_threshold(row, tm_row, list_row, cand_row, V, NT, scale, m,
-                                                            1, 0, p * z_a, floor, tl.maximum(floor, c_p), hi,
-                                                            TILE, G, NT_P2, CAP))
-                tau = t1
-            tok, mass = _draw_tiles(row, tm_row, list_row, V, NT, scale, m, tau, seed, pos, stream,
-                                    TILE, G, NT_P2)
-            lnorm = tl.log(mass)
+                if not GUESS:                   # test knob: start from the max, a wrong guess
+                    c_k = m
+                    c_p = m
+                tau, tok, lnorm_m = _resolve_filtered(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p,
+                                                      tau, has_k, has_p, c_k, c_p, seed, pos, stream,
+                                                      TILE, G, NT_P2, CAP)
+                lnorm = tl.log(lnorm_m)
+            if tok < 0:
+                tok, mass = _draw_tiles(row, tm_row, list_row, V, NT, scale, m, tau, seed, pos, stream,
+                                        TILE, G, NT_P2)
+                lnorm = tl.log(mass)
     tl.store(tok_ptr + r, tok.to(tl.int64))
     tl.store(thr_ptr + r, tau)
     tl.store(rmax_ptr + r, tl.where(invalid, float("nan"), m))
@@ -334,13 +392,15 @@ def sample_top_k_top_p_triton(
     cap: int = 1024,
     tile: int | None = None,
     num_chunks: int | None = None,
+    guess: bool = True,
 ):
     """Two launches: pass 1 (row statistics, tile maxima) then pass 2 (thresholds + draw).
 
     Returns (tokens [R] int64, threshold [R] fp32, row_max [R] fp32, log_norm [R] fp32).
     Inputs are assumed checked (see specops.sampling.topk_topp). `cap` (candidates sorted
     per row), `tile` and `num_chunks` (programs per row in pass 1) are tuning knobs; tests
-    shrink them to reach every path at small vocabularies.
+    shrink them to reach every path at small vocabularies; `guess=False` starts every
+    threshold search from the row max instead of the tile-maxima bounds (to test retries).
     """
     R, V = logits.shape
     dev = logits.device
@@ -381,6 +441,7 @@ def sample_top_k_top_p_triton(
         seeds, positions, tile_max, part_f, part_i, tile_list, cand,
         tokens, thr, rmax, lnorm,
         V, NT, S, stream,
-        TILE=tile, G=G, NT_P2=NT_P2, S_P2=MAX_CHUNKS, CAP=cap, num_warps=8,
+        TILE=tile, G=G, NT_P2=NT_P2, S_P2=MAX_CHUNKS, CAP=cap, GUESS=guess,
+        num_warps=8,
     )
     return tokens, thr, rmax, lnorm

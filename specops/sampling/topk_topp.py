@@ -104,6 +104,9 @@ def sample(
     if seeds is None or positions is None:
         raise TypeError("seeds and positions ([rows] int64) are required: every draw is keyed")
     check_sample_args(logits, inv_temperature, top_k, top_p, min_p, seeds, positions, stream)
+    if R == 0:
+        empty = torch.empty(0, dtype=torch.float32, device=logits.device)
+        return SampleResult(torch.empty(0, dtype=torch.int64, device=logits.device), empty, empty, empty)
     if backend == "torch" or resolve_backend(backend, logits.device) == "torch":
         return sample_torch(logits, inv_temperature, top_k, top_p, min_p, seeds, positions, stream)
     if logits.stride(1) != 1:
