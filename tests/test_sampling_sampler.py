@@ -205,8 +205,8 @@ def test_custom_argmax_invariant_processor_runs_on_scaled_logits():
     logits = torch.randn(2, V)
     out = Sampler(backend="torch")(logits.clone(), md)
     torch.testing.assert_close(Halve.seen[0][0], logits[0] * 2.0)   # temperature 0.5 applied first
-    ref = sample_torch(logits * torch.tensor([[1.0], [0.5]]), md.inv_temperature, None, None, None, md.seeds,
-                       md.positions)
+    x = torch.stack([logits[0] * 2.0 * 0.5, logits[1] * 0.5])          # scaled, then halved
+    ref = sample_torch(x, torch.tensor([1.0, -1.0]), None, None, None, md.seeds, md.positions)
     assert torch.equal(out.sampled_token_ids, ref.tokens)
 
 
