@@ -239,6 +239,8 @@ class LLMEngine:
             if self.scheduler.has_unfinished_requests():
                 raise RuntimeError("scheduler made no progress with requests waiting: "
                                    f"{list(self.scheduler.requests)}")
+            if self.proposer is not None:
+                self._propose()  # frees the draft state of aborted requests
             return self._drop_reported(outputs)
         result = self.runner.execute_model(sched)
         self.num_steps += 1
