@@ -44,7 +44,7 @@ MIX = [  # (temperature, top_k, top_p, min_p) cycled over the rows
     (1.0, 0, 1.0, 0.05),
     (1.0, 0, 1.0, 0.0),       # plain sampling
     (0.6, 20, 0.8, 0.02),
-    (1.0, 1000, 0.95, 0.0),
+    (1.0, 500, 0.95, 0.0),
 ]
 FAST = dict(warmup=3, iters=30, replays_per_graph=5)
 SLOW = dict(warmup=1, iters=5, replays_per_graph=1)
