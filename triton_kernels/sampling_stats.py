@@ -1,13 +1,13 @@
 """Sampling pass 1: one read of every logits row -> per-chunk statistics and tile maxima.
 
-Grid (rows, chunks): a row is split over several programs when the batch is small. Each
-program reads its chunk once, tile by tile, and writes
+Grid (rows, chunks): by default every program reads one block of 2048 tokens (TPB tiles
+of TILE tokens), so that many small programs keep the memory system busy at any batch
+size. Each program writes
 
-- the max of every tile of TILE tokens (`tile_max`, temperature-scaled): pass 2 uses it
-  to bound the top-k / top-p / min-p threshold and then reads only the tiles that can
-  hold a kept token;
-- its chunk's max and sum exp(x - max) (NaN when the chunk holds a NaN or +inf); the
-  greedy token is found in pass 2 from the tile maxima;
+- the max of every tile (`tile_max`, temperature-scaled): pass 2 uses it to bound the
+  top-k / top-p / min-p threshold, to find the greedy argmax, and to read only the tiles
+  that can hold a kept token;
+- its chunk's max and sum exp(x - max) (NaN when the chunk holds a NaN or +inf);
 - for rows that need no threshold (random, no top-k / top-p / min-p) the draw itself:
   the chunk's best exp(x - max) / E and its index, E being the row's Exp(1) noise.
 
