@@ -64,9 +64,9 @@ class IdTokenizer:
 _MODELS = {}
 
 
-def small_model(noise: float = 0.0) -> LoadedModel:
+def small_model(noise: float = 0.0, device: str = "cpu") -> LoadedModel:
     """The target (noise 0), or a copy with every weight perturbed (a draft that is right about half the time)."""
-    if noise not in _MODELS:
+    if (noise, device) not in _MODELS:
         config = tiny_config(vocab_size=VOCAB, hidden_size=64, num_heads=2, num_kv_heads=1, head_dim=32,
                              intermediate_size=128, tie_word_embeddings=False)
         tensors = random_hf_tensors(config, torch.float32, seed=0)
@@ -74,9 +74,9 @@ def small_model(noise: float = 0.0) -> LoadedModel:
         for t in tensors.values():
             t += torch.randn(t.shape, generator=g) * t.std() * noise
         sd = hf_to_state_dict(config, tensors, "<random>")
-        model = LlamaForCausalLM.from_state_dict(config, sd, device="cpu", dtype=torch.float32)
-        _MODELS[noise] = LoadedModel(model=model, tokenizer=IdTokenizer(VOCAB), config=config, path="<random>")
-    return _MODELS[noise]
+        model = LlamaForCausalLM.from_state_dict(config, sd, device=device, dtype=torch.float32)
+        _MODELS[noise, device] = LoadedModel(model=model, tokenizer=IdTokenizer(VOCAB), config=config, path="<random>")
+    return _MODELS[noise, device]
 
 
 def prompt() -> list[int]:
@@ -95,16 +95,16 @@ _SAMPLES = {}
 
 
 def samples(name: str, temperature: float = TEMPERATURE, processed: bool = False, spec: str | None = None,
-            seeded: bool = True, cache: bool = True) -> torch.Tensor:  # [N, LEN] int64
+            seeded: bool = True, cache: bool = True, device: str = "cpu") -> torch.Tensor:  # [N, LEN] int64
     """N continuations of prompt() (request i seeded with i, or unseeded), LEN tokens each."""
-    if cache and name in _SAMPLES:
-        return _SAMPLES[name]
+    if cache and f"{name}@{device}" in _SAMPLES:
+        return _SAMPLES[f"{name}@{device}"]
     cfg = dict(max_model_len=64, max_num_seqs=256, max_num_batched_tokens=4096, seed=7)
     draft = None
     if spec is not None:
         cfg.update(spec_method=spec, num_spec_tokens=3)
-        draft = small_model(0.2) if spec == "draft" else None
-    eng = LLMEngine(EngineConfig(**cfg), loaded=small_model(), draft_loaded=draft)
+        draft = small_model(0.2, device) if spec == "draft" else None
+    eng = LLMEngine(EngineConfig(**cfg), loaded=small_model(0.0, device), draft_loaded=draft)
     extra = PROCESSED if processed else {}
     ids = [eng.add_request(prompt(), SamplingParams(temperature=temperature, max_tokens=LEN, ignore_eos=True,
                                                   seed=i if seeded else None, **extra)) for i in range(N)]
@@ -118,6 +118,7 @@ def samples(name: str, temperature: float = TEMPERATURE, processed: bool = False
         st = eng.stats()["spec_decoding"]
         assert st["num_accepted_tokens"] > N / 2 and st["num_draft_tokens"] - st["num_accepted_tokens"] > N / 2, st
     out = torch.tensor([done[i] for i in ids])
+    name = f"{name}@{device}"
     if cache:
         _SAMPLES[name] = out
     return out
@@ -170,6 +171,15 @@ def test_the_model_is_a_fair_testbed():
 def test_spec_distribution_matches_plain(spec, processed, seeded):
     base = samples("plain-processed" if processed else "plain", processed=processed)
     got = samples(f"{spec}-{processed}-{seeded}", processed=processed, spec=spec, seeded=seeded)
+    ps = p_values(got, base)
+    assert min(ps) > ALPHA, [f"{p:.2e}" for p in ps]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA: Triton sampling and rejection kernels")
+@pytest.mark.parametrize("spec,processed", [("ngram", False), ("draft", True)])
+def test_spec_distribution_matches_plain_cuda(spec, processed):
+    base = samples("plain-processed" if processed else "plain", processed=processed, device="cuda")
+    got = samples(f"{spec}-{processed}", processed=processed, spec=spec, device="cuda")
     ps = p_values(got, base)
     assert min(ps) > ALPHA, [f"{p:.2e}" for p in ps]
 

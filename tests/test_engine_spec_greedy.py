@@ -36,15 +36,15 @@ def untied(tmp_path_factory) -> str:
     return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny_untied"), tie_word_embeddings=False)
 
 
-def model(path, noise=0.0):
+def model(path, noise=0.0, device="cpu", dtype=torch.float32):
     """The checkpoint, optionally with every weight perturbed (a draft that is right ~half the time)."""
-    key = (path, noise)
+    key = (path, noise, device, dtype)
     if key not in _LOADED:
-        lm = load_model(path, device="cpu", dtype=torch.float32)
+        lm = load_model(path, device=device, dtype=dtype)
         g = torch.Generator().manual_seed(1)
         with torch.no_grad():
             for p in lm.model.parameters():
-                p.add_(torch.randn(p.shape, generator=g) * p.std() * noise)
+                p.add_((torch.randn(p.shape, generator=g) * p.float().std().cpu() * noise).to(p.device, p.dtype))
         _LOADED[key] = lm
     return _LOADED[key]
 
@@ -113,6 +113,52 @@ def test_greedy_equals_plain(untied, proposer):
         assert rejected == 0  # the target drafting for itself is always right
     else:
         assert rejected > 20
+
+
+@pytest.fixture
+def no_tf32():
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA: Triton rejection kernels, the draft loop on the GPU")
+def test_greedy_equals_plain_cuda(untied, no_tf32):
+    """fp32 on CUDA: equal tokens, or a first difference at a near-tie (GEMMs of 1 + K rows and of 1 row
+    may round differently)."""
+    from specops.engine.model.reference import reference_forward
+
+    lm = model(untied, device="cuda")
+    for batch in (3, 8):
+        prompts = copy_prompts(batch, seed=batch)
+        plain, _ = run(lm, prompts, GREEDY)
+        for spec, draft in (("ngram", None), ("draft", model(untied, 0.1, device="cuda"))):
+            outs, eng = run(lm, prompts, GREEDY, draft=draft, spec_method=spec, **SCHEDULES[batch])
+            assert eng.stats()["spec_decoding"]["num_accepted_tokens"] > 10
+            for p, a, b in zip(prompts, outs, plain):
+                if a.token_ids != b.token_ids:
+                    i = next(j for j, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y)
+                    top = reference_forward(lm.model, p + b.token_ids[:i])[-1].topk(2).values
+                    assert float(top[0] - top[1]) < 1e-3, (spec, batch, i, float(top[0] - top[1]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA: bf16, FlashInfer when installed, Triton kernels")
+def test_bf16_cuda_mixed_batch_runs_clean(untied):
+    """bf16 target and draft (FlashInfer attention when installed) with greedy, sampled and penalised
+    requests: every request finishes without error, drafts are accepted and rejected, pools are empty."""
+    lm = model(untied, device="cuda", dtype=torch.bfloat16)
+    prompts = copy_prompts(12, seed=5)
+    params = [SamplingParams(temperature=[0.0, 0.8, 1.0][i % 3], top_p=[1.0, 0.9][i % 2], top_k=[0, 20][i % 2],
+                             repetition_penalty=[1.0, 1.2][i % 2], seed=i if i % 4 else None, max_tokens=24,
+                             ignore_eos=True, logprobs=1 if i == 5 else None) for i in range(12)]
+    for spec, draft in (("ngram", None), ("draft", model(untied, 0.1, device="cuda", dtype=torch.bfloat16))):
+        outs, eng = run(lm, prompts, params, draft=draft, spec_method=spec, **SCHEDULES[8])
+        assert all(o.error is None and len(o.token_ids) == 24 for o in outs)
+        assert all(0 <= t < 384 for o in outs for t in o.token_ids)
+        assert len(outs[5].outputs[0].logprobs) == 24
+        st = eng.stats()["spec_decoding"]
+        assert 0 < st["num_accepted_tokens"] < st["num_draft_tokens"], st
 
 
 def test_greedy_with_every_logits_parameter(untied):
