@@ -189,7 +189,8 @@ def main() -> int:
     for mode in modes[1:]:
         losing = [b for b in batches if (b, mode) in results and (b, "plain") in results
                   and results[b, mode]["tokens_per_s"] < results[b, "plain"]["tokens_per_s"]]
-        line = f"{mode}: " + (f"slower than plain from batch {losing[0]}" if losing else "faster at every batch measured")
+        line = f"{mode}: " + (f"slower than plain from batch {losing[0]}" if losing
+                              else "faster at every batch measured")
         print(line)
         breakeven.append(line)
     notes = (f"specops engine (eager, {backend} attention, {target.model.dtype}), greedy, random target with "

@@ -87,7 +87,6 @@ class ModelRunner:
         self.time_forward = 0.0  # seconds, for benchmarks (synchronised only when profile=True)
         self.time_sample = 0.0
         self.profile = False
-        self.vocab_size = vocab_size
         self.last_drafts = None  # DraftBatch of the proposer's last call (draft probabilities)
         self.synthetic = synthetic_acceptance
 
@@ -135,8 +134,8 @@ class ModelRunner:
             probs = None
             if self.last_drafts is not None and spec.total_draft_tokens:
                 probs = self.last_drafts.gather_probs([r.request_id for r in reqs], spec.num_draft_tokens)
-            out = self.sampler.verify(logits, spec, inputs.sample_rows, first, drafts, probs)
-            emitted = parse_output(out)  # the step's one host sync
+            verified = self.sampler.verify(logits, spec, inputs.sample_rows, first, drafts, probs)
+            emitted = parse_output(verified)  # the step's one host sync
             # A verified row ends with a token that is not its draft (recovered or bonus); when
             # all it holds are drafts, the row that should have ended it was invalid (-1).
             emitted = [e + [-1] if e == d[:len(e)] else e for e, d in zip(emitted, drafts)]

@@ -166,7 +166,6 @@ class BatchSampler:
         self.step += 1
         return tokens, out.logprobs
 
-
     # ---- speculative decoding: verification ---------------------------------------------
 
     def verify(
