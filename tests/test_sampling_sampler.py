@@ -136,6 +136,21 @@ def test_pipeline_order_matches_hand_reference():
     assert bool((want.gather(1, out.sampled_token_ids.unsqueeze(1)) > -torch.inf).all())
 
 
+def test_target_distribution_is_what_is_sampled():
+    from specops.sampling import processed_probs
+    g = fresh_gen()
+    V, N = 24, 12000
+    row = torch.randn(V, generator=g) * 2
+    md = SamplingMetadata.from_params([0.8] * N, vocab_size=V, top_k=[9] * N, top_p=[0.85] * N, min_p=[0.02] * N,
+                                      seeds=[5] * N, positions=list(range(N)))
+    proc, res = Sampler(backend="torch").target_distribution(row.expand(N, V).clone(), md)
+    probs = processed_probs(proc, res)[0].double()
+    assert abs(float(probs.sum()) - 1) < 1e-5 and int((probs > 0).sum()) <= 9
+    freq = torch.bincount(res.tokens, minlength=V).double() / N
+    assert float(freq[probs == 0].sum()) == 0
+    assert 0.5 * float((freq - probs).abs().sum()) < 0.03   # TV; its sd here is below 0.006
+
+
 def test_penalty_op_matches_the_reference():
     from specops.ops import apply_penalties_
     g = fresh_gen()

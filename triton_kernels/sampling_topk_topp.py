@@ -442,6 +442,6 @@ def sample_top_k_top_p_triton(
         tokens, thr, rmax, lnorm,
         V, NT, S, stream,
         TILE=tile, G=G, NT_P2=NT_P2, S_P2=MAX_CHUNKS, CAP=cap, GUESS=guess,
-        num_warps=8,
+        num_warps=8, maxnreg=128,   # 2 programs per SM (a few cold scalars spill)
     )
     return tokens, thr, rmax, lnorm

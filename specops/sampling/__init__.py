@@ -13,7 +13,7 @@ from .logits_processors import (BatchUpdate, LogitsProcessor, LogitsProcessors, 
                                 build_logits_processors)
 from .logprobs import LogprobsTensors, compute_logprobs
 from .metadata import GREEDY_EPS, LOGPROBS_MODES, SamplingMetadata, inv_temperature
-from .sampler import ProcessedLogits, Sampler, SamplerOutput
+from .sampler import ProcessedLogits, Sampler, SamplerOutput, processed_probs
 from .sampler_torch import (SampleResult, apply_penalties_torch, row_thresholds_torch, sample_torch,
                             target_probs_torch, top_k_top_p_min_p_mask_torch)
 from .topk_topp import draw, sample
@@ -22,6 +22,6 @@ __all__ = [
     "BatchUpdate", "GREEDY_EPS", "LOGPROBS_MODES", "LogitsProcessor", "LogitsProcessors", "LogitsRows",
     "LogprobsTensors", "MoveDirectionality", "ProcessedLogits", "SampleResult", "Sampler", "SamplerOutput",
     "SamplingMetadata", "apply_penalties_torch", "build_logits_processors", "compute_logprobs", "draw",
-    "inv_temperature", "row_thresholds_torch", "sample", "sample_torch", "target_probs_torch",
+    "inv_temperature", "processed_probs", "row_thresholds_torch", "sample", "sample_torch", "target_probs_torch",
     "top_k_top_p_min_p_mask_torch",
 ]

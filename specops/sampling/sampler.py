@@ -34,7 +34,7 @@ from .logits_processors.builtin import MinPLogitsProcessor
 from .logprobs import LogprobsTensors, compute_logprobs
 from .metadata import LOGPROBS_MODES, SamplingMetadata
 from .sampler_torch import (SampleResult, apply_allowed_token_mask_, apply_bad_words_, apply_penalties_torch,
-                            scale_logits)
+                            scale_logits, target_probs_torch)
 from .topk_topp import resolve_backend, sample
 
 
@@ -188,6 +188,19 @@ class Sampler:
         else:
             op(x, *args)
 
+    def target_distribution(self, logits: torch.Tensor, metadata: SamplingMetadata,
+                            stream: int | None = None) -> tuple[ProcessedLogits, SampleResult]:
+        """The whole processing, thresholds included, for rows whose distribution is needed
+        (e.g. the target rows of speculative decoding): (processed logits, result).
+
+        `result.threshold`, `row_max` and `log_norm` describe the distribution exactly:
+        p_i = exp(x_i - row_max - log_norm) where x_i >= threshold, 0 elsewhere, with x the
+        processed logits times `processed.inv_temperature` on random rows
+        (`processed_probs` materialises it). The draw comes with it at no extra pass.
+        """
+        processed = self.process(logits, metadata)
+        return processed, self.sample_processed(processed, metadata, stream)
+
     # ---- thresholds and draw ------------------------------------------------------------
 
     def sample_processed(self, processed: ProcessedLogits, metadata: SamplingMetadata,
@@ -199,3 +212,9 @@ class Sampler:
         return sample(processed.logits, processed.inv_temperature, *filters, md.seeds, md.positions,
                       self.stream if stream is None else stream, backend,
                       **(self.kernel_options if backend == "triton" else {}))
+
+
+def processed_probs(processed: ProcessedLogits, result: SampleResult) -> torch.Tensor:
+    """[R, V] fp32 probabilities of the distribution each row was drawn from (zeros on
+    invalid rows; greedy rows: the softmax of their processed logits)."""
+    return target_probs_torch(scale_logits(processed.logits, processed.inv_temperature), result)
