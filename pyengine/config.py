@@ -63,6 +63,18 @@ class EngineConfig:
         verifying it; outputs are then NOT the model's.
     spec_log_interval_s : float or None
         Seconds between spec-decoding log lines (logger "specops.engine.spec_decode"); None = never.
+
+    Structured output (issue 7; requests opt in with SamplingParams.structured_outputs):
+
+    structured_compile_timeout_s : float
+        Hard limit on compiling one grammar; past it the request fails alone.
+    structured_compile_workers : int
+        Threads compiling grammars (off the engine's step loop).
+    reasoning_end : str or None
+        End-of-reasoning marker text (e.g. "</think>"): structured requests are unconstrained
+        until the model emits it, then constrained. None = constrained from the first token.
+    reasoning_start : str or None
+        Start marker, used only to see whether the prompt already closed its reasoning block.
     """
 
     model: str | None = None
@@ -89,6 +101,11 @@ class EngineConfig:
     ngram_max_n: int = 3
     spec_synthetic_acceptance: object = None
     spec_log_interval_s: float | None = 5.0
+    # structured output
+    structured_compile_timeout_s: float = 30.0
+    structured_compile_workers: int = 2
+    reasoning_end: str | None = None
+    reasoning_start: str | None = "<think>"
 
     def validate(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -104,6 +121,13 @@ class EngineConfig:
         if self.dtype not in (None, "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         self._validate_spec()
+        if not (isinstance(self.structured_compile_timeout_s, (int, float)) and self.structured_compile_timeout_s > 0):
+            raise ValueError(f"structured_compile_timeout_s must be > 0, got {self.structured_compile_timeout_s!r}")
+        w = self.structured_compile_workers
+        if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+            raise ValueError(f"structured_compile_workers must be a positive int, got {w!r}")
+        if self.reasoning_end is not None and (not isinstance(self.reasoning_end, str) or not self.reasoning_end):
+            raise ValueError(f"reasoning_end must be None or a non-empty string, got {self.reasoning_end!r}")
 
     def _validate_spec(self) -> None:
         if self.spec_method not in (None, "ngram", "draft"):

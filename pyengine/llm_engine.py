@@ -51,6 +51,14 @@ class LLMEngine:
     With ``config.spec_method`` set, every step ends by proposing drafts for the requests in
     pure decode (``self.proposer``, K from ``self.k_schedule``); the next step verifies them.
     ``stats()["spec_decoding"]`` holds the acceptance counts.
+
+    Structured output (``SamplingParams.structured_outputs``): the options are checked on
+    arrival (a bad one fails that request alone); the grammar compiles in the
+    StructuredOutputManager's worker pool while the request waits in the scheduler's
+    ``blocked`` set (other requests are admitted past it); a compile error or timeout fails
+    that request alone. Drafts are cut to their grammatical prefix before they are
+    scheduled; the runner masks every sampling row (1 + K for a speculating request); the
+    grammar advances with the tokens emitted, and its termination ends the request.
     """
 
     def __init__(self, config: EngineConfig | None = None, loaded=None, draft_loaded=None, **kwargs):
@@ -91,6 +99,7 @@ class LLMEngine:
                                   max_len, seed=config.seed, num_lookahead_tokens=lookahead,
                                   eos_token_ids=self.eos_token_ids, logits_processors=config.logits_processors,
                                   synthetic_acceptance=self._synthetic)
+        self.structured = None  # StructuredOutputManager, made on the first structured request
         self.parents: dict[str, _Parent] = {}
         self._child_parent: dict[str, _Parent] = {}
         self._counter = itertools.count()
@@ -179,12 +188,87 @@ class LLMEngine:
             children.append(child)
             detoks.append(IncrementalDetokenizer(self.tokenizer, ids, sp.skip_special_tokens, sp.stop,
                                                  sp.include_stop_str_in_output))
+        if params.structured_outputs is not None:
+            try:
+                so = self.structured_output_manager()
+                for child in children:
+                    so.add_request(child.request_id, params.structured_outputs, ids)
+            except (ValueError, TypeError) as exc:
+                for child in children:
+                    self.structured.remove_request(child.request_id)
+                parent = _Parent(rid, text, ids, [], [], error=f"{type(exc).__name__}: {exc}")
+                self.parents[rid] = parent
+                self._pending.append(self._make_output(parent))
+                return rid
+            self.scheduler.blocked.update(c.request_id for c in children)  # until compiled
         parent = _Parent(rid, text, ids, children, detoks)
         self.parents[rid] = parent
         for child in children:
             self._child_parent[child.request_id] = parent
             self.scheduler.add_request(child)
         return rid
+
+    def structured_output_manager(self):
+        """The engine's StructuredOutputManager (made on first use from the config)."""
+        if self.structured is None:
+            from .structured_output import ReasoningConfig, StructuredOutputManager
+
+            cfg = self.config
+            reasoning = None
+            if cfg.reasoning_end is not None:
+                reasoning = ReasoningConfig.from_text(self.tokenizer, cfg.reasoning_end, cfg.reasoning_start)
+            k = cfg.num_spec_tokens if self.proposer is not None else 0
+            self.set_structured_output_manager(StructuredOutputManager(
+                self.tokenizer, self.vocab_size, max_rows=cfg.max_num_seqs * (1 + k),
+                max_workers=cfg.structured_compile_workers, compile_timeout_s=cfg.structured_compile_timeout_s,
+                reasoning=reasoning))
+        return self.structured
+
+    def set_structured_output_manager(self, manager) -> None:
+        """Use ``manager`` (a StructuredOutputManager) for structured requests from now on (tests inject
+        slow or failing backends this way); only before the first structured request."""
+        if self.structured is not None and self.structured is not manager:
+            raise ValueError("the engine already has a StructuredOutputManager")
+        self.structured = manager
+        self.runner.structured = manager
+
+    def shutdown(self) -> None:
+        """Stop the grammar compiler threads (if any)."""
+        if self.structured is not None:
+            self.structured.shutdown()
+
+    def _poll_structured(self) -> list[RequestOutput]:
+        """Admit requests whose grammar compiled; fail those whose compilation failed or timed out."""
+        from .structured_output import CompileStatus
+
+        outputs = []
+        blocked = self.scheduler.blocked
+        for rid in list(blocked):
+            status = self.structured.poll(rid)
+            if status is CompileStatus.WAITING:
+                continue
+            blocked.discard(rid)
+            req = self.scheduler.requests.get(rid)
+            if status is CompileStatus.FAILED and req is not None:
+                req.error = self.structured.error(rid)
+                self.scheduler.finish_request(req, RequestStatus.FINISHED_ERROR)
+                parent = self._child_parent[rid]
+                if not parent.reported_final:
+                    outputs.append(self._make_output(parent))
+        return outputs
+
+    def _advance_grammar(self, req: Request, before: int) -> None:
+        """Feed the grammar the tokens the request kept this step; a terminated grammar ends it."""
+        so = self.structured
+        rid = req.request_id
+        if not so.accept_tokens(rid, req.output_token_ids[before:]):
+            req.error = f"structured output: the grammar rejected output tokens {req.output_token_ids[before:]}"
+            if req.is_finished:  # already stopped this step (its blocks are freed): only the status changes
+                req.status = RequestStatus.FINISHED_ERROR
+            else:
+                self.scheduler.finish_request(req, RequestStatus.FINISHED_ERROR)
+        elif so.is_terminated(rid) and not req.is_finished:
+            self.scheduler.finish_request(req, RequestStatus.FINISHED_STOPPED)
 
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -234,8 +318,13 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one step; return the outputs of the requests that changed."""
         outputs, self._pending = self._pending, []
+        if self.scheduler.blocked:
+            outputs += self._poll_structured()
         sched = self.scheduler.schedule()
         if sched.is_empty:
+            if self.scheduler.blocked:  # only requests whose grammar compiles: wait a little for one
+                self.structured.wait(next(iter(self.scheduler.blocked)), timeout=0.002)
+                return self._drop_reported(outputs)
             if self.scheduler.has_unfinished_requests():
                 raise RuntimeError("scheduler made no progress with requests waiting: "
                                    f"{list(self.scheduler.requests)}")
@@ -256,6 +345,8 @@ class LLMEngine:
             idx = parent.children.index(req) if len(parent.children) > 1 else 0
             stop = self._detokenize(parent.detoks[idx], req, before)
             new = req.num_output_tokens - before  # tokens appended (a stop string may have cut some)
+            if req.sampling_params.structured_outputs is not None:
+                self._advance_grammar(req, before)
             num_new[req.request_id] = new
             self.num_generated_tokens += new
             if req.logprobs is not None:
@@ -322,7 +413,10 @@ class LLMEngine:
             return
         ks = self.k_schedule.k_for_requests(decoding, self.max_model_len, batch_size=len(running))
         batch = self.proposer.propose(decoding, ks, ProposeContext(step=self.num_steps))
+        so = self.structured
         for req, drafts in zip(decoding, batch.token_ids):
+            if so is not None and req.sampling_params.structured_outputs is not None and drafts:
+                drafts = so.validate_drafts(req.request_id, list(drafts))  # the grammatical prefix
             req.spec_token_ids = list(drafts)
         self.runner.last_drafts = batch
 
@@ -333,6 +427,9 @@ class LLMEngine:
                 if parent is not None:
                     for child in parent.children:
                         self._child_parent.pop(child.request_id, None)
+                        if self.structured is not None:
+                            self.structured.remove_request(child.request_id)
+                            self.scheduler.blocked.discard(child.request_id)
         return outputs
 
     def _make_output(self, parent: _Parent, num_new: dict[str, int] | None = None) -> RequestOutput:

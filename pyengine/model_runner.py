@@ -12,6 +12,12 @@ sampled token and the drafts); the logits of those 1 + K positions are kept
 (`build_spec_decode_metadata`) and `BatchSampler.verify` emits the accepted drafts plus
 one token. The draft distributions of a draft-model proposer come from `last_drafts`,
 the DraftBatch that the engine's proposer made after the previous step.
+
+Structured output: when the engine set `structured` (a StructuredOutputManager), the
+grammar bitmask of the sampling rows (1 + K rows for a request with K drafts) is filled
+on the host right after the forward is launched, so it overlaps the GPU's work, and is
+applied to the logits with `specops.ops.apply_token_bitmask_` before the Sampler or the
+RejectionSampler sees them.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from .input_batch import InputBatch
 from .request import Logprob, Request
 from .sampling import BatchSampler, to_logprobs
 from .scheduler import SchedulerOutput
+from .structured_output.batch_bitmask import apply_batch_bitmask
 
 
 @dataclass
@@ -89,6 +96,8 @@ class ModelRunner:
         self.profile = False
         self.last_drafts = None  # DraftBatch of the proposer's last call (draft probabilities)
         self.synthetic = synthetic_acceptance
+        self.structured = None  # StructuredOutputManager, set by the engine for structured requests
+        self.time_bitmask = 0.0  # host seconds spent filling grammar bitmasks
 
     @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
@@ -103,9 +112,11 @@ class ModelRunner:
         if not inputs.sample_reqs:
             self.time_forward += self._now() - t0
             return out
+        mask = self._build_bitmask(inputs)  # host work while the device runs the forward
         if inputs.spec is not None:
-            return self._execute_spec(hidden, inputs, t0)
+            return self._execute_spec(hidden, inputs, t0, mask)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        apply_batch_bitmask(logits, mask)
         t1 = self._now()
         tokens, logprobs = self.sampler.sample(logits, inputs.sample_rows, inputs.sample_positions)
         want = [i for i, r in enumerate(inputs.sample_reqs) if r.sampling_params.logprobs is not None]
@@ -120,10 +131,27 @@ class ModelRunner:
             out.logprobs[inputs.sample_reqs[i].request_id] = [entry]
         return out
 
-    def _execute_spec(self, hidden: torch.Tensor, inputs: StepInputs, t0: float) -> ModelRunnerOutput:
+    def _build_bitmask(self, inputs: StepInputs):
+        """The grammar bitmask of the step's logits rows (None: no structured request samples)."""
+        so = self.structured
+        if so is None:
+            return None
+        reqs = inputs.sample_reqs
+        if not any(r.sampling_params.structured_outputs is not None for r in reqs):
+            return None
+        t = time.perf_counter()
+        drafts = inputs.drafts or [[] for _ in reqs]
+        batch = [(r.request_id if r.sampling_params.structured_outputs is not None else None, 1 + len(d), d)
+                 for r, d in zip(reqs, drafts)]
+        mask = so.build_bitmask(batch)
+        self.time_bitmask += time.perf_counter() - t
+        return mask
+
+    def _execute_spec(self, hidden: torch.Tensor, inputs: StepInputs, t0: float, mask=None) -> ModelRunnerOutput:
         """Verify the step's drafts: logits at the 1 + K positions of each request, then emitted tokens."""
         spec, reqs, drafts = inputs.spec, inputs.sample_reqs, inputs.drafts
         logits = self.model.compute_logits(hidden[spec.logits_indices.long()])  # [sum(nd) + N, vocab]
+        apply_batch_bitmask(logits, mask)  # 1 + K grammar rows per structured request
         t1 = self._now()
         want = [i for i, r in enumerate(reqs) if r.sampling_params.logprobs is not None]
         raw = logits.clone() if want else None  # the Sampler may process the logits in place

@@ -50,6 +50,10 @@ class SamplingParams:
         Return the log-probabilities of this many most likely tokens (and of the sampled one).
     skip_special_tokens : bool
         Leave special tokens out of the text.
+    structured_outputs : StructuredOutputOptions, dict or None
+        Constrain the output to a JSON schema, any JSON object, a regex, a choice list or an
+        EBNF grammar (``specops.engine.structured_output.StructuredOutputOptions``; a dict
+        of its fields is converted). Checked on arrival; the grammar compiles off the step loop.
     """
 
     n: int = 1
@@ -73,6 +77,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     extra_args: dict = field(default_factory=dict)
+    structured_outputs: object = None
 
     MAX_N = 64
     MAX_LOGPROBS = 20
@@ -82,6 +87,10 @@ class SamplingParams:
             self.stop = [self.stop]
         if isinstance(self.bad_words, str):
             self.bad_words = [self.bad_words]
+        if isinstance(self.structured_outputs, dict):
+            from .structured_output.options import StructuredOutputOptions
+
+            self.structured_outputs = StructuredOutputOptions(**self.structured_outputs)
 
     @property
     def greedy(self) -> bool:
@@ -141,10 +150,17 @@ class SamplingParams:
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.structured_outputs is not None:
+            from .structured_output.options import StructuredOutputOptions
+
+            if not isinstance(self.structured_outputs, StructuredOutputOptions):
+                raise TypeError("structured_outputs must be None or a StructuredOutputOptions, "
+                                f"got {type(self.structured_outputs).__name__}")
+            self.structured_outputs.validate(check_meta_schema=False)  # cheap; the rest in the compile pool
 
     @classmethod
     def field_names(cls) -> list[str]:
-        return [f.name for f in fields(cls) if f.name != "extra_args"]
+        return [f.name for f in fields(cls) if f.name not in ("extra_args", "structured_outputs")]
 
 
 def _num(name: str, value, lo: float | None = None, hi: float | None = None) -> None:

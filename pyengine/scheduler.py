@@ -16,6 +16,10 @@ num_computed + new <= max_model_len - 1 leaves a position for the bonus token. A
 verification `update_from_output` rolls num_computed_tokens back by the number of
 rejected drafts, before any block is registered in the prefix cache, so rejected tokens
 never reach it (their slots are simply overwritten by later steps).
+
+Structured output: a waiting request whose grammar is still compiling is listed in
+`blocked` (by the engine); admission passes over it, keeping its place in the queue,
+so the requests behind it are admitted as if it were not there.
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}  # unfinished requests
         self.num_preemptions = 0
+        self.blocked: set[str] = set()  # waiting requests not to admit yet (grammar compiling)
 
     # ---- queues -------------------------------------------------------------------------
 
@@ -136,8 +141,12 @@ class Scheduler:
                     req.spec_token_ids = []  # the proposer sets the next step's drafts
 
         # Admit waiting requests only when nothing was preempted: the pool is full otherwise.
+        skipped: list[Request] = []
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
+            if req.request_id in self.blocked:
+                skipped.append(self.waiting.popleft())
+                continue
             hits, num_hit = self.block_manager.get_computed_blocks(req)
             n = req.num_tokens - num_hit
             if n > budget and not self.chunked_prefill:
@@ -154,6 +163,7 @@ class Scheduler:
             scheduled.append(req)
             num_tokens[req.request_id] = n
             budget -= n
+        self.waiting.extendleft(reversed(skipped))  # back in their places, ahead of the rest
 
         return SchedulerOutput(scheduled, num_tokens, self.max_num_batched_tokens - budget, preempted, spec_tokens)
 
