@@ -103,20 +103,33 @@ def flashinfer_sampling():
         return None
 
 
-def check(logits, md, name: str) -> None:
-    """specops against the reference (same noise) on up to 16 rows; raises on disagreement."""
+def check(logits, md, name: str) -> str:
+    """specops against the reference (same noise) on up to 16 rows: "ok" or what differs.
+
+    Top-p boundaries are decided in fp32 by the kernel and in fp64 by the reference, so
+    thresholds may differ where the kept masses agree to 2e-5; tokens may differ in float
+    near-ties of the noise argmax (at most one row here).
+    """
     from specops.sampling import sample, sample_torch
+    from specops.sampling.sampler_torch import scale_logits
     n = min(16, logits.shape[0])
     args = (logits[:n], md.inv_temperature[:n], None if md.top_k is None else md.top_k[:n],
             None if md.top_p is None else md.top_p[:n], None if md.min_p is None else md.min_p[:n],
             md.seeds[:n], md.positions[:n])
     a = sample(*args, backend="triton")
     b = sample_torch(*args)
-    same_thr = torch.equal(a.threshold.nan_to_num(7.0), b.threshold.nan_to_num(7.0))
+    x = scale_logits(logits[:n], md.inv_temperature[:n]).double()
+    w = torch.exp(x - x.max(dim=-1, keepdim=True).values)
+    ma = torch.where(x >= a.threshold.double().unsqueeze(1), w, 0).sum(-1)
+    mb = torch.where(x >= b.threshold.double().unsqueeze(1), w, 0).sum(-1)
+    bad_mass = int(((ma - mb).abs() > 2e-5 * w.sum(-1)).sum())
+    same_invalid = torch.equal(torch.isnan(a.threshold), torch.isnan(b.threshold))
     mismatches = int((a.tokens != b.tokens).sum())
-    if not same_thr or mismatches > 1:
-        raise AssertionError(f"{name}: specops disagrees with the reference (thresholds equal: {same_thr}, "
-                             f"token mismatches: {mismatches}/{n})")
+    status = "ok"
+    if bad_mass or not same_invalid or mismatches > 1:
+        status = f"CHECK FAILED: {bad_mass} threshold(s) off, {mismatches}/{n} tokens differ"
+        print(f"{name}: specops disagrees with the reference: {status}", flush=True)
+    return status
 
 
 def bench_case(rows, fs, V, B, dname, kind, do_torch=True):
@@ -125,7 +138,7 @@ def bench_case(rows, fs, V, B, dname, kind, do_torch=True):
     logits = make_logits(B, V, dtype, kind, seed=B * 7 + V)
     md_u = metadata(B, V, seeded=False)
     md_s = metadata(B, V, seeded=True)
-    check(logits, md_u, f"{kind} V={V} B={B} {dname}")
+    status = check(logits, md_u, f"{kind} V={V} B={B} {dname}")
     min_bytes = logits.numel() * logits.element_size()
     shape = dict(V=V, batch=B, dtype=dname, logits=kind)
     flo = floor_us(min_bytes)
@@ -136,7 +149,7 @@ def bench_case(rows, fs, V, B, dname, kind, do_torch=True):
 
     t_u = time_us(ours(md_u), **FAST)
     t_s = time_us(ours(md_s), **FAST)
-    extra = {"seeded/unseeded": t_s / t_u}
+    extra = {"seeded/unseeded": t_s / t_u, "check": status}
     peers = {}
     if do_torch:
         peers["torch-sort"] = time_us(lambda: torch_sort_sample(logits, md_u.temperature, md_u.top_k, md_u.top_p,
@@ -168,13 +181,13 @@ def bench_plain(rows, fs, V, B, dname):
     dtype = DTYPES[dname]
     logits = make_logits(B, V, dtype, "llm", seed=B + 1)
     md = metadata(B, V, seeded=False, mix=[(1.0, 0, 1.0, 0.0)])
-    check(logits, md, f"plain V={V} B={B} {dname}")
+    status = check(logits, md, f"plain V={V} B={B} {dname}")
     min_bytes = logits.numel() * logits.element_size()
     shape = dict(V=V, batch=B, dtype=dname, logits="llm")
     flo = floor_us(min_bytes)
     t = time_us(lambda: sample(logits, md.inv_temperature, None, None, None, md.seeds, md.positions,
                                backend="triton"), **FAST)
-    extra = {}
+    extra = {"check": status}
     t_fi = None
     if fs is not None:
         try:
@@ -204,16 +217,22 @@ def main() -> int:
     copy_bandwidth()
     fs = flashinfer_sampling()
     rows: list[Row] = []
+    def guarded(fn, *args, **kw):
+        try:
+            fn(*args, **kw)
+        except Exception as exc:  # noqa: BLE001 - report and go on with the other shapes
+            print(f"FAILED {fn.__name__}{args[2:]}: {type(exc).__name__}: {exc}", flush=True)
+
     for dname in DTYPES:
         for V in VOCABS:
             for B in BATCHES:
-                bench_case(rows, fs, V, B, dname, "llm", do_torch=(dname == "fp32"))
+                guarded(bench_case, rows, fs, V, B, dname, "llm", do_torch=(dname == "fp32"))
             write_results("sampling", rows, notes=NOTES)
     for B in (1, 32, 512):
-        bench_case(rows, fs, 128256, B, "fp32", "flat", do_torch=False)
+        guarded(bench_case, rows, fs, 128256, B, "fp32", "flat", do_torch=False)
     for dname in DTYPES:
         for B in (1, 32, 512):
-            bench_plain(rows, fs, 128256, B, dname)
+            guarded(bench_plain, rows, fs, 128256, B, dname)
     path = write_results("sampling", rows, notes=NOTES)
     print(f"wrote {path} in {time.time() - t0:.0f} s")
     return 0
