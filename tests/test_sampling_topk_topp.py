@@ -54,13 +54,13 @@ def noise_scores(x: torch.Tensor, tau: torch.Tensor, seeds, positions) -> torch.
     return torch.where(x >= tau.double().cpu().unsqueeze(1), s, torch.zeros_like(s))
 
 
-def assert_same_draw(a, b, logits, inv, seeds, positions, mass_rtol=2e-5):
+def assert_same_draw(a, b, logits, inv, seeds, positions, top_p=None, mass_rtol=2e-5):
     """Kernel result `a` equals reference `b`.
 
     Thresholds are equal, or (top-p boundaries, which the kernel decides in fp32 and the
     reference in fp64) keep masses within `mass_rtol` of each other; tokens are equal up to
     float near-ties of the noise argmax (checked to be ties) or tokens in the band between
-    two such thresholds.
+    two such thresholds. Rows without top-p (`top_p` >= 1) must have equal thresholds.
     """
     bad = torch.isnan(b.threshold)
     assert torch.equal(torch.isnan(a.threshold), bad)
@@ -71,6 +71,7 @@ def assert_same_draw(a, b, logits, inv, seeds, positions, mass_rtol=2e-5):
     x_all = scale_logits(logits, inv).cpu()
     band = torch.zeros(len(ta), dtype=torch.bool)
     for r in (ok & (ta != tb)).nonzero().flatten().tolist():
+        assert top_p is None or float(top_p[r]) < 1.0, f"row {r} without top-p: {ta[r]} vs {tb[r]}"
         x = x_all[r].double()
         w = torch.exp(x - x.max())
         ma, mb = w[x >= ta[r].double()].sum(), w[x >= tb[r].double()].sum()
@@ -233,7 +234,7 @@ def test_triton_matches_reference_small(V, tile, cap, chunks, guess):
     a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", tile=tile, cap=cap, num_chunks=chunks,
                guess=guess)
     b = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")
-    assert_same_draw(a, b, logits, inv, seeds, pos)
+    assert_same_draw(a, b, logits, inv, seeds, pos, p)
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter test")
@@ -249,7 +250,7 @@ def test_triton_half_precision_strides_and_broadcast_rows():
     for logits in cases:
         a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", tile=16, cap=64, num_chunks=2)
         b = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")
-        assert_same_draw(a, b, logits, inv, seeds, pos)
+        assert_same_draw(a, b, logits, inv, seeds, pos, p)
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter test")
@@ -268,7 +269,7 @@ def test_triton_ties_and_masked_tokens():
     for cap in (16, 256):
         a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", tile=16, cap=cap, num_chunks=3)
         b = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")
-        assert_same_draw(a, b, logits, inv, seeds, pos)
+        assert_same_draw(a, b, logits, inv, seeds, pos, p)
         assert bool((logits.gather(1, a.tokens.unsqueeze(1)) > float("-inf")).all())
         assert a.tokens[5].item() == 1
 
@@ -370,7 +371,7 @@ def test_cuda_full_shapes_match_reference(V, R, dtype):
         p[4:8] = torch.tensor([0.99, 0.999, 0.5, 0.95])
     a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton")
     b = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")
-    assert_same_draw(a, b, logits, inv, seeds, pos)
+    assert_same_draw(a, b, logits, inv, seeds, pos, p)
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
@@ -382,7 +383,7 @@ def test_cuda_flat_distribution_fallback_matches_reference():
     p = torch.full((R,), 0.9, device="cuda")
     a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton")
     b = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")
-    assert_same_draw(a, b, logits, inv, seeds, pos)
+    assert_same_draw(a, b, logits, inv, seeds, pos, p)
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
