@@ -74,7 +74,8 @@ def _row_stats_kernel(
         e = tl.exp(x - m_ref[:, None])
         z_slot = z_slot * alpha + tl.sum(e, axis=1)
         if unfiltered:
-            w0, w1, w2, w3 = random_words(seed, pos, stream, offs >> 2)
+            # call index written so that the compiler sees the 4 tokens of a thread share it
+            w0, w1, w2, w3 = random_words(seed, pos, stream, tile * (TILE // 4) + (cols >> 2))
             score = e / exponential(select_word(w0, w1, w2, w3, offs & 3))
             tb = tl.max(score, axis=1)
             ti = tl.min(tl.where(score == tb[:, None], offs, _BIG), axis=1)

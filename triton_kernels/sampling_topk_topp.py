@@ -72,14 +72,14 @@ def _select_tiles(tm_row, list_row, NT, thr, NT_P2: tl.constexpr):
 
 @triton.jit
 def _load_group(row, list_row, g, n_sel, V, scale, TILE: tl.constexpr, G: tl.constexpr):
-    """Tiles g..g+G-1 of the selected list as [G, TILE] (x, token offsets)."""
+    """Tiles g..g+G-1 of the selected list as [G, TILE] (x, token offsets, tile ids [G, 1])."""
     gi = g + tl.arange(0, G)
     gm = gi < n_sel
-    tid = tl.load(list_row + gi, mask=gm, other=0)
-    offs = tid[:, None] * TILE + tl.arange(0, TILE)[None, :]
+    tid = tl.load(list_row + gi, mask=gm, other=0)[:, None]
+    offs = tid * TILE + tl.arange(0, TILE)[None, :]
     ok = gm[:, None] & (offs < V)
     x = tl.load(row + offs, mask=ok, other=float("-inf")).to(tl.float32) * scale
-    return x, offs
+    return x, offs, tid
 
 
 @triton.jit
@@ -90,7 +90,7 @@ def _count_mass(row, tm_row, list_row, V, NT, scale, m, thr,
     cnt = n_sel * 0
     mass = tl.full([], 0.0, tl.float32)
     for g in range(0, n_sel, G):
-        x, offs = _load_group(row, list_row, g, n_sel, V, scale, TILE, G)
+        x, offs, tid = _load_group(row, list_row, g, n_sel, V, scale, TILE, G)
         c = (x >= thr) & (x > float("-inf"))
         cnt += _sum2(c.to(tl.int32))
         mass += _sum2(tl.where(c, tl.exp(x - m), 0.0))
@@ -106,7 +106,7 @@ def _collect(row, tm_row, list_row, cand_row, V, NT, scale, m, lo, hi,
     n = n_sel * 0
     mass = tl.full([], 0.0, tl.float32)
     for g in range(0, n_sel, G):
-        x, offs = _load_group(row, list_row, g, n_sel, V, scale, TILE, G)
+        x, offs, tid = _load_group(row, list_row, g, n_sel, V, scale, TILE, G)
         c = (x >= lo) & (x < hi) & (x > float("-inf"))
         mass += _sum2(tl.where(c, tl.exp(x - m), 0.0))
         c2 = c.to(tl.int32)
@@ -152,10 +152,11 @@ def _draw_tiles(row, tm_row, list_row, V, NT, scale, m, tau, seed, pos, stream,
     tok = n_sel * 0 - 1
     mass = tl.full([], 0.0, tl.float32)
     for g in range(0, n_sel, G):
-        x, offs = _load_group(row, list_row, g, n_sel, V, scale, TILE, G)
+        x, offs, tid = _load_group(row, list_row, g, n_sel, V, scale, TILE, G)
         kept = (x >= tau) & (x > float("-inf"))
         e = tl.exp(x - m)
-        w0, w1, w2, w3 = random_words(seed, pos, stream, offs >> 2)
+        # call index written so that the compiler sees the 4 tokens of a thread share it
+        w0, w1, w2, w3 = random_words(seed, pos, stream, tid * (TILE // 4) + (tl.arange(0, TILE)[None, :] >> 2))
         sc = tl.where(kept, e / exponential(select_word(w0, w1, w2, w3, offs & 3)), -1.0)
         bs = _max2(sc)
         bi = _min2(tl.where(sc == bs, offs, _BIG))
