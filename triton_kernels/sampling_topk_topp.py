@@ -134,7 +134,7 @@ def _first_argmax(row, tm_row, NT, m, V, TILE: tl.constexpr, NT_P2: tl.constexpr
     """First index of the row max m (unscaled row): scan the first tile whose max is m."""
     t = tl.arange(0, NT_P2)
     tm = tl.load(tm_row + t, mask=t < NT, other=float("-inf"))
-    first = tl.min(tl.where(tm == m, t, _BIG), axis=0)
+    first = tl.minimum(tl.min(tl.where(tm == m, t, _BIG), axis=0), NT - 1)
     offs = first * TILE + tl.arange(0, TILE)
     x = tl.load(row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
     return tl.min(tl.where(x == m, offs, _BIG), axis=0)
