@@ -4,12 +4,23 @@ seeded repeatability and batch invariance, bad inputs.
 On CPU the Triton kernels run under the interpreter at small shapes; CUDA adds full shapes.
 """
 
+import os
+
 import pytest
 import torch
 
 from specops.spec_decode import MAX_SPEC_LEN, rejection_sample
 
 CUDA = torch.cuda.is_available()
+
+# Triton runs on CPU only under the interpreter (set by conftest when there is no GPU);
+# on a CUDA machine these tests run on CUDA alone.
+TRITON_DEVICES = (["cpu"] if os.environ.get("TRITON_INTERPRET") == "1" else []) + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=TRITON_DEVICES)
+def device(request) -> str:
+    return request.param
 
 
 @pytest.fixture(autouse=True, scope="module")
