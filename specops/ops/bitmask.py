@@ -75,7 +75,7 @@ def unpack_bitmask(
     """Expand packed bits: ``out[r, j]`` is bit ``j % 32`` of ``bitmask[r, j // 32]``."""
     shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
     bits = (bitmask.unsqueeze(-1) >> shifts) & 1
-    return bits.reshape(bitmask.shape[0], -1)[:, :vocab].bool()
+    return bits.reshape(bitmask.shape[0], 32 * bitmask.shape[1])[:, :vocab].bool()
 
 
 def apply_token_bitmask_torch(
