@@ -5,8 +5,17 @@
 #include <ATen/ATen.h>
 
 #include <initializer_list>
+#include <string>
 
 namespace specops {
+
+// "[2, 8]": shapes are formatted here rather than streamed as c10::IntArrayRef, so an
+// error message never depends on how the torch headers print ArrayRef.
+inline std::string shape_str(at::IntArrayRef shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
 
 inline void check_dtype(const char* op, const char* name, const at::Tensor& t,
                         std::initializer_list<at::ScalarType> dtypes) {
@@ -18,13 +27,13 @@ inline void check_dtype(const char* op, const char* name, const at::Tensor& t,
 }
 
 inline void check_dim(const char* op, const char* name, const at::Tensor& t, int64_t dim) {
-  TORCH_CHECK_VALUE(t.dim() == dim, op, ": ", name, " must be ", dim, "-D, got shape ", t.sizes());
+  TORCH_CHECK_VALUE(t.dim() == dim, op, ": ", name, " must be ", dim, "-D, got shape ", shape_str(t.sizes()));
 }
 
 // The last dimension must be contiguous; rows may be strided (a slice of a wider buffer).
 inline void check_rows(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK_VALUE(t.size(-1) <= 1 || t.stride(-1) == 1, op, ": ", name,
-                    " must have a contiguous last dimension (stride 1), got strides ", t.strides());
+                    " must have a contiguous last dimension (stride 1), got strides ", shape_str(t.strides()));
 }
 
 inline void check_same_device(const char* op, const char* name, const at::Tensor& t,
@@ -34,7 +43,9 @@ inline void check_same_device(const char* op, const char* name, const at::Tensor
 }
 
 inline void check_shape(const char* op, const char* name, const at::Tensor& t, at::IntArrayRef shape) {
-  TORCH_CHECK_VALUE(t.sizes() == shape, op, ": ", name, " must have shape ", shape, ", got ", t.sizes());
+  bool same = t.dim() == static_cast<int64_t>(shape.size());
+  for (int64_t i = 0; same && i < t.dim(); ++i) same = t.size(i) == shape[i];
+  TORCH_CHECK_VALUE(same, op, ": ", name, " must have shape ", shape_str(shape), ", got ", shape_str(t.sizes()));
 }
 
 // Row stride in elements; 0-row and 1-row tensors report their row length so kernels can
