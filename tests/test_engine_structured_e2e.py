@@ -53,22 +53,21 @@ SCHEMAS = {
                        "ok": {"type": "boolean"}},
         "required": ["color", "score", "delta", "ok"],
     },
-    "person": {
-        "type": "object",
-        "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 12},
-                       "age": {"type": "integer", "minimum": 0, "maximum": 120},
-                       "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 2}},
-        "required": ["name", "age", "tags"],
-    },
 }
 PROMPTS = {
     "nested": 'Give JSON for Ann who lives in Paris, zip 75001: {"name": ..., "address": {"city": ..., "zip": ...}}',
     "array": 'List two fruits with quantities as JSON: {"items": [{"fruit": "apple", "qty": 2}, ...]}',
     "bounds": 'Rate the sky as JSON {"color": "blue", "score": 7.5, "delta": 1, "ok": true}.',
-    "person": 'Write JSON like {"name": "Ann", "age": 31, "tags": ["cat"]} for Bob, who is 40 and likes dogs.',
 }
 REGEX = r"[0-9]{3}-[A-Z]{2}"
 CHOICES = ["yes", "no", "maybe"]
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 12},
+                   "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                   "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 2}},
+    "required": ["name", "age", "tags"],
+}
 MAX_TOKENS = 96  # the guard: every schema above is bounded well within it
 
 
@@ -291,19 +290,23 @@ def _cli(*args, timeout=240):
 
 def test_cli_structured_options(tmp_path, loaded, capsys):
     schema = tmp_path / "s.json"
-    schema.write_text(json.dumps(SCHEMAS["person"]))
-    r = _cli("--chat", PROMPTS["person"], "--json-schema", str(schema), "--spec", "ngram", "--max-tokens", "64")
-    assert r.returncode == 0, r.stderr
-    jsonschema.validate(json.loads(r.stdout), SCHEMAS["person"])
+    schema.write_text(json.dumps(PERSON))
     prompts = tmp_path / "in.jsonl"
-    prompts.write_text('"Is the sky blue?"\n"Is grass red?"\n')
-    r = _cli("--chat", "--prompts-file", str(prompts), "--choice", "yes,no", "--temperature", "1", "--seed", "3",
-             "--max-tokens", "8")
+    prompts.write_text('"Write JSON like {\\"name\\": \\"Ann\\", \\"age\\": 31, \\"tags\\": [\\"cat\\"]} for Bob, 40."\n'
+                       '"Describe Ann, 31, who likes tea, as JSON."\n')
+    r = _cli("--chat", "--prompts-file", str(prompts), "--json-schema", str(schema), "--spec", "ngram",
+             "--max-tokens", "64")
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in r.stdout.splitlines()]
-    assert len(rows) == 2 and all(row["text"] in ("yes", "no") for row in rows), rows
+    assert len(rows) == 2, r.stdout
+    for row in rows:
+        jsonschema.validate(json.loads(row["text"]), PERSON)
     from specops.cli import main
 
+    # in process (no second model load): --choice as a comma list, sampled
+    assert main(["generate", "--chat", "Is the sky blue?", "--choice", "yes,no", "--temperature", "1", "--seed", "3",
+                 "--max-tokens", "8"]) == 0
+    assert capsys.readouterr().out.strip() in ("yes", "no")
     for flags, msg in ((["--regex", "[a-z"], "is invalid"), (["--choice", ""], "empty string"),
                        (["--json-schema", str(tmp_path / "missing.json")], "cannot read"),
                        (["--grammar", str(schema)], "grammar")):

@@ -1,6 +1,7 @@
-"""End to end with the default model (SmolLM2-135M): output under a schema parses and validates,
-through today's engine (the logits-processor adapter) and in a greedy/sampled decode loop with
-n-gram speculation, where greedy speculation must give exactly the tokens of plain greedy."""
+"""The manager in a hand-written decode loop with the default model (SmolLM2-135M): output under a
+schema parses and validates, greedy and sampled, with n-gram speculation, where greedy
+speculation must give exactly the tokens of plain greedy. (The engine itself:
+test_engine_structured_e2e.py.)"""
 
 import json
 
@@ -36,28 +37,6 @@ def loaded():
         return load_model(dtype=torch.float32)  # fp32: greedy speculation must match exactly
     except FileNotFoundError as e:
         pytest.skip(str(e))
-
-
-def test_llm_generate_under_schema_and_choice(loaded):
-    from specops.engine.llm import LLM
-    from specops.engine.sampling_params import SamplingParams
-    from specops.engine.structured_output.logits_processor import make_logits_processor
-
-    llm = LLM(loaded=loaded, logits_processors=[make_logits_processor(loaded.tokenizer)], max_num_seqs=4)
-    so = lambda **kw: {"structured_output": StructuredOutputOptions(**kw)}  # noqa: E731
-    params = [SamplingParams(temperature=0, max_tokens=48, extra_args=so(json_schema=SCHEMA)),
-              SamplingParams(temperature=1.0, seed=7, max_tokens=48, extra_args=so(json_schema=SCHEMA)),
-              SamplingParams(temperature=0.7, seed=1, max_tokens=8, extra_args=so(choice=["yes", "no"])),
-              SamplingParams(temperature=0, max_tokens=6)]
-    chat = llm.chat_prompt(PROMPT)
-    outs = llm.generate([chat, chat, llm.chat_prompt("Is the sky blue? Answer yes or no."), chat], params)
-    texts = [o.outputs[0].text for o in outs]
-    print(texts)
-    for o in outs[:2]:
-        assert o.error is None and o.outputs[0].finish_reason == "stop", o
-        jsonschema.validate(json.loads(o.outputs[0].text), SCHEMA)
-    assert texts[2] in ("yes", "no")
-    assert outs[3].error is None and len(outs[3].outputs[0].token_ids) == 6  # unconstrained neighbour
 
 
 BLOCK = 16
