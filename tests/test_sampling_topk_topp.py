@@ -220,6 +220,7 @@ SMALL_CASES = [  # (V, tile, cap, chunks, guess): every path of pass 2 at a smal
     (257, 32, 16, 2, True),      # cap 16: most filtered rows overflow and take the bisection
     (1000, 32, 128, 4, True),
     (300, 16, 32, 2, False),     # searches start from the max: wrong guesses are retried
+    (5000, 64, 64, 3, True),     # several tile groups per pass (the pipelined loops)
 ]
 
 

@@ -39,6 +39,7 @@ from .sampling_stats import _next_pow2, row_stats_pass, tile_size
 _BIG = tl.constexpr(2147483647)
 _PAD_KEY = tl.constexpr(-9187343241974906880)  # pack_key(-inf, 0): sorts after every candidate
 _MAX_SEARCH = tl.constexpr(64)
+NPROBE = tl.constexpr(8)   # thresholds counted per pass of the exact search (a power of 2)
 MAX_CHUNKS = 128  # programs per row in pass 1, at most
 
 
@@ -71,29 +72,54 @@ def _select_tiles(tm_row, list_row, NT, thr, NT_P2: tl.constexpr):
 
 
 @triton.jit
-def _load_group(row, list_row, g, n_sel, V, scale, TILE: tl.constexpr, G: tl.constexpr):
-    """Tiles g..g+G-1 of the selected list as [G, TILE] (x, token offsets, tile ids [G, 1])."""
+def _group_ids(list_row, g, n_sel, G: tl.constexpr):
+    """Ids [G, 1] of the selected tiles g..g+G-1 (0 past the end) and their validity [G]."""
     gi = g + tl.arange(0, G)
     gm = gi < n_sel
-    tid = tl.load(list_row + gi, mask=gm, other=0)[:, None]
+    return tl.load(list_row + gi, mask=gm, other=0)[:, None], gm
+
+
+@triton.jit
+def _group_x(row, tid, gm, V, scale, TILE: tl.constexpr):
+    """[G, TILE] scaled logits of the tiles `tid` (-inf where invalid) and their token offsets."""
     offs = tid * TILE + tl.arange(0, TILE)[None, :]
-    ok = gm[:, None] & (offs < V)
-    x = tl.load(row + offs, mask=ok, other=float("-inf")).to(tl.float32) * scale
+    x = tl.load(row + offs, mask=gm[:, None] & (offs < V), other=float("-inf")).to(tl.float32) * scale
+    return x, offs
+
+
+@triton.jit
+def _load_group(row, list_row, g, n_sel, V, scale, TILE: tl.constexpr, G: tl.constexpr):
+    """Tiles g..g+G-1 of the selected list as [G, TILE] (x, token offsets, tile ids [G, 1])."""
+    tid, gm = _group_ids(list_row, g, n_sel, G)
+    x, offs = _group_x(row, tid, gm, V, scale, TILE)
     return x, offs, tid
 
 
 @triton.jit
-def _count_mass(row, tm_row, list_row, V, NT, scale, m, thr,
-                TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr):
-    """(number, mass sum exp(x - m)) of the finite tokens with x >= thr."""
-    n_sel = _select_tiles(tm_row, list_row, NT, thr, NT_P2)
-    cnt = n_sel * 0
-    mass = tl.full([], 0.0, tl.float32)
+def _count_mass_probes(row, tm_row, list_row, V, NT, scale, m, probes,
+                       TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr, P: tl.constexpr):
+    """Number and mass sum exp(x - m) of the finite tokens with x >= t for each of the P
+    increasing thresholds `probes` ([P]), in one pass over the tiles whose max reaches the
+    first one."""
+    j = tl.arange(0, P)
+    n_sel = _select_tiles(tm_row, list_row, NT, tl.min(probes, axis=0), NT_P2)
+    cnt = tl.zeros([P], tl.int32)
+    mass = tl.zeros([P], tl.float32)
+    # software pipeline: the next group's data and the group after's ids are in flight
+    # while this group is counted (these passes may cover the whole row)
+    tid, gm = _group_ids(list_row, 0, n_sel, G)
+    x, offs = _group_x(row, tid, gm, V, scale, TILE)
+    tid_n, gm_n = _group_ids(list_row, G, n_sel, G)
     for g in range(0, n_sel, G):
-        x, offs, tid = _load_group(row, list_row, g, n_sel, V, scale, TILE, G)
-        c = (x >= thr) & (x > float("-inf"))
-        cnt += _sum2(c.to(tl.int32))
-        mass += _sum2(tl.where(c, tl.exp(x - m), 0.0))
+        x_n, offs_n = _group_x(row, tid_n, gm_n, V, scale, TILE)
+        tid_n, gm_n = _group_ids(list_row, g + 2 * G, n_sel, G)
+        e = tl.where(x > float("-inf"), tl.exp(x - m), 0.0)
+        for q in tl.static_range(P):
+            t = tl.max(tl.where(j == q, probes, float("-inf")), axis=0)
+            keep = (x >= t) & (x > float("-inf"))
+            cnt += tl.where(j == q, _sum2(keep.to(tl.int32)), 0)
+            mass += tl.where(j == q, _sum2(tl.where(keep, e, 0.0)), 0.0)
+        x = x_n
     return cnt, mass
 
 
@@ -101,21 +127,23 @@ def _count_mass(row, tm_row, list_row, V, NT, scale, m, thr,
 def _collect(row, tm_row, list_row, cand_row, V, NT, scale, m, lo, hi,
              TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr, CAP: tl.constexpr):
     """Store pack_key(x, token) of the finite tokens with lo <= x < hi (the first CAP of them);
-    return (how many, their mass sum exp(x - m))."""
+    return (how many, their mass sum exp(x - m), the smallest of them)."""
     n_sel = _select_tiles(tm_row, list_row, NT, lo, NT_P2)
     n = n_sel * 0
     mass = tl.full([], 0.0, tl.float32)
+    xmin = tl.full([], float("inf"), tl.float32)
     for g in range(0, n_sel, G):
         x, offs, tid = _load_group(row, list_row, g, n_sel, V, scale, TILE, G)
         c = (x >= lo) & (x < hi) & (x > float("-inf"))
         mass += _sum2(tl.where(c, tl.exp(x - m), 0.0))
+        xmin = tl.minimum(xmin, _min2(tl.where(c, x, float("inf"))))
         c2 = c.to(tl.int32)
         rc = tl.sum(c2, axis=1)                                   # per tile
         pos = n + (tl.cumsum(rc, axis=0) - rc)[:, None] + tl.cumsum(c2, axis=1) - 1
         tl.store(cand_row + pos, pack_key(x, offs), mask=(c2 > 0) & (pos < CAP))
         n += tl.sum(rc, axis=0)
     tl.debug_barrier()
-    return n, mass
+    return n, mass, xmin
 
 
 @triton.jit
@@ -151,8 +179,12 @@ def _draw_tiles(row, tm_row, list_row, V, NT, scale, m, tau, seed, pos, stream,
     best = tl.full([], -1.0, tl.float32)
     tok = n_sel * 0 - 1
     mass = tl.full([], 0.0, tl.float32)
+    tid, gm = _group_ids(list_row, 0, n_sel, G)          # software pipeline, as in the counts
+    x, offs = _group_x(row, tid, gm, V, scale, TILE)
+    tid_n, gm_n = _group_ids(list_row, G, n_sel, G)
     for g in range(0, n_sel, G):
-        x, offs, tid = _load_group(row, list_row, g, n_sel, V, scale, TILE, G)
+        x_n, offs_n = _group_x(row, tid_n, gm_n, V, scale, TILE)
+        offs = tid * TILE + tl.arange(0, TILE)[None, :]
         kept = (x >= tau) & (x > float("-inf"))
         e = tl.exp(x - m)
         # call index written so that the compiler sees the 4 tokens of a thread share it
@@ -164,6 +196,9 @@ def _draw_tiles(row, tm_row, list_row, V, NT, scale, m, tau, seed, pos, stream,
         best = tl.where(better, bs, best)
         tok = tl.where(better, bi, tok)
         mass += _sum2(tl.where(kept, e, 0.0))
+        x = x_n
+        tid = tid_n
+        tid_n, gm_n = _group_ids(list_row, g + 2 * G, n_sel, G)
     return tok, mass
 
 
@@ -195,6 +230,7 @@ def _resolve_filtered(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p,
     cnt_hi = k * 0
     cnt_lo = cnt_hi
     mass_hi = tl.full([], 0.0, tl.float32)
+    mass_lo = mass_hi
     it = cnt_hi
     tau = tl.full([], float("-inf"), tl.float32)
     tok = cnt_hi - 1
@@ -208,16 +244,18 @@ def _resolve_filtered(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p,
         have_sorted = cnt_hi * 0
         v = tl.full([], float("-inf"), tl.float32)
         if state == 0:
-            n, mass_b = _collect(row, tm_row, list_row, cand_row, V, NT, scale, m, lo, hi, TILE, G, NT_P2, CAP)
+            n, mass_b, xmin = _collect(row, tm_row, list_row, cand_row, V, NT, scale, m, lo, hi,
+                                       TILE, G, NT_P2, CAP)
             cnt_lo = cnt_hi + n
-            pred_lo = tl.where(stage == 1, mass_hi + mass_b >= p_target, cnt_lo >= k)
+            mass_lo = mass_hi + mass_b
+            pred_lo = tl.where(stage == 1, mass_lo >= p_target, cnt_lo >= k)
             if ~pred_lo:
                 if lo <= floor:
                     have_v = have_v + 1            # the stage's answer lies below its floor
                 else:
                     hi = lo
                     cnt_hi = cnt_lo
-                    mass_hi = mass_hi + mass_b
+                    mass_hi = mass_lo
                     lo = floor
             elif n <= CAP:
                 sx, sidx, valid, i = _sorted_candidates(cand_row, n, CAP)
@@ -229,37 +267,61 @@ def _resolve_filtered(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p,
                 have_v = have_v + 1
                 have_sorted = have_sorted + 1
             else:
+                lo = tl.maximum(lo, xmin)          # no token lies in [lo, xmin): same predicate
                 state = cnt_hi * 0 + 1
         else:
+            # NPROBE probes evenly spread over (lo, hi) in value, or in float-key order after
+            # 24 rounds or with an infinite end (so the search ends whatever the values)
+            jp = tl.arange(0, NPROBE)
             use_key = (it >= 24) | (hi == float("inf")) | (lo == float("-inf"))
             klo = float_key(lo).to(tl.int64)
             khi = float_key(hi).to(tl.int64)
-            mid = tl.where(use_key, key_float((klo + (khi - klo) // 2).to(tl.int32)), lo * 0.5 + hi * 0.5)
-            if (state == 1) & ((mid <= lo) | (mid >= hi) | (it >= _MAX_SEARCH)):
+            frac = (jp + 1).to(tl.float32) / (NPROBE + 1)
+            pk = key_float((klo + ((khi - klo) * (jp + 1).to(tl.int64)) // (NPROBE + 1)).to(tl.int32))
+            probes = tl.where(use_key, pk, lo + frac * (hi - lo))
+            probes = tl.minimum(tl.maximum(probes, lo), hi)
+            if state == 2:
+                probes = tl.zeros([NPROBE], tl.float32) + t1
+            inside = (probes > lo) & (probes < hi)
+            if (state == 1) & ((tl.sum(inside.to(tl.int32), axis=0) == 0) | (it >= _MAX_SEARCH)):
                 v = lo                            # [lo, hi) holds only the value lo
                 have_v = have_v + 1
+            elif (state == 2) & (t1 == float("-inf")):
+                p_target = p * z                  # stage 1 over every token
+                floor = tl.full([], -3.4028234663852886e38, tl.float32)
+                lo = tl.maximum(floor, c_p)
+                hi = hi0
+                cnt_hi = cnt_hi * 0
+                mass_hi = mass_hi * 0.0
+                it = cnt_hi * 0 - 1
+                state = cnt_hi * 0
             else:
-                thr = tl.where(state == 2, t1, mid)
-                cm = cnt_hi * 0
-                mm = z
-                if (state == 1) | (t1 > float("-inf")):
-                    cm, mm = _count_mass(row, tm_row, list_row, V, NT, scale, m, thr, TILE, G, NT_P2)
-                if state == 2:                    # start stage 1 from t1
-                    p_target = p * mm
-                    floor = tl.maximum(t1, -3.4028234663852886e38)
-                    lo = tl.maximum(floor, tl.where(t1 > float("-inf"), t1, c_p))
+                pc, pm = _count_mass_probes(row, tm_row, list_row, V, NT, scale, m, probes,
+                                            TILE, G, NT_P2, NPROBE)
+                if state == 2:                    # stage 1 from t1: its mass is the top-p total
+                    p_target = p * tl.max(pm, axis=0)
+                    floor = t1
+                    lo = t1
                     hi = hi0
                     cnt_hi = cnt_hi * 0
                     mass_hi = mass_hi * 0.0
                     it = cnt_hi * 0 - 1
                     state = cnt_hi * 0
                 else:
-                    pred = tl.where(stage == 1, mm >= p_target, cm >= k)
-                    lo = tl.where(pred, mid, lo)
-                    cnt_lo = tl.where(pred, cm, cnt_lo)
-                    hi = tl.where(pred, hi, mid)
-                    cnt_hi = tl.where(pred, cnt_hi, cm)
-                    mass_hi = tl.where(pred, mass_hi, mm)
+                    pred = tl.where(stage == 1, pm >= p_target, pc >= k)
+                    pred = (probes <= lo) | (pred & (probes < hi))   # pred(lo) true, pred(hi) false
+                    nt = tl.sum(pred.to(tl.int32), axis=0)       # probes are increasing: a prefix
+                    first_false = jp == nt
+                    last_true = jp == nt - 1
+                    has_f = nt < NPROBE
+                    hi_n = tl.where(has_f, tl.max(tl.where(first_false, probes, float("-inf")), axis=0), hi)
+                    cnt_hi = tl.where(has_f, tl.max(tl.where(first_false, pc, 0), axis=0), cnt_hi)
+                    mass_hi = tl.where(has_f, tl.max(tl.where(first_false, pm, 0.0), axis=0), mass_hi)
+                    lo_n = tl.where(nt > 0, tl.max(tl.where(last_true, probes, float("-inf")), axis=0), lo)
+                    cnt_lo = tl.where(nt > 0, tl.max(tl.where(last_true, pc, 0), axis=0), cnt_lo)
+                    mass_lo = tl.where(nt > 0, tl.max(tl.where(last_true, pm, 0.0), axis=0), mass_lo)
+                    lo = lo_n
+                    hi = hi_n
                     if cnt_lo - cnt_hi <= CAP:
                         state = cnt_hi * 0
             it += 1
