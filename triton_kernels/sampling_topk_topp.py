@@ -270,10 +270,13 @@ def _resolve_filtered(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p,
                 lo = tl.maximum(lo, xmin)          # no token lies in [lo, xmin): same predicate
                 state = cnt_hi * 0 + 1
         else:
-            # NPROBE probes evenly spread over (lo, hi) in value, or in float-key order after
-            # 24 rounds or with an infinite end (so the search ends whatever the values)
+            # NPROBE probes evenly spread over (lo, hi) in value, or in float-key order
+            # (about log-spaced) while the bracket is wide, after 24 rounds or with an
+            # infinite end (so the search ends whatever the values). A failed guess leaves
+            # lo at -3.4e38: value midpoints would take ~40 passes to get near the data
+            # (the millisecond pathology of flat top-p rows); key order takes two.
             jp = tl.arange(0, NPROBE)
-            use_key = (it >= 24) | (hi == float("inf")) | (lo == float("-inf"))
+            use_key = (it >= 24) | (hi == float("inf")) | (lo == float("-inf")) | (hi - lo > 64.0)
             klo = float_key(lo).to(tl.int64)
             khi = float_key(hi).to(tl.int64)
             frac = (jp + 1).to(tl.float32) / (NPROBE + 1)
