@@ -101,10 +101,12 @@ def _count_mass_probes(row, tm_row, list_row, V, NT, scale, m, probes,
     """Number and mass sum exp(x - m) of the finite tokens with x >= t for each of the P
     increasing thresholds `probes` ([P]), in one pass over the tiles whose max reaches the
     first one."""
-    j = tl.arange(0, P)
     n_sel = _select_tiles(tm_row, list_row, NT, tl.min(probes, axis=0), NT_P2)
-    cnt = tl.zeros([P], tl.int32)
-    mass = tl.zeros([P], tl.float32)
+    # per (probe, tile) partial sums: the reduction over a tile stays inside a warp, so the
+    # loop has no block-wide reduction (24 of them per group cost milliseconds per row)
+    t3 = probes[:, None, None]                                   # [P, 1, 1]
+    cnt2 = tl.zeros([P, G], tl.int32)
+    mass2 = tl.zeros([P, G], tl.float32)
     # software pipeline: the next group's data and the group after's ids are in flight
     # while this group is counted (these passes may cover the whole row)
     tid, gm = _group_ids(list_row, 0, n_sel, G)
@@ -114,13 +116,12 @@ def _count_mass_probes(row, tm_row, list_row, V, NT, scale, m, probes,
         x_n, offs_n = _group_x(row, tid_n, gm_n, V, scale, TILE)
         tid_n, gm_n = _group_ids(list_row, g + 2 * G, n_sel, G)
         e = tl.where(x > float("-inf"), tl.exp(x - m), 0.0)
-        for q in tl.static_range(P):
-            t = tl.max(tl.where(j == q, probes, float("-inf")), axis=0)
-            keep = (x >= t) & (x > float("-inf"))
-            cnt += tl.where(j == q, _sum2(keep.to(tl.int32)), 0)
-            mass += tl.where(j == q, _sum2(tl.where(keep, e, 0.0)), 0.0)
+        x3 = x[None, :, :]                                       # [1, G, TILE]
+        keep = (x3 >= t3) & (x3 > float("-inf"))                 # [P, G, TILE]
+        cnt2 += tl.sum(keep.to(tl.int32), axis=2)
+        mass2 += tl.sum(tl.where(keep, e[None, :, :], 0.0), axis=2)
         x = x_n
-    return cnt, mass
+    return tl.sum(cnt2, axis=1), tl.sum(mass2, axis=1)
 
 
 @triton.jit
