@@ -177,9 +177,10 @@ def _draw_tiles(row, tm_row, list_row, V, NT, scale, m, tau, seed, pos, stream,
     Only tiles whose max reaches tau are read, and only they get noise.
     """
     n_sel = _select_tiles(tm_row, list_row, NT, tau, NT_P2)
-    best = tl.full([], -1.0, tl.float32)
-    tok = n_sel * 0 - 1
-    mass = tl.full([], 0.0, tl.float32)
+    # running best / token / mass per tile slot (reductions inside a warp), combined at the end
+    best_g = tl.full([G], -1.0, tl.float32)
+    tok_g = tl.full([G], _BIG, tl.int32)
+    mass_g = tl.zeros([G], tl.float32)
     tid, gm = _group_ids(list_row, 0, n_sel, G)          # software pipeline, as in the counts
     x, offs = _group_x(row, tid, gm, V, scale, TILE)
     tid_n, gm_n = _group_ids(list_row, G, n_sel, G)
@@ -191,16 +192,19 @@ def _draw_tiles(row, tm_row, list_row, V, NT, scale, m, tau, seed, pos, stream,
         # call index written so that the compiler sees the 4 tokens of a thread share it
         w0, w1, w2, w3 = random_words(seed, pos, stream, tid * (TILE // 4) + (tl.arange(0, TILE)[None, :] >> 2))
         sc = tl.where(kept, e / exponential(select_word(w0, w1, w2, w3, offs & 3)), -1.0)
-        bs = _max2(sc)
-        bi = _min2(tl.where(sc == bs, offs, _BIG))
-        better = (bs > best) | ((bs == best) & (bi < tok))
-        best = tl.where(better, bs, best)
-        tok = tl.where(better, bi, tok)
-        mass += _sum2(tl.where(kept, e, 0.0))
+        bs = tl.max(sc, axis=1)
+        bi = tl.min(tl.where(sc == bs[:, None], offs, _BIG), axis=1)
+        better = (bs > best_g) | ((bs == best_g) & (bi < tok_g))
+        best_g = tl.where(better, bs, best_g)
+        tok_g = tl.where(better, bi, tok_g)
+        mass_g += tl.sum(tl.where(kept, e, 0.0), axis=1)
         x = x_n
         tid = tid_n
         tid_n, gm_n = _group_ids(list_row, g + 2 * G, n_sel, G)
-    return tok, mass
+    best = tl.max(best_g, axis=0)
+    tok = tl.min(tl.where(best_g == best, tok_g, _BIG), axis=0)
+    tok = tl.where(best > -1.0, tok, -1)                # nothing kept: -1
+    return tok, tl.sum(mass_g, axis=0)
 
 
 @triton.jit
