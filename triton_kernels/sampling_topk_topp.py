@@ -101,12 +101,10 @@ def _count_mass_probes(row, tm_row, list_row, V, NT, scale, m, probes,
     """Number and mass sum exp(x - m) of the finite tokens with x >= t for each of the P
     increasing thresholds `probes` ([P]), in one pass over the tiles whose max reaches the
     first one."""
+    j = tl.arange(0, P)
     n_sel = _select_tiles(tm_row, list_row, NT, tl.min(probes, axis=0), NT_P2)
-    # per (probe, tile) partial sums: the reduction over a tile stays inside a warp, so the
-    # loop has no block-wide reduction (24 of them per group cost milliseconds per row)
-    t3 = probes[:, None, None]                                   # [P, 1, 1]
-    cnt2 = tl.zeros([P, G], tl.int32)
-    mass2 = tl.zeros([P, G], tl.float32)
+    cnt = tl.zeros([P], tl.int32)
+    mass = tl.zeros([P], tl.float32)
     # software pipeline: the next group's data and the group after's ids are in flight
     # while this group is counted (these passes may cover the whole row)
     tid, gm = _group_ids(list_row, 0, n_sel, G)
@@ -116,12 +114,13 @@ def _count_mass_probes(row, tm_row, list_row, V, NT, scale, m, probes,
         x_n, offs_n = _group_x(row, tid_n, gm_n, V, scale, TILE)
         tid_n, gm_n = _group_ids(list_row, g + 2 * G, n_sel, G)
         e = tl.where(x > float("-inf"), tl.exp(x - m), 0.0)
-        x3 = x[None, :, :]                                       # [1, G, TILE]
-        keep = (x3 >= t3) & (x3 > float("-inf"))                 # [P, G, TILE]
-        cnt2 += tl.sum(keep.to(tl.int32), axis=2)
-        mass2 += tl.sum(tl.where(keep, e[None, :, :], 0.0), axis=2)
+        for q in tl.static_range(P):
+            t = tl.max(tl.where(j == q, probes, float("-inf")), axis=0)
+            keep = (x >= t) & (x > float("-inf"))
+            cnt += tl.where(j == q, _sum2(keep.to(tl.int32)), 0)
+            mass += tl.where(j == q, _sum2(tl.where(keep, e, 0.0)), 0.0)
         x = x_n
-    return tl.sum(cnt2, axis=1), tl.sum(mass2, axis=1)
+    return cnt, mass
 
 
 @triton.jit
@@ -177,10 +176,9 @@ def _draw_tiles(row, tm_row, list_row, V, NT, scale, m, tau, seed, pos, stream,
     Only tiles whose max reaches tau are read, and only they get noise.
     """
     n_sel = _select_tiles(tm_row, list_row, NT, tau, NT_P2)
-    # running best / token / mass per tile slot (reductions inside a warp), combined at the end
-    best_g = tl.full([G], -1.0, tl.float32)
-    tok_g = tl.full([G], _BIG, tl.int32)
-    mass_g = tl.zeros([G], tl.float32)
+    best = tl.full([], -1.0, tl.float32)
+    tok = n_sel * 0 - 1
+    mass = tl.full([], 0.0, tl.float32)
     tid, gm = _group_ids(list_row, 0, n_sel, G)          # software pipeline, as in the counts
     x, offs = _group_x(row, tid, gm, V, scale, TILE)
     tid_n, gm_n = _group_ids(list_row, G, n_sel, G)
@@ -192,19 +190,16 @@ def _draw_tiles(row, tm_row, list_row, V, NT, scale, m, tau, seed, pos, stream,
         # call index written so that the compiler sees the 4 tokens of a thread share it
         w0, w1, w2, w3 = random_words(seed, pos, stream, tid * (TILE // 4) + (tl.arange(0, TILE)[None, :] >> 2))
         sc = tl.where(kept, e / exponential(select_word(w0, w1, w2, w3, offs & 3)), -1.0)
-        bs = tl.max(sc, axis=1)
-        bi = tl.min(tl.where(sc == bs[:, None], offs, _BIG), axis=1)
-        better = (bs > best_g) | ((bs == best_g) & (bi < tok_g))
-        best_g = tl.where(better, bs, best_g)
-        tok_g = tl.where(better, bi, tok_g)
-        mass_g += tl.sum(tl.where(kept, e, 0.0), axis=1)
+        bs = _max2(sc)
+        bi = _min2(tl.where(sc == bs, offs, _BIG))
+        better = (bs > best) | ((bs == best) & (bi < tok))
+        best = tl.where(better, bs, best)
+        tok = tl.where(better, bi, tok)
+        mass += _sum2(tl.where(kept, e, 0.0))
         x = x_n
         tid = tid_n
         tid_n, gm_n = _group_ids(list_row, g + 2 * G, n_sel, G)
-    best = tl.max(best_g, axis=0)
-    tok = tl.min(tl.where(best_g == best, tok_g, _BIG), axis=0)
-    tok = tl.where(best > -1.0, tok, -1)                # nothing kept: -1
-    return tok, tl.sum(mass_g, axis=0)
+    return tok, mass
 
 
 @triton.jit
