@@ -223,6 +223,18 @@ def main() -> int:
         except Exception as exc:  # noqa: BLE001 - report and go on with the other shapes
             print(f"FAILED {fn.__name__}{args[2:]}: {type(exc).__name__}: {exc}", flush=True)
 
+    if os.environ.get("SAMPLING_DIAG"):   # which MIX entry is slow: all rows of one kind, per cap
+        from specops.sampling import sample
+        for kind, V in (("llm", 151936), ("flat", 128256)):
+            logits = make_logits(8, V, torch.float32, kind, seed=8 * 7 + V)
+            for i, prm in enumerate(MIX):
+                md = metadata(8, V, seeded=False, mix=[prm])
+                ts = []
+                for cap in (1024, 4096):
+                    ts.append(time_us(lambda: sample(logits, md.inv_temperature, md.top_k, md.top_p, md.min_p,
+                                                     md.seeds, md.positions, backend="triton", cap=cap), **SLOW))
+                print(f"diag {kind} V={V} B=8 {prm}: cap1024 {ts[0]:.1f} us, cap4096 {ts[1]:.1f} us", flush=True)
+        return 0
     if os.environ.get("SAMPLING_QUICK"):   # a few shapes, no torch-sort rows, separate results file
         for V in VOCABS:
             for B in (1, 8, 32, 512):
