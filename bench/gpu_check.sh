@@ -94,7 +94,8 @@ deps() {
   if [ -f .gpu/flashinfer.tar.xz ]; then
     rm -rf "$FI_DIR" && mkdir -p "$FI_DIR" && { tar -xJf .gpu/flashinfer.tar.xz -C "$FI_DIR" 2>/dev/null \
       || $PY -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" .gpu/flashinfer.tar.xz "$FI_DIR"; } \
-      && echo "flashinfer unpacked to $FI_DIR; prebuilt: $(ls "$FI_DIR/flashinfer/data/aot" | tr '\n' ' ')" \
+      && echo "flashinfer unpacked to $FI_DIR; prebuilt: $(ls "$FI_DIR/flashinfer/data/aot" \
+         | sed -E 's/^batch_prefill_with_kv_cache_dtype_q_([a-z0-9]+)_.*head_dim_qk_([0-9]+)_.*/prefill_\1_hd\2/' | tr '\n' ' ')" \
       || { echo "FAILED: unpacking .gpu/flashinfer.tar.xz"; rc=1; }
   else
     echo "FAILED: no .gpu/flashinfer.tar.xz"; rc=1
@@ -112,7 +113,14 @@ bad = 0
 for name in ("triton", "flashinfer", "xgrammar", "tvm_ffi", "pydantic", "gguf"):
     try:
         m = importlib.import_module(name)
-        print(f"{name} {getattr(m, '__version__', '?')} ({m.__file__})")
+        ver = getattr(m, "__version__", None)
+        if ver is None:
+            try:
+                from importlib.metadata import version
+                ver = version(name)
+            except Exception:  # noqa: BLE001
+                ver = "?"
+        print(f"{name} {ver} ({m.__file__})")
     except Exception as e:  # noqa: BLE001
         bad += 1
         print(f"{name}: IMPORT FAILED: {type(e).__name__}: {e}")
