@@ -212,7 +212,9 @@ def test_slow_or_failing_compile_does_not_delay_others(loaded):
     assert "timed out" in final["slow"].error and final["slow"].outputs[0].finish_reason == "error"
     assert "injected compiler failure" in final["boom"].error
     assert final["slow"].outputs[0].token_ids == [] and final["boom"].outputs[0].token_ids == []
-    assert t_got["slow"][0] >= 3.0  # failed at its deadline (the next step after it)
+    # failed at its deadline (the next step after it); the deadline counts from add_request,
+    # a little before t0, so allow that gap
+    assert t_got["slow"][0] >= 3.0 - 0.1
     assert final["fast"].error is None and re.fullmatch("[a-z ]+", final["fast"].outputs[0].text)
     assert not e.scheduler.blocked and not e.structured._entries  # nothing left behind
     e.scheduler.check()
