@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from specops import rng
+from specops._arg_checks import check_1d
 
 from .sampler_torch import SampleResult, sample_torch
 
@@ -25,14 +26,7 @@ def _check_rows(name: str, t, R: int, dtypes, device, optional: bool = False) ->
         if optional:
             return
         raise TypeError(f"{name} must be a tensor of shape [{R}]")
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() != 1 or t.shape[0] != R:
-        raise ValueError(f"{name} must have shape [{R}], got {tuple(t.shape)}")
-    if t.dtype not in dtypes:
-        raise TypeError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
-    if t.device != device:
-        raise ValueError(f"{name} must be on {device}, got {t.device}")
+    check_1d(name, t, R, dtypes, device)
 
 
 def check_sample_args(logits, inv_temperature, top_k, top_p, min_p, seeds, positions, stream) -> None:

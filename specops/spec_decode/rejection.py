@@ -15,22 +15,12 @@ import torch
 
 from specops.spec_decode.metadata import MAX_SPEC_LEN
 from specops.spec_decode.rejection_torch import rejection_sample_torch
+from specops._arg_checks import check_1d
 from specops.triton_kernels.rejection_recover import rejection_recover_pass
 from specops.triton_kernels.rejection_sample import chunk_size, rejection_sample_pass
 
 _INT_DTYPES = (torch.int32, torch.int64)
 _LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def _check_1d(name: str, t, length: int, dtypes, device) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() != 1 or t.shape[0] != length:
-        raise ValueError(f"{name} must have shape [{length}], got {tuple(t.shape)}")
-    if t.dtype not in dtypes:
-        raise TypeError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
-    if t.device != device:
-        raise ValueError(f"{name} must be on {device}, got {t.device}")
 
 
 def rejection_sample(
@@ -143,17 +133,17 @@ def rejection_sample(
     if not isinstance(cu_num_draft_tokens, torch.Tensor) or cu_num_draft_tokens.dim() != 1:
         raise ValueError("cu_num_draft_tokens must be a [num_reqs] tensor")
     num_reqs = cu_num_draft_tokens.shape[0]
-    _check_1d("cu_num_draft_tokens", cu_num_draft_tokens, num_reqs, _INT_DTYPES, device)
+    check_1d("cu_num_draft_tokens", cu_num_draft_tokens, num_reqs, _INT_DTYPES, device)
     if not isinstance(draft_token_ids, torch.Tensor) or draft_token_ids.dim() != 1:
         raise ValueError("draft_token_ids must be a [num_draft_tokens] tensor")
     num_drafts = draft_token_ids.shape[0]
-    _check_1d("draft_token_ids", draft_token_ids, num_drafts, _INT_DTYPES, device)
-    _check_1d("bonus_token_ids", bonus_token_ids, num_reqs, _INT_DTYPES, device)
+    check_1d("draft_token_ids", draft_token_ids, num_drafts, _INT_DTYPES, device)
+    check_1d("bonus_token_ids", bonus_token_ids, num_reqs, _INT_DTYPES, device)
     if num_drafts > num_reqs * max_spec_len:
         raise ValueError(f"draft_token_ids has {num_drafts} drafts, more than num_reqs * max_spec_len = "
                          f"{num_reqs} * {max_spec_len}")
     if target_rows is not None:
-        _check_1d("target_rows", target_rows, num_drafts, _INT_DTYPES, device)
+        check_1d("target_rows", target_rows, num_drafts, _INT_DTYPES, device)
     elif num_logits != num_drafts:
         raise ValueError(f"logits has {num_logits} rows; without target_rows it must have one row per "
                          f"draft ({num_drafts})")
@@ -166,23 +156,23 @@ def rejection_sample(
         if draft_probs.device != device:
             raise ValueError(f"draft_probs must be on {device}, got {draft_probs.device}")
     if temperature is not None:
-        _check_1d("temperature", temperature, num_reqs, (torch.float32,), device)
+        check_1d("temperature", temperature, num_reqs, (torch.float32,), device)
         if inv_temperature is not None:
             raise ValueError("give temperature or inv_temperature, not both")
     if inv_temperature is not None:
-        _check_1d("inv_temperature", inv_temperature, num_drafts, (torch.float32,), device)
+        check_1d("inv_temperature", inv_temperature, num_drafts, (torch.float32,), device)
     if threshold is not None:
-        _check_1d("threshold", threshold, num_drafts, (torch.float32,), device)
+        check_1d("threshold", threshold, num_drafts, (torch.float32,), device)
     if isinstance(is_greedy, torch.Tensor):
-        _check_1d("is_greedy", is_greedy, num_reqs, (torch.bool,), device)
+        check_1d("is_greedy", is_greedy, num_reqs, (torch.bool,), device)
     elif not isinstance(is_greedy, bool):
         raise TypeError(f"is_greedy must be a bool tensor or a bool, got {type(is_greedy).__name__}")
     if seeds is not None:
-        _check_1d("seeds", seeds, num_reqs, (torch.int64,), device)
+        check_1d("seeds", seeds, num_reqs, (torch.int64,), device)
         if has_seed is None or positions is None:
             raise ValueError("seeds needs has_seed and positions ([num_reqs] bool and int64)")
-        _check_1d("has_seed", has_seed, num_reqs, (torch.bool,), device)
-        _check_1d("positions", positions, num_reqs, (torch.int64,), device)
+        check_1d("has_seed", has_seed, num_reqs, (torch.bool,), device)
+        check_1d("positions", positions, num_reqs, (torch.int64,), device)
     elif has_seed is not None:
         raise ValueError("has_seed was given without seeds")
     if step is not None:
