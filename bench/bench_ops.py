@@ -3,10 +3,14 @@ bitmask apply, xgrammar's kernels.
 
 * apply_token_bitmask_: V in {128256, 151936}, batch in {1, 8, 32, 128, 512}, fp32 (+ bf16
   at V=128256), two masks: "grammar" (each token allowed with p=0.01, as in a JSON state)
-  and "random" (p=0.5). Floor bytes: the bitmask read + every 32-byte sector of logits
-  holding a disallowed token, written once (allowed logits need neither a read nor a write).
+  and "random" (p=0.5). Floor bytes, per 32-byte DRAM sector of logits: nothing where every
+  token is allowed, 32 B (a write) where every token is disallowed, 64 B (a read and a write)
+  where both kinds mix, because HBM with ECC writes whole sectors: a partial write is merged
+  by reading the sector first, whether the kernel or the DRAM does it; plus the bitmask read.
   Peers: xgrammar's Triton kernel (its CUDA default); its CUDA-source kernel only with
-  SPECOPS_BENCH_XGRAMMAR_CUDA=1 (a ~1 min JIT compile).
+  XGR_CUDA=1 (a ~1 min JIT compile, as in bench/gpu_check.sh). Reference line: "fill
+  (write-only reference)" = logits.fill_(-inf) on the same tensor, timed the same way; its
+  GB/s counts every logit written (what pure writes reach here), it has no floor.
 * apply_penalties_ (fused repetition + frequency + presence): same grid; floor bytes:
   logits read + write, prompt mask (1 B) and output counts (4 B) read.
 * apply_repetition_penalties_: fp32 grid; floor: logits read + write, two bool masks read.
@@ -76,10 +80,14 @@ def xgrammar_peers() -> dict:
         return apply
 
     peers = {"xgrammar-triton": backend("triton")}
-    if os.environ.get("SPECOPS_BENCH_XGRAMMAR_CUDA") == "1":
-        peers["xgrammar-cuda"] = backend("cuda")
+    if os.environ.get("XGR_CUDA") == "1":
+        try:  # compiles on first use; a failure drops this peer, not the benchmark
+            backend("cuda")(torch.zeros(1, 64, device="cuda"), torch.zeros(1, 2, dtype=torch.int32, device="cuda"))
+            peers["xgrammar-cuda"] = backend("cuda")
+        except Exception as e:  # noqa: BLE001
+            print(f"xgrammar CUDA-source backend unavailable, not timed: {type(e).__name__}: {e}")
     else:
-        print("xgrammar CUDA-source backend not timed (set SPECOPS_BENCH_XGRAMMAR_CUDA=1; ~1 min JIT)")
+        print("xgrammar CUDA-source backend not timed (set XGR_CUDA=1; ~1 min JIT)")
     return peers
 
 
@@ -92,10 +100,13 @@ def make_bitmask(batch, vocab, p_allowed) -> torch.Tensor:
 
 
 def bitmask_min_bytes(bitmask, vocab, dtype) -> int:
+    """Bitmask read + 32 B per all-disallowed sector (write) + 64 B per mixed sector (read + write)."""
     per_sector = 32 // torch.empty(0, dtype=dtype).element_size()
-    disallowed = ~unpack_bitmask(bitmask, vocab)  # vocab is a multiple of per_sector for both V
-    sectors = disallowed.reshape(bitmask.shape[0], vocab // per_sector, per_sector).any(-1).sum().item()
-    return bitmask.numel() * 4 + sectors * 32
+    allowed = unpack_bitmask(bitmask, vocab)  # vocab is a multiple of per_sector for both V
+    per = allowed.reshape(bitmask.shape[0], vocab // per_sector, per_sector).sum(-1)
+    disallowed_sectors = (per == 0).sum().item()
+    mixed_sectors = ((per > 0) & (per < per_sector)).sum().item()
+    return bitmask.numel() * 4 + 32 * disallowed_sectors + 64 * mixed_sectors
 
 
 def bench_bitmask() -> list[Row]:
@@ -117,6 +128,9 @@ def bench_bitmask() -> list[Row]:
                 kw = REF_TIMING if name == "torch" else {}
                 us = time_us(lambda fn=fn: fn(logits, bitmask), **kw)
                 rows.append(row("apply_token_bitmask_", name, shape, us, nbytes))
+            us = time_us(lambda: logits.fill_(float("-inf")))  # last: it overwrites the logits
+            rows.append(Row(op="apply_token_bitmask_", impl="fill (write-only reference)", shape=shape,
+                            median_us=us, min_bytes=logits.numel() * logits.element_size()))
     return rows
 
 
@@ -205,11 +219,13 @@ def main() -> int:
         return 0
     torch.manual_seed(0)
     print(f"copy bandwidth: {copy_bandwidth() / 1e12:.2f} TB/s")
-    xgr_note = ("xgrammar peers: Triton backend always; CUDA-source backend only with "
-                "SPECOPS_BENCH_XGRAMMAR_CUDA=1.")
+    xgr_note = "xgrammar peers: Triton backend always; CUDA-source backend only with XGR_CUDA=1."
     results = {
-        "ops_bitmask": (bench_bitmask, "Floor: bitmask read + written 32-byte sectors of logits "
-                        "(sectors holding a disallowed token). Masks: grammar = p(allowed) 0.01, "
+        "ops_bitmask": (bench_bitmask, "Floor: bitmask read + per 32-byte sector of logits: 0 B if every "
+                        "token is allowed, 32 B (write) if every token is disallowed, 64 B (read + write) "
+                        "if mixed, since HBM with ECC merges a partial sector write by reading the sector. "
+                        "fill (write-only reference) = logits.fill_(-inf) on the same tensor: its GB/s "
+                        "counts every logit written, no floor. Masks: grammar = p(allowed) 0.01, "
                         "random = 0.5. " + xgr_note),
         "ops_penalties": (bench_penalties, "Floor: logits read+write + prompt mask (1 B) + output "
                           "counts (4 B) per element (repetition only: + two 1 B masks)."),

@@ -33,6 +33,20 @@ def random_bitmask(rows, n_words, device):
     return torch.where(kind == 2, sparse, out)
 
 
+def sector_bitmask(rows, n_words, device):
+    """Words built from 8- or 16-bit pieces (one fp32 / 16-bit 32-byte sector of logits), each
+    piece all allowed, all disallowed or random, mixed with whole random words."""
+    def pieces(width):
+        kind = torch.randint(0, 3, (rows, n_words, 32 // width), device=device)
+        rnd = torch.randint(0, 2**width, (rows, n_words, 32 // width), device=device)
+        piece = torch.where(kind == 0, 2**width - 1, torch.where(kind == 1, 0, rnd))
+        shifts = torch.arange(0, 32, width, device=device)
+        word = (piece << shifts).sum(-1)  # int64, < 2**32
+        return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
+    which = torch.randint(0, 3, (rows, n_words), device=device)
+    return torch.where(which == 0, pieces(8), torch.where(which == 1, pieces(16), random_bitmask(rows, n_words, device)))
+
+
 def xgrammar_apply(logits, bitmask, indices=None):
     backend = "cpu" if logits.device.type == "cpu" else "torch_native"
     with warnings.catch_warnings():
@@ -55,6 +69,46 @@ def test_matches_reference(device, shape, dtype):
     if rows:
         allowed = unpack_bitmask(bitmask, vocab)
         assert torch.isneginf(logits[~allowed]).all()
+
+
+INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+# (rows, cols, pad, offset, words). pad: None for contiguous rows, else the row stride is cols
+# rounded up to 16 bytes plus `pad` bytes; offset: bytes before row 0. The CUDA kernel works on
+# 32-byte sectors of 16-byte aligned rows (read-select-write for mixed sectors, -inf stores for
+# fully disallowed ones) and one logit at a time elsewhere: every way a row can meet a sector.
+LAYOUTS = [
+    (5, 1000, None, 0, 32),   # vocab not a multiple of 32; bits past it are ignored
+    (4, 1001, 0, 0, 32),      # aligned strided rows, vocab not a multiple of 8: cut last chunk
+    (4, 1004, 0, 0, 32),      # vocab a multiple of 4, not 8: last fp32 chunk's sector partner is past the row
+    (6, 1024, None, 16, 32),  # rows start mid-sector
+    (6, 1024, 16, 0, 32),     # row stride 16 mod 32 bytes: rows alternate between both
+    (3, 1024, None, 4, 32),   # rows not 16-byte aligned: one logit at a time
+    (3, 50021, None, 0, 1564),  # odd stride: one logit at a time
+    (1, 50021, None, 0, 1564),  # ... unless there is a single row (its stride is never used)
+    (300, 37, 0, 16, 2),      # many short rows starting mid-sector: every sector kind at a row end
+    (9, 320, 64, 0, 8),       # logits wider than the bitmask, strided rows
+]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_indices", [False, True])
+def test_sector_layouts(device, layout, dtype, with_indices):
+    """Bit-exact against the reference, NaN payloads kept, nothing outside the masked columns touched."""
+    rows, cols, pad, offset, n_words = layout
+    esz = torch.empty(0, dtype=dtype).element_size()
+    stride = cols if pad is None else (-(-cols * esz // 16) * 16 + pad) // esz
+    first = offset // esz
+    buf = torch.randn(first + rows * stride + 64, device=device).to(dtype)
+    ints = buf.view(INT_VIEW[dtype])
+    ints[::97] = 0x7FC12345 if esz == 4 else 0x7FC1  # NaNs with a payload
+    logits = buf[first:first + rows * stride].view(rows, stride)[:, :cols]
+    bitmask = sector_bitmask(rows, n_words, device)
+    indices = torch.randint(-1, rows + 1, (rows + 3,), device=device) if with_indices else None
+    expected = buf.clone()
+    apply_token_bitmask_torch(expected[first:first + rows * stride].view(rows, stride)[:, :cols], bitmask, indices)
+    apply_token_bitmask_(logits, bitmask, indices)
+    assert torch.equal(ints, expected.view(INT_VIEW[dtype]))
 
 
 @needs_xgrammar

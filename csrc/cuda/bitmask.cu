@@ -3,13 +3,15 @@
 
 namespace specops {
 
+// At most 64 registers: 4 blocks (1024 threads, 64 KB of logits in flight) per SM.
 template <typename T, int VEC, int UNROLL>
-__global__ void __launch_bounds__(kBlock) apply_token_bitmask_kernel(const BitmaskParams p) {
+__global__ void __launch_bounds__(kBlock, 4) apply_token_bitmask_kernel(const BitmaskParams p) {
   bitmask_thread<T, VEC, UNROLL>(p, Coord::here());
 }
 
 cudaError_t launch_apply_token_bitmask(const BitmaskParams& p, FloatType dtype, int num_sms,
                                        cudaStream_t stream) {
+  if (p.vocab >= (int64_t{1} << 31) - (1 << 20)) return cudaErrorInvalidValue;  // in-row offsets are int
   const LaunchConfig cfg = bitmask_config(p, dtype, num_sms);
   if (cfg.empty()) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(cfg.grid_x), static_cast<unsigned>(cfg.grid_y));

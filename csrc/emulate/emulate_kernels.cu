@@ -59,17 +59,40 @@ const char* type_name() {
 }
 
 // ---------------- bitmask ----------------
+// A NaN with a payload (fp32, or fp16 and bf16 alike): kept logits must keep their exact bits.
+template <typename T>
+void set_nan_payload(T* x) {
+  const uint32_t w32 = 0x7FC12345u;
+  const uint16_t w16 = 0x7FC1u;
+  if (sizeof(T) == 4) std::memcpy(x, &w32, 4);
+  else std::memcpy(x, &w16, 2);
+}
+
+// All ones, all zeros, random, or pieces of 8 / 16 bits (an fp32 / 16-bit sector) each all
+// ones, all zeros or random: every sector kind, in every position of a word.
+int32_t random_bitmask_word() {
+  const int kind = rng() % 5;
+  if (kind < 3) return kind == 0 ? -1 : kind == 1 ? 0 : static_cast<int32_t>(rng());
+  const int piece = kind == 3 ? 8 : 16;
+  uint32_t w = 0;
+  for (int s = 0; s < 32; s += piece) {
+    const int k = rng() % 3;
+    const uint32_t bits = k == 0 ? 0xFFFFFFFFu : k == 1 ? 0u : static_cast<uint32_t>(rng());
+    w |= (bits & ((1u << piece) - 1u)) << s;
+  }
+  return static_cast<int32_t>(w);
+}
+
 template <typename T>
 void test_bitmask(int64_t logits_rows, int64_t cols, int64_t pad, int64_t bitmask_rows, int64_t words,
                   int index_mode /*0 none, 1 int32, 2 int64*/, int64_t offset, int num_sms) {
   const int64_t ls = cols + pad, bs = words + 1;
-  Buf<T> logits(logits_rows * ls, offset);
+  const int64_t total = logits_rows * ls + 64;  // + a guard zone past the last row, compared too
+  Buf<T> logits(total, offset);
   Buf<int32_t> bitmask(bitmask_rows * bs);
-  for (int64_t i = 0; i < logits_rows * ls; ++i) logits.ptr[i] = random_logit<T>();
-  for (int64_t i = 0; i < bitmask_rows * bs; ++i) {
-    const int kind = rng() % 4;
-    bitmask.ptr[i] = kind == 0 ? -1 : kind == 1 ? 0 : static_cast<int32_t>(rng());
-  }
+  for (int64_t i = 0; i < total; ++i) logits.ptr[i] = random_logit<T>();
+  for (int64_t i = 0; i < total; i += 97) set_nan_payload(&logits.ptr[i]);
+  for (int64_t i = 0; i < bitmask_rows * bs; ++i) bitmask.ptr[i] = random_bitmask_word();
   std::vector<int64_t> idx;
   const int64_t valid = std::min(logits_rows, bitmask_rows);
   if (index_mode) {
@@ -77,7 +100,7 @@ void test_bitmask(int64_t logits_rows, int64_t cols, int64_t pad, int64_t bitmas
     for (int64_t i = 0; i < n; ++i) idx.push_back(static_cast<int64_t>(rng() % (valid + 4)) - 2);  // some out of range
   }
   std::vector<int32_t> idx32(idx.begin(), idx.end());
-  std::vector<T> ref(logits.ptr, logits.ptr + logits_rows * ls);
+  std::vector<T> ref(logits.ptr, logits.ptr + total);
 
   BitmaskParams p{};
   p.logits = logits.ptr;
@@ -104,9 +127,9 @@ void test_bitmask(int64_t logits_rows, int64_t cols, int64_t pad, int64_t bitmas
       if (!((static_cast<uint32_t>(bitmask.ptr[r * bs + j / 32]) >> (j % 32)) & 1u)) ref[r * ls + j] = neg_inf;
   }
   const bool same = std::memcmp(ref.data(), logits.ptr, ref.size() * sizeof(T)) == 0;
-  EXPECT(same, "bitmask %s rows=%lld cols=%lld pad=%lld words=%lld idx=%d off=%lld sms=%d (vec=%d unroll=%d)",
+  EXPECT(same, "bitmask %s rows=%lld cols=%lld pad=%lld words=%lld idx=%d off=%lld sms=%d (vec=%d unroll=%d block=%d)",
          type_name<T>(), (long long)logits_rows, (long long)cols, (long long)pad, (long long)words, index_mode,
-         (long long)offset, num_sms, cfg.vec, cfg.unroll);
+         (long long)offset, num_sms, cfg.vec, cfg.unroll, cfg.block);
 }
 
 // ---------------- penalties ----------------
@@ -227,16 +250,26 @@ void test_bincount_update(int64_t rows, int64_t vocab, int64_t n, bool req64, bo
 
 template <typename T>
 void bitmask_suite() {
+  constexpr int64_t h = 16 / sizeof(T);  // logits in 16 bytes (half a sector)
   //           logits_rows cols  pad bitmask_rows words idx off sms
-  test_bitmask<T>(1, 128256, 0, 1, 4008, 0, 0, 132);   // batch 1, vector path, unroll 1
+  test_bitmask<T>(1, 128256, 0, 1, 4008, 0, 0, 132);   // batch 1, vector path, unroll 1, narrow blocks
   test_bitmask<T>(40, 4096, 0, 40, 128, 0, 0, 1);      // unroll 4
-  test_bitmask<T>(3, 50021, 0, 3, 1564, 0, 0, 132);    // prime vocab: scalar path
+  test_bitmask<T>(3, 50021, 0, 3, 1564, 0, 0, 132);    // prime vocab, unaligned rows: scalar path
+  test_bitmask<T>(1, 50021, 0, 1, 1564, 0, 0, 132);    // one row: vector path (stride unused), cut last chunk
   test_bitmask<T>(5, 32064, 64, 5, 1000, 0, 0, 132);   // logits wider than the bitmask, strided rows
   test_bitmask<T>(4, 100, 0, 4, 5, 0, 0, 132);         // bitmask wider than logits
   test_bitmask<T>(6, 17, 0, 6, 1, 0, 0, 132);          // vocab 17
-  test_bitmask<T>(9, 1024, 0, 12, 32, 1, 0, 132);      // int32 indices, more bitmask rows
+  test_bitmask<T>(9, 1024, 0, 12, 32, 1, 0, 132);      // int32 indices (duplicates), more bitmask rows
   test_bitmask<T>(12, 1000, 8, 9, 32, 2, 0, 1);        // int64 indices, fewer bitmask rows
   test_bitmask<T>(3, 1024, 0, 3, 32, 0, 1, 132);       // misaligned base: scalar path
+  test_bitmask<T>(6, 1024, 0, 6, 32, 0, h, 132);       // rows start mid-sector: partner is the chunk before
+  test_bitmask<T>(6, 1024, h, 6, 32, 0, 0, 132);       // stride 16 mod 32 bytes: rows alternate
+  test_bitmask<T>(5, 1000, 0, 5, 32, 0, 0, 132);       // vocab 1000 (not a multiple of 32), bits past it
+  test_bitmask<T>(4, 1001, 7, 4, 32, 0, 0, 132);       // vocab 1001 on aligned rows: cut last chunk
+  test_bitmask<T>(4, 1004, 4, 4, 32, 2, 0, 1);         // vocab 1004: partner past the row end (fp32)
+  test_bitmask<T>(300, 40, 0, 300, 2, 0, 0, 132);      // many short rows: every sector kind at a row end
+  test_bitmask<T>(300, 37, 3, 300, 2, 0, 0, 132);      // ... with a cut last chunk
+  test_bitmask<T>(300, 44, 4, 300, 2, 1, h, 132);      // ... rows starting mid-sector, indices
   test_bitmask<T>(0, 1024, 0, 0, 32, 0, 0, 132);       // empty batch
   test_bitmask<T>(66000, 8, 0, 66000, 1, 0, 0, 132);   // more rows than gridDim.y
 }
