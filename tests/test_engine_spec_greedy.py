@@ -126,16 +126,21 @@ def no_tf32():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA: Triton rejection kernels, the draft loop on the GPU")
 def test_greedy_equals_plain_cuda(untied, no_tf32):
     """fp32 on CUDA: equal tokens, or a first difference at a near-tie (GEMMs of 1 + K rows and of 1 row
-    may round differently)."""
+    may round differently). Speculation is exercised: every proposer drafts, and the target drafting
+    for itself is right by construction (but at near-ties), so most of its drafts are accepted. (How
+    many n-gram or noisy drafts a random model accepts is no invariant: 7 n-gram ones at batch 3.)"""
     from specops.engine.model.reference import reference_forward
 
     lm = model(untied, device="cuda")
     for batch in (3, 8):
         prompts = copy_prompts(batch, seed=batch)
         plain, _ = run(lm, prompts, GREEDY)
-        for spec, draft in (("ngram", None), ("draft", model(untied, 0.1, device="cuda"))):
+        for spec, draft in (("ngram", None), ("draft", model(untied, 0.1, device="cuda")), ("draft", lm)):
             outs, eng = run(lm, prompts, GREEDY, draft=draft, spec_method=spec, **SCHEDULES[batch])
-            assert eng.stats()["spec_decoding"]["num_accepted_tokens"] > 10
+            st = eng.stats()["spec_decoding"]
+            assert st["num_draft_tokens"] > 0, (spec, batch, st)
+            if draft is lm:
+                assert st["num_accepted_tokens"] > st["num_draft_tokens"] // 2, (batch, st)
             for p, a, b in zip(prompts, outs, plain):
                 if a.token_ids != b.token_ids:
                     i = next(j for j, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y)
