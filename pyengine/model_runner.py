@@ -18,6 +18,12 @@ grammar bitmask of the sampling rows (1 + K rows for a request with K drafts) is
 on the host right after the forward is launched, so it overlaps the GPU's work, and is
 applied to the logits with `specops.ops.apply_token_bitmask_` before the Sampler or the
 RejectionSampler sees them.
+
+Hidden states for EAGLE/MTP-style proposers: when `keep_hidden_states` is set (the engine
+sets it for a proposer with `needs_hidden_states`), each step leaves in `last_hidden` a
+`TargetHiddenStates`: the forward's final-normed hidden states and, per request, which
+rows were committed (rejected drafts' rows left out), built from the host values the
+step already read back. Otherwise nothing is kept.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from .input_batch import InputBatch
 from .request import Logprob, Request
 from .sampling import BatchSampler, to_logprobs
 from .scheduler import SchedulerOutput
+from .spec_decode.proposer import TargetHiddenStates
 from .structured_output.batch_bitmask import apply_batch_bitmask
 
 
@@ -57,6 +64,10 @@ class StepInputs:
     # speculative decoding (None / empty when no sampled request has drafts this step)
     spec: SpecDecodeMetadata | None = None
     drafts: list[list[int]] = field(default_factory=list)  # per sampled request, its scheduled drafts
+    # every scheduled request, in batch order (host)
+    req_ids: list[str] = field(default_factory=list)
+    query_start_loc: np.ndarray | None = None  # [num_reqs + 1] int64
+    start_positions: np.ndarray | None = None  # [num_reqs] int64: position of each request's first token
 
 
 class ModelRunner:
@@ -98,16 +109,39 @@ class ModelRunner:
         self.synthetic = synthetic_acceptance
         self.structured = None  # StructuredOutputManager, set by the engine for structured requests
         self.time_bitmask = 0.0  # host seconds spent filling grammar bitmasks
+        self.keep_hidden_states = False  # set for a proposer with needs_hidden_states
+        self.last_hidden: TargetHiddenStates | None = None  # the last step's, when keep_hidden_states
 
     @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         upd = self.input_batch.update(sched.scheduled)
         self.sampler.update_state(upd, self.input_batch.reqs[:self.input_batch.num_reqs])
+        self.last_hidden = None
         if sched.is_empty:
             return ModelRunnerOutput()
         inputs = self._prepare_inputs(sched)
         t0 = self._now()
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.attn)
+        out = self._sample(hidden, inputs, t0)
+        if self.keep_hidden_states:
+            self.last_hidden = self._committed_hidden(hidden, inputs, sched, out.sampled)
+        return out
+
+    def _committed_hidden(self, hidden: torch.Tensor, inputs: StepInputs, sched: SchedulerOutput,
+                          sampled: dict[str, list[int]]) -> TargetHiddenStates:
+        """The step's hidden states [T, hidden] and each request's committed rows (no device sync)."""
+        num_rows = np.diff(inputs.query_start_loc)
+        spec_tokens = sched.scheduled_spec_decode_tokens
+        if spec_tokens:
+            for i, rid in enumerate(inputs.req_ids):
+                drafts, new = spec_tokens.get(rid), sampled.get(rid)
+                if drafts and new:
+                    num_rows[i] -= len(drafts) + 1 - len(new)  # the scheduler's rollback of rejected drafts
+        return TargetHiddenStates(hidden, inputs.req_ids, inputs.query_start_loc[:-1], num_rows,
+                                  inputs.start_positions)
+
+    def _sample(self, hidden: torch.Tensor, inputs: StepInputs, t0: float) -> ModelRunnerOutput:
+        """Logits at the sampled positions, then the tokens (verified drafts + one under speculation)."""
         out = ModelRunnerOutput()
         if not inputs.sample_reqs:
             self.time_forward += self._now() - t0
@@ -269,4 +303,7 @@ class ModelRunner:
             sample_reqs=sample_reqs,
             spec=spec,
             drafts=drafts,
+            req_ids=[r.request_id for r in reqs],
+            query_start_loc=qsl,
+            start_positions=start,
         )

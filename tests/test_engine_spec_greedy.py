@@ -49,10 +49,19 @@ def model(path, noise=0.0, device="cpu", dtype=torch.float32):
     return _LOADED[key]
 
 
-def run(lm, prompts, params, draft=None, **cfg):
-    """All requests to the end; returns the outputs in order and the engine (pool checked empty)."""
+def run(lm, prompts, params, draft=None, proposer=None, on_step=None, **cfg):
+    """All requests to the end; returns the outputs in order and the engine (pool checked empty).
+
+    ``proposer`` replaces the engine's (made with spec_method="ngram"): the EAGLE-style one, which
+    EngineConfig does not name. ``on_step(engine)`` runs after every step.
+    """
     cfg.setdefault("max_model_len", 256)
+    if proposer is not None:
+        cfg.setdefault("spec_method", "ngram")
     eng = LLMEngine(EngineConfig(**cfg), loaded=lm, draft_loaded=draft)
+    if proposer is not None:
+        eng.proposer = proposer
+        eng.runner.keep_hidden_states = proposer.needs_hidden_states
     params = params if isinstance(params, list) else [params] * len(prompts)
     ids = [eng.add_request(p, sp) for p, sp in zip(prompts, params)]
     done = {}
@@ -62,6 +71,8 @@ def run(lm, prompts, params, draft=None, **cfg):
                 assert out.request_id not in done, "finished twice"
                 done[out.request_id] = out
         eng.scheduler.check()
+        if on_step is not None:
+            on_step(eng)
     assert set(done) == set(ids), "a request was lost"
     assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
     if getattr(eng.proposer, "free_blocks", None) is not None:  # the draft pool is empty again too

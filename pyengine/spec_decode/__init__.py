@@ -1,17 +1,20 @@
-"""Speculative decoding, engine side: proposers (n-gram, draft model), the K schedule, metrics.
+"""Speculative decoding, engine side: proposers (n-gram, draft model, an EAGLE-style head), the K schedule, metrics.
 
 Verification itself (metadata, rejection kernels, parser) lives in ``specops.spec_decode``.
 """
 
 from .draft_model import STREAM_DRAFT, DraftModelProposer, draft_pool_blocks
+from .eagle import EagleHead, EagleProposer
 from .k_schedule import KSchedule, SyntheticAcceptance, parse_batch_schedule
 from .metrics import SpecDecodingMetrics, SpecDecodingStats, count_accepted, format_line
 from .ngram import NgramProposer, ngram_propose, ngram_propose_naive
-from .proposer import DraftBatch, ProposeContext, Proposer
+from .proposer import DraftBatch, ProposeContext, Proposer, TargetHiddenStates
 
 __all__ = [
     "DraftBatch",
     "DraftModelProposer",
+    "EagleHead",
+    "EagleProposer",
     "KSchedule",
     "NgramProposer",
     "ProposeContext",
@@ -20,6 +23,7 @@ __all__ = [
     "SpecDecodingMetrics",
     "SpecDecodingStats",
     "SyntheticAcceptance",
+    "TargetHiddenStates",
     "count_accepted",
     "draft_pool_blocks",
     "format_line",

@@ -8,8 +8,9 @@ Proposers differ in what they read:
 - a draft model (draft_model.py): the committed token ids, its own KV cache, and the
   request's temperature/seed when it samples; it also returns its draft distributions
   for probabilistic verification;
-- EAGLE/MTP-style heads (not built yet): the target's hidden states of the step, passed
-  in ``ProposeContext``; such a proposer sets ``uses_hidden_states = True``.
+- EAGLE/MTP-style heads (eagle.py): the target's final-normed hidden states of the step
+  just run (``TargetHiddenStates`` in ``ProposeContext.hidden``); such a proposer sets
+  ``needs_hidden_states = True``, and only then does the model runner keep them.
 
 Requests are duck-typed on the engine's ``Request``: ``request_id``, ``all_token_ids``
 (prompt + accepted outputs, the committed tokens) and ``sampling_params`` (``temperature``,
@@ -35,6 +36,51 @@ class DraftRequest(Protocol):
 
 
 @dataclass
+class TargetHiddenStates:
+    """The target model's hidden states from the step just run, for EAGLE/MTP-style proposers.
+
+    They are the final-normed hidden states (the LM head's input, what ``model.forward``
+    returns). Row i of ``hidden_states`` is the step's scheduled token i; the step's requests
+    are listed in its order. Request r's committed rows are ``first_row[r]`` to
+    ``first_row[r] + num_rows[r]``, at positions from ``first_position[r]`` on: its prefill
+    chunk, or its last sampled token followed by the drafts it accepted (the rows of rejected
+    drafts are left out). Its last committed row is the hidden state of its last token whose
+    KV is computed (position ``len(all_token_ids) - 2`` once a token was sampled), the feature
+    that predicted the token just sampled.
+
+    The host metadata comes from values the runner already read back (the accepted counts),
+    so building this costs no device sync; the runner builds it only for a proposer with
+    ``needs_hidden_states``.
+    """
+
+    hidden_states: torch.Tensor  # [num_scheduled_tokens, hidden] model dtype
+    request_ids: list[str]
+    first_row: np.ndarray  # [num_reqs] int64
+    num_rows: np.ndarray  # [num_reqs] int64, >= 1
+    first_position: np.ndarray  # [num_reqs] int64
+    _index: dict[str, int] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._index = {rid: i for i, rid in enumerate(self.request_ids)}
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._index
+
+    def rows(self, request_id: str) -> tuple[int, torch.Tensor]:  # (position, [n, hidden])
+        """The committed rows of one request (a view) and the position of the first."""
+        i = self._index[request_id]
+        start = int(self.first_row[i])
+        return int(self.first_position[i]), self.hidden_states[start:start + int(self.num_rows[i])]
+
+    def last(self, request_ids: Sequence[str]) -> torch.Tensor:  # [len(request_ids), hidden]
+        """Each request's last committed row, gathered on the device (KeyError for a request not in the step)."""
+        idx = [self._index[rid] for rid in request_ids]
+        rows = (self.first_row + self.num_rows - 1)[np.asarray(idx, dtype=np.int64)]
+        dev = self.hidden_states.device
+        return self.hidden_states.index_select(0, torch.from_numpy(rows).to(dev, non_blocking=True))
+
+
+@dataclass
 class ProposeContext:
     """Per-step extras for proposers that need more than token ids.
 
@@ -42,16 +88,13 @@ class ProposeContext:
     ----------
     step : int
         The engine's step counter (keys the noise of unseeded requests).
-    target_hidden_states : torch.Tensor or None
-        [num_scheduled_tokens, hidden] of the step just verified (EAGLE/MTP heads).
-    last_token_indices : torch.Tensor or None
-        [num_reqs] int64 rows of ``target_hidden_states`` at each request's last accepted
-        token (EAGLE/MTP heads).
+    hidden : TargetHiddenStates or None
+        The target's hidden states of the step just verified; given only to a proposer
+        with ``needs_hidden_states`` (None otherwise).
     """
 
     step: int = 0
-    target_hidden_states: torch.Tensor | None = None
-    last_token_indices: torch.Tensor | None = None
+    hidden: TargetHiddenStates | None = None
 
 
 @dataclass
@@ -149,8 +192,9 @@ class Proposer(ABC):
     ----------
     method : str
         "ngram", "draft", ... (the ``--spec`` value).
-    uses_hidden_states : bool
-        Whether ``propose`` needs ``ProposeContext.target_hidden_states``.
+    needs_hidden_states : bool
+        Whether ``propose`` needs ``ProposeContext.hidden`` (the target's hidden states); the
+        runner keeps them only when it does.
     num_lookahead_tokens : int
         Target KV slots the scheduler reserves per request beyond the scheduled tokens
         (0 unless the proposer writes into the target's cache, as EAGLE/MTP heads sharing
@@ -158,7 +202,7 @@ class Proposer(ABC):
     """
 
     method: str = ""
-    uses_hidden_states: bool = False
+    needs_hidden_states: bool = False
     num_lookahead_tokens: int = 0
 
     @abstractmethod
