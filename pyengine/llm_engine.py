@@ -99,6 +99,8 @@ class LLMEngine:
                                   max_len, seed=config.seed, num_lookahead_tokens=lookahead,
                                   eos_token_ids=self.eos_token_ids, logits_processors=config.logits_processors,
                                   synthetic_acceptance=self._synthetic)
+        # EAGLE/MTP-style proposers read the target's hidden states (kept by the runner only for them)
+        self.runner.keep_hidden_states = self.proposer is not None and self.proposer.needs_hidden_states
         self.structured = None  # StructuredOutputManager, made on the first structured request
         self.parents: dict[str, _Parent] = {}
         self._child_parent: dict[str, _Parent] = {}
@@ -412,7 +414,8 @@ class LLMEngine:
             self.runner.last_drafts = None
             return
         ks = self.k_schedule.k_for_requests(decoding, self.max_model_len, batch_size=len(running))
-        batch = self.proposer.propose(decoding, ks, ProposeContext(step=self.num_steps))
+        batch = self.proposer.propose(decoding, ks, ProposeContext(step=self.num_steps,
+                                                                hidden=self.runner.last_hidden))
         so = self.structured
         for req, drafts in zip(decoding, batch.token_ids):
             if so is not None and req.sampling_params.structured_outputs is not None and drafts:
