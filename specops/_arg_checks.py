@@ -14,3 +14,12 @@ def check_1d(name: str, t, length: int, dtypes, device) -> None:
         raise TypeError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
     if t.device != device:
         raise ValueError(f"{name} must be on {device}, got {t.device}")
+
+
+def dense(t):
+    """`t` with unit stride (the kernels index 1-D arguments as t_ptr + i), None stays None.
+
+    A strided view, e.g. ``torch.topk(x, k).values[:, -1]``, would otherwise be read from
+    the wrong elements; .contiguous() is free when the tensor is dense already.
+    """
+    return t if t is None or not isinstance(t, torch.Tensor) else t.contiguous()

@@ -415,3 +415,50 @@ def test_cuda_kernel_statistics_full_vocab(params):
     counts = np.bincount(res.tokens.cpu().numpy(), minlength=V)
     assert counts[probs == 0].sum() == 0
     assert chi2_ok(counts, probs)[0]
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter test")
+@pytest.mark.parametrize("V,tile,cap,chunks,guess", [(257, 32, 16, 2, True), (300, 16, 32, 2, False)])
+def test_exact_search_alone_matches_reference(V, tile, cap, chunks, guess):
+    # select=False: every filtered row takes the single-program exact search (the fallback)
+    g = fresh_gen()
+    dist = list(DISTRIBUTIONS.values())
+    logits = torch.stack([dist[i % len(dist)](g, V) for i in range(10)]) * 2
+    inv, k, p, mp, seeds, pos = mixed_params(10, V, g)
+    a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", tile=tile, cap=cap, num_chunks=chunks,
+               guess=guess, select=False)
+    b = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")
+    assert_same_draw(a, b, logits, inv, seeds, pos, p)
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter test")
+def test_every_search_path_is_taken_and_exact():
+    # LLM-like rows (a few raised tokens over a wide body) and flat rows, with the parameter
+    # mixes that reach each path of sampling_select: a direct collect, one or two refine
+    # rounds, the draw above a known min-p threshold, and the fallback exact search.
+    from specops.triton_kernels import sampling_select as sel
+    COLLECT, DONE, FALLBACK, REFINE_COUNT, REFINE_MASS = (
+        int(c.value) for c in (sel.COLLECT, sel.DONE, sel.FALLBACK, sel.REFINE_COUNT, sel.REFINE_MASS))
+    V = 20000
+    mix = [(0.8, 40, 0.95, 0.0), (1.0, 0, 0.9, 0.0), (0.0, 0, 1.0, 0.0), (1.0, 0, 1.0, 0.05),
+           (0.6, 20, 0.8, 0.02), (1.0, 3000, 1.0, 0.0), (1.0, 2000, 0.9, 0.0), (2.0, 0, 0.99, 0.0)]
+    g = fresh_gen()
+    R = 2 * len(mix)
+    x = torch.randn(R, V, generator=g)
+    x[: len(mix)] *= 2
+    hot = torch.randint(0, V, (len(mix), 32), generator=g)
+    x[: len(mix)].scatter_add_(1, hot, 6 + 6 * torch.rand(len(mix), 32, generator=g))
+    rows = mix + mix
+    inv = torch.tensor([1 / t if t > 0 else -1.0 for t, *_ in rows])
+    k = torch.tensor([r[1] for r in rows], dtype=torch.int32)
+    p = torch.tensor([r[2] for r in rows])
+    mp = torch.tensor([r[3] for r in rows])
+    seeds, pos = torch.arange(R) + 3, torch.arange(R) * 7
+    paths = {}
+    a = sample(x, inv, k, p, mp, seeds, pos, backend="triton", paths=paths)
+    b = sample(x, inv, k, p, mp, seeds, pos, backend="torch")
+    assert_same_draw(a, b, x, inv, seeds, pos, p)
+    planned = set(paths["planned"].tolist())
+    final = paths["mode"].tolist()
+    assert {COLLECT, REFINE_COUNT, REFINE_MASS, FALLBACK, DONE} <= planned, planned
+    assert final.count(COLLECT) >= 10 and FALLBACK in final, final

@@ -10,7 +10,7 @@ row's softmax max and sum. Program (r, c) races chunk c of that row:
   over t != x, i.e. a draw from p with the draft removed (p itself for an invalid id).
 
 E_t is Exp(1) from word t % 4 of random_words(seed, pos, STREAM_RECOVER, t // 4), with
-(seed, pos) the row's key as in pass 1. The last program of a request (atomic counter)
+(seed, pos) the row's key as in pass 1. A second launch, one program per request,
 combines the chunk winners and writes the token into the output row.
 """
 
@@ -37,7 +37,6 @@ def _rejection_recover_kernel(
     rec_j_ptr, rec_ms_ptr,                    # [num_reqs] int32, [num_reqs, 2] fp32 from pass 1
     part_res_ptr, part_res_idx_ptr,           # [num_reqs * NUM_SPLITS]
     part_log_ptr, part_log_idx_ptr,           # [num_reqs * NUM_SPLITS]
-    counter_ptr,                              # [num_reqs] int32, zero on entry
     vocab_size,
     NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
     HAS_TARGET_ROWS: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, TEMP_MODE: tl.constexpr,
@@ -111,24 +110,41 @@ def _rejection_recover_kernel(
         if HAS_DRAFT_PROBS:
             tl.store(part_res_ptr + p_off, rb)
             tl.store(part_res_idx_ptr + p_off, rbi)
-        tl.debug_barrier()
-        done = tl.atomic_add(counter_ptr + req, 1, sem="acq_rel")
-        if done == NUM_SPLITS - 1:
-            ss = tl.arange(0, SPLIT_BLOCK)
-            smask = ss < NUM_SPLITS
-            soff = req * NUM_SPLITS + ss
-            pl = tl.load(part_log_ptr + soff, mask=smask, other=float("-inf"), volatile=True)
-            best = tl.max(pl, 0)
-            pli = tl.load(part_log_idx_ptr + soff, mask=smask, other=_INT_MAX, volatile=True)
-            token = tl.min(tl.where(pl == best, pli, _INT_MAX), 0)
-            token = tl.where(best == float("-inf"), 0, token)   # no candidate: as torch.argmax
-            if HAS_DRAFT_PROBS:
-                pr = tl.load(part_res_ptr + soff, mask=smask, other=0.0, volatile=True)
-                rbest = tl.max(pr, 0)
-                pri = tl.load(part_res_idx_ptr + soff, mask=smask, other=_INT_MAX, volatile=True)
-                rtoken = tl.min(tl.where(pr == rbest, pri, _INT_MAX), 0)
-                token = tl.where(valid & (rbest > 0.0), rtoken, token)
-            tl.store(out_ptr + req.to(tl.int64) * out_stride + i, token)
+
+
+@triton.jit
+def _recover_combine_kernel(
+    out_ptr, out_stride,                      # [num_reqs, K + 1] int32
+    draft_ids_ptr,                            # [T] int
+    cu_ptr,                                   # [num_reqs] inclusive cumulative drafts
+    rec_j_ptr,                                # [num_reqs] int32 from pass 1
+    part_res_ptr, part_res_idx_ptr,           # [num_reqs * NUM_SPLITS]
+    part_log_ptr, part_log_idx_ptr,           # [num_reqs * NUM_SPLITS]
+    vocab_size,
+    NUM_SPLITS: tl.constexpr, SPLIT_BLOCK: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr,
+):
+    """One program per request (a separate launch): the chunk winners -> the recovered token."""
+    req = tl.program_id(0)
+    j = tl.load(rec_j_ptr + req)
+    if j >= 0:
+        start = tl.load(cu_ptr + req - 1, mask=req > 0, other=0).to(tl.int32)
+        x = tl.load(draft_ids_ptr + j).to(tl.int32)
+        valid = (x >= 0) & (x < vocab_size)
+        ss = tl.arange(0, SPLIT_BLOCK)
+        smask = ss < NUM_SPLITS
+        soff = req * NUM_SPLITS + ss
+        pl = tl.load(part_log_ptr + soff, mask=smask, other=float("-inf"))
+        best = tl.max(pl, 0)
+        pli = tl.load(part_log_idx_ptr + soff, mask=smask, other=_INT_MAX)
+        token = tl.min(tl.where(pl == best, pli, _INT_MAX), 0)
+        token = tl.where(best == float("-inf"), 0, token)   # no candidate: as torch.argmax
+        if HAS_DRAFT_PROBS:
+            pr = tl.load(part_res_ptr + soff, mask=smask, other=0.0)
+            rbest = tl.max(pr, 0)
+            pri = tl.load(part_res_idx_ptr + soff, mask=smask, other=_INT_MAX)
+            rtoken = tl.min(tl.where(pr == rbest, pri, _INT_MAX), 0)
+            token = tl.where(valid & (rbest > 0.0), rtoken, token)
+        tl.store(out_ptr + req.to(tl.int64) * out_stride + (j - start), token)
 
 
 def rejection_recover_pass(
@@ -157,7 +173,6 @@ def rejection_recover_pass(
     dev = logits.device
     ws_f = torch.empty(2 * num_reqs * num_splits, dtype=torch.float32, device=dev)
     ws_i = torch.empty(2 * num_reqs * num_splits, dtype=torch.int32, device=dev)
-    counters = torch.zeros(num_reqs, dtype=torch.int32, device=dev)
     f = num_reqs * num_splits
     temp_mode, temp_arg = temp_mode_of(temperature, inv_temperature, logits)
     _rejection_recover_kernel[(num_reqs, num_splits)](
@@ -173,11 +188,17 @@ def rejection_recover_pass(
         positions if positions is not None else step,
         step, engine_seed,
         rec_j, rec_ms,
-        ws_f[:f], ws_i[:f], ws_f[f:], ws_i[f:], counters,
+        ws_f[:f], ws_i[:f], ws_f[f:], ws_i[f:],
         vocab,
         NUM_SPLITS=num_splits, CHUNK=chunk, BLOCK=min(chunk, 1024),   # noise-heavy: small blocks
         SPLIT_BLOCK=triton.next_power_of_2(num_splits),
         HAS_TARGET_ROWS=target_rows is not None, HAS_DRAFT_PROBS=draft_probs is not None,
         TEMP_MODE=temp_mode, HAS_THRESHOLD=threshold is not None, HAS_SEEDS=seeds is not None,
         num_warps=4,
+    )
+    _recover_combine_kernel[(num_reqs,)](
+        out, out.stride(0), draft_token_ids, cu_num_draft_tokens, rec_j,
+        ws_f[:f], ws_i[:f], ws_f[f:], ws_i[f:], vocab,
+        NUM_SPLITS=num_splits, SPLIT_BLOCK=triton.next_power_of_2(num_splits),
+        HAS_DRAFT_PROBS=draft_probs is not None, num_warps=4,
     )

@@ -4,9 +4,10 @@ Grid (num_reqs * MAX_K, NUM_SPLITS): program (r, i, c) reads chunk c (CHUNK voca
 entries) of the target row of draft i of request r and writes chunk partials: the max
 and argmax of the scaled logits x = l * (1/T) (tokens below the row's optional threshold,
 e.g. top-k / top-p / min-p, count as -inf), the sum of exp relative to that max and, when
-FUSE_RACE, the chunk's best recovered-token candidate. The last program to finish a
-request (an acq_rel atomic counter) combines the partials of all its rows, decides
-acceptance and writes the request's whole output row [K + 1].
+FUSE_RACE, the chunk's best recovered-token candidate. A second launch, one program per
+request, combines the partials of all its rows, decides acceptance and writes the
+request's whole output row [K + 1] (a separate launch rather than "the last program to
+finish": no ordering between programs to rely on).
 
 - greedy rows accept draft x while x == argmax of the row; the first mismatch writes the
   argmax and stops;
@@ -81,9 +82,9 @@ def _finalize_request(
     ss = tl.arange(0, SPLIT_BLOCK)
     m2 = rmask[:, None] & (ss < NUM_SPLITS)[None, :]
     poff = jj[:, None] * NUM_SPLITS + ss[None, :]
-    pm = tl.load(part_m_ptr + poff, mask=m2, other=float("-inf"), volatile=True)
+    pm = tl.load(part_m_ptr + poff, mask=m2, other=float("-inf"))
     row_max = tl.max(pm, 1)
-    pidx = tl.load(part_idx_ptr + poff, mask=m2, other=_INT_MAX, volatile=True)
+    pidx = tl.load(part_idx_ptr + poff, mask=m2, other=_INT_MAX)
     argmax = tl.min(tl.where(pm == row_max[:, None], pidx, _INT_MAX), 1)
     x = tl.load(draft_ids_ptr + jj, mask=rmask, other=-1).to(tl.int32)
     valid = (x >= 0) & (x < vocab_size)
@@ -95,12 +96,12 @@ def _finalize_request(
         row_sum = tl.zeros_like(m_safe)
     else:
         # random rows: p(x) from the combined softmax statistics
-        ps = tl.load(part_s_ptr + poff, mask=m2, other=0.0, volatile=True)
+        ps = tl.load(part_s_ptr + poff, mask=m2, other=0.0)
         row_sum = tl.where(rmask, tl.sum(ps * tl.exp(pm - m_safe[:, None]), 1), 1.0)
-        lx = tl.load(part_x_ptr + jj * 2, mask=rmask, other=float("-inf"), volatile=True)
+        lx = tl.load(part_x_ptr + jj * 2, mask=rmask, other=float("-inf"))
         p_x = tl.exp(lx - m_safe) / row_sum
         if HAS_DRAFT_PROBS:
-            q_x = tl.load(part_x_ptr + jj * 2 + 1, mask=rmask, other=1.0, volatile=True)
+            q_x = tl.load(part_x_ptr + jj * 2 + 1, mask=rmask, other=1.0)
         else:
             q_x = 1.0
         seed_r, pos_r = _row_key(seeded, seed, position, engine_seed, step, rr.to(tl.int64), jj)
@@ -113,9 +114,9 @@ def _finalize_request(
     num_accepted = tl.minimum(first_rej, n)
     rejected = first_rej < n
     if FUSE_RACE:
-        pk = tl.load(part_key_ptr + poff, mask=m2, other=float("-inf"), volatile=True)
+        pk = tl.load(part_key_ptr + poff, mask=m2, other=float("-inf"))
         best = tl.max(pk, 1)
-        pkidx = tl.load(part_kidx_ptr + poff, mask=m2, other=_INT_MAX, volatile=True)
+        pkidx = tl.load(part_kidx_ptr + poff, mask=m2, other=_INT_MAX)
         recovered = tl.min(tl.where(pk == best[:, None], pkidx, _INT_MAX), 1)
         recovered = tl.where(best == float("-inf"), 0, recovered)  # no candidate: as torch.argmax
         fill = tl.where(greedy, argmax, recovered)
@@ -155,7 +156,6 @@ def _rejection_sample_kernel(
     part_key_ptr, part_kidx_ptr,              # [T * NUM_SPLITS] (FUSE_RACE)
     part_x_ptr,                               # [T, 2] fp32: l_x / T, q(x)
     rec_j_ptr, rec_ms_ptr,                    # [num_reqs] int32, [num_reqs, 2] fp32
-    counter_ptr,                              # [num_reqs] int32, zero on entry
     num_target_rows, vocab_size,
     MAX_K: tl.constexpr, GRID_K: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr,
     BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
@@ -247,15 +247,6 @@ def _rejection_sample_kernel(
             if HAS_DRAFT_PROBS:
                 q_x = tl.load(draft_probs_ptr + j.to(tl.int64) * draft_probs_stride + xc).to(tl.float32)
                 tl.store(part_x_ptr + j * 2 + 1, q_x)
-        tl.debug_barrier()
-        done = tl.atomic_add(counter_ptr + req, 1, sem="acq_rel")
-        if done == n * NUM_SPLITS - 1:
-            _finalize_request(
-                out_ptr, out_stride, draft_ids_ptr, bonus_ptr,
-                part_m_ptr, part_s_ptr, part_idx_ptr, part_key_ptr, part_kidx_ptr, part_x_ptr,
-                rec_j_ptr, rec_ms_ptr,
-                req, start, n, greedy, seeded, seed, position, engine_seed, step, vocab_size,
-                MAX_K, NUM_SPLITS, OUT_BLOCK, SPLIT_BLOCK, HAS_DRAFT_PROBS, FUSE_RACE, GREEDY_MODE)
     else:
         if (i == 0) & (split == 0):
             # a request without drafts: its output is the bonus token
@@ -264,6 +255,44 @@ def _rejection_sample_kernel(
             tl.store(out_ptr + req.to(tl.int64) * out_stride + rr, tl.where(rr == 0, bonus, -1),
                      mask=rr < MAX_K + 1)
             tl.store(rec_j_ptr + req, -1)
+
+
+@triton.jit(do_not_specialize=["num_target_rows", "engine_seed"])
+def _rejection_finalize_kernel(
+    out_ptr, out_stride, draft_ids_ptr, bonus_ptr, cu_ptr, greedy_ptr,
+    seeds_ptr, has_seed_ptr, positions_ptr, step_ptr, engine_seed,
+    part_m_ptr, part_s_ptr, part_idx_ptr, part_key_ptr, part_kidx_ptr, part_x_ptr,
+    rec_j_ptr, rec_ms_ptr,
+    num_target_rows, vocab_size,
+    MAX_K: tl.constexpr, NUM_SPLITS: tl.constexpr, OUT_BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
+    HAS_DRAFT_PROBS: tl.constexpr, GREEDY_MODE: tl.constexpr, HAS_SEEDS: tl.constexpr, FUSE_RACE: tl.constexpr,
+):
+    """One program per request, after every chunk partial is written (a separate launch:
+    no inter-program ordering to rely on): acceptance and the output row."""
+    req = tl.program_id(0)
+    start = tl.load(cu_ptr + req - 1, mask=req > 0, other=0).to(tl.int32)
+    end = tl.minimum(tl.load(cu_ptr + req).to(tl.int32), num_target_rows)
+    n = tl.maximum(tl.minimum(end - start, MAX_K), 0)
+    if n > 0:
+        if GREEDY_MODE == 0:
+            greedy = tl.load(greedy_ptr + req) != 0
+        else:
+            greedy = tl.full([], GREEDY_MODE == 1, tl.int1)
+        if HAS_SEEDS:
+            seeded = tl.load(has_seed_ptr + req) != 0
+            seed = tl.load(seeds_ptr + req).to(tl.int64)
+            position = tl.load(positions_ptr + req).to(tl.int64)
+        else:
+            seeded = tl.full([], False, tl.int1)
+            seed = tl.full([], 0, tl.int64)
+            position = tl.full([], 0, tl.int64)
+        step = tl.load(step_ptr).to(tl.int64)
+        _finalize_request(
+            out_ptr, out_stride, draft_ids_ptr, bonus_ptr,
+            part_m_ptr, part_s_ptr, part_idx_ptr, part_key_ptr, part_kidx_ptr, part_x_ptr,
+            rec_j_ptr, rec_ms_ptr,
+            req, start, n, greedy, seeded, seed, position, engine_seed.to(tl.int64), step, vocab_size,
+            MAX_K, NUM_SPLITS, OUT_BLOCK, SPLIT_BLOCK, HAS_DRAFT_PROBS, FUSE_RACE, GREEDY_MODE)
 
 
 def temp_mode_of(temperature, inv_temperature, dummy):
@@ -324,7 +353,6 @@ def rejection_sample_pass(
     nt = max(num_target_rows, 1)
     ws_f = torch.empty(3 * nt * num_splits + 2 * nt + 2 * num_reqs, dtype=torch.float32, device=dev)
     ws_i = torch.empty(2 * nt * num_splits + num_reqs, dtype=torch.int32, device=dev)
-    counters = torch.zeros(num_reqs, dtype=torch.int32, device=dev)
     f = nt * num_splits
     part_m, part_s, part_key = ws_f[:f], ws_f[f:2 * f], ws_f[2 * f:3 * f]
     part_x = ws_f[3 * f:3 * f + 2 * nt]
@@ -347,7 +375,7 @@ def rejection_sample_pass(
         seeds if seeds is not None else step, has_seed if has_seed is not None else step,
         positions if positions is not None else step,
         step, engine_seed,
-        part_m, part_s, part_idx, part_key, part_kidx, part_x, rec_j, rec_ms, counters,
+        part_m, part_s, part_idx, part_key, part_kidx, part_x, rec_j, rec_ms,
         num_target_rows, vocab,
         MAX_K=max_k, GRID_K=max(max_k, 1), NUM_SPLITS=num_splits, CHUNK=chunk, BLOCK=block,
         OUT_BLOCK=triton.next_power_of_2(max_k + 1), SPLIT_BLOCK=triton.next_power_of_2(num_splits),
@@ -355,5 +383,16 @@ def rejection_sample_pass(
         TEMP_MODE=temp_mode, HAS_THRESHOLD=threshold is not None, GREEDY_MODE=greedy_mode,
         HAS_SEEDS=seeds is not None, FUSE_RACE=fuse_race,
         num_warps=8 if block >= 4096 else 4,
+    )
+    _rejection_finalize_kernel[(num_reqs,)](
+        out, out.stride(0), draft_token_ids, bonus_token_ids, cu_num_draft_tokens,
+        is_greedy if greedy_mode == 0 else dummy,
+        seeds if seeds is not None else step, has_seed if has_seed is not None else step,
+        positions if positions is not None else step, step, engine_seed,
+        part_m, part_s, part_idx, part_key, part_kidx, part_x, rec_j, rec_ms,
+        num_target_rows, vocab,
+        MAX_K=max_k, NUM_SPLITS=num_splits, OUT_BLOCK=triton.next_power_of_2(max_k + 1),
+        SPLIT_BLOCK=triton.next_power_of_2(num_splits), HAS_DRAFT_PROBS=draft_probs is not None,
+        GREEDY_MODE=greedy_mode, HAS_SEEDS=seeds is not None, FUSE_RACE=fuse_race, num_warps=4,
     )
     return rec_j, rec_ms

@@ -9,7 +9,12 @@ size. Each program writes
   that can hold a kept token;
 - its chunk's max and sum exp(x - max) (NaN when the chunk holds a NaN or +inf);
 - for rows that need no threshold (random, no top-k / top-p / min-p) the draw itself:
-  the chunk's best exp(x - max) / E and its index, E being the row's Exp(1) noise.
+  the chunk's best exp(x - max) / E and its index, E being the row's Exp(1) noise;
+- for rows with top-k or top-p, a count histogram of every block (TPB tiles) over the
+  absolute value grid a(x) = floor(x * BINS_PER_UNIT): bin j counts the tokens with
+  a(x) = top - j, top = a(block max), for j < WINDOW; bin WINDOW counts the finite tokens
+  below that window and bin WINDOW + 1 nothing (masked lanes, -inf). sampling_select.py
+  adds the blocks of a row up (aligned on the grid) to bound the thresholds.
 
 x = logits * (1 / temperature) on random rows and the logits themselves on greedy rows.
 """
@@ -21,9 +26,21 @@ from .rng import exponential, random_words
 from .sampling_common import select_word
 
 _BIG = tl.constexpr(2147483647)
+BINS_PER_UNIT = 2          # level-1 histogram: 2 bins per unit of scaled logit (grid_bin)
+HIST_BINS = 64             # WINDOW = 62 bins (31 units), + underflow, + nothing (Triton's histogram
+                           # costs about 3 + bins / 8 instructions per token: keep it small)
+_HB = tl.constexpr(HIST_BINS)
+_W = tl.constexpr(1.0 / BINS_PER_UNIT)
+_NO_TOP = tl.constexpr(-1073741824)   # `top` of a block without a finite token
 
 
-@triton.jit(do_not_specialize=["NT", "TILES_PER_PROG", "S", "stream"])
+@triton.jit
+def grid_bin(x):
+    """a(x) = floor(x * BINS_PER_UNIT) as int32 (clamped far outside any sane logit)."""
+    return tl.floor(tl.minimum(tl.maximum(x * 2.0, -1.0e9), 1.0e9)).to(tl.int32)
+
+
+@triton.jit(do_not_specialize=["NT", "TILES_PER_PROG", "S", "stream", "ITERS"])
 def _row_stats_kernel(
     logits_ptr, stride_row,       # [R, V] fp32/bf16/fp16, unit column stride
     inv_temp_ptr,                 # [R] fp32: 1/T, -1 on greedy rows
@@ -31,9 +48,11 @@ def _row_stats_kernel(
     log_min_p_ptr,                # [R] fp32: log(min_p), -inf = off
     seed_ptr, pos_ptr,            # [R] int64
     tile_max_ptr,                 # [R, NT] fp32 out
-    part_f_ptr,                   # [R, S, 3] fp32 out: max, sumexp, best score
+    part_f_ptr,                   # [R, S, 4] fp32 out: max, sumexp, best score, finite tokens
     part_i_ptr,                   # [R, S] int32 out: best index
-    V, NT, TILES_PER_PROG, S, stream,
+    hist_ptr,                     # [R, S * ITERS, HIST_BINS] int16 out (filtered rows)
+    hist_top_ptr,                 # [R, S * ITERS] int32 out: a(block max) (filtered rows)
+    V, NT, TILES_PER_PROG, S, stream, ITERS,
     TILE: tl.constexpr, TPB: tl.constexpr,
 ):
     # The block is [TPB tiles, TILE]: a tile row lies inside one warp, so the per-tile
@@ -48,6 +67,7 @@ def _row_stats_kernel(
     k = tl.load(top_k_ptr + r)
     unfiltered = (inv_t > 0) & ((k <= 0) | (k >= V)) & (tl.load(top_p_ptr + r) >= 1.0)
     unfiltered = unfiltered & (tl.load(log_min_p_ptr + r) == float("-inf"))
+    filtered = (inv_t > 0) & ~unfiltered
     seed = tl.load(seed_ptr + r)
     pos = tl.load(pos_ptr + r)
 
@@ -60,7 +80,9 @@ def _row_stats_kernel(
     z_slot = tl.zeros([TPB], tl.float32)
     b_slot = tl.zeros([TPB], tl.float32)       # best exp(x - m_slot) / E
     i_slot = tl.full([TPB], _BIG, tl.int32)
-    for t0 in range(t_begin, t_end, TPB):
+    n_fin = tl.zeros([TPB], tl.int32)
+    for it in range(0, ITERS):
+        t0 = t_begin + it * TPB
         tile = t0 + tt[:, None]
         offs = tile * TILE + cols                             # [TPB, TILE]
         ok = (offs < V) & (tile < t_end)
@@ -73,6 +95,16 @@ def _row_stats_kernel(
         alpha = tl.exp(m_slot - m_ref)
         e = tl.exp(x - m_ref[:, None])
         z_slot = z_slot * alpha + tl.sum(e, axis=1)
+        n_fin += tl.sum((x > float("-inf")).to(tl.int32), axis=1)
+        if filtered:
+            blk = (r * S + s).to(tl.int64) * ITERS + it
+            bmax = tl.max(tmax, axis=0)
+            top = tl.where(bmax > float("-inf"), grid_bin(bmax), _NO_TOP)
+            j = top - grid_bin(x)
+            j = tl.where(x > float("-inf"), tl.minimum(j, _HB - 2), _HB - 1)
+            h = tl.histogram(tl.reshape(j, [TPB * TILE], can_reorder=True), _HB)   # order is irrelevant
+            tl.store(hist_ptr + blk * _HB + tl.arange(0, _HB), h.to(tl.int16))
+            tl.store(hist_top_ptr + blk, top)
         if unfiltered:
             # call index written so that the compiler sees the 4 tokens of a thread share it
             w0, w1, w2, w3 = random_words(seed, pos, stream, tile * (TILE // 4) + (cols >> 2))
@@ -91,9 +123,10 @@ def _row_stats_kernel(
     best = tl.max(sb, axis=0)
     bidx = tl.min(tl.where(sb == best, i_slot, _BIG), axis=0)
     base = (r * S + s).to(tl.int64)
-    tl.store(part_f_ptr + base * 3 + 0, m)
-    tl.store(part_f_ptr + base * 3 + 1, z)
-    tl.store(part_f_ptr + base * 3 + 2, best)
+    tl.store(part_f_ptr + base * 4 + 0, m)
+    tl.store(part_f_ptr + base * 4 + 1, z)
+    tl.store(part_f_ptr + base * 4 + 2, best)
+    tl.store(part_f_ptr + base * 4 + 3, tl.sum(n_fin, axis=0).to(tl.float32))
     tl.store(part_i_ptr + base, bidx)
 
 
@@ -106,6 +139,13 @@ def tile_size(vocab_size: int) -> int:
     return max(128, _next_pow2(-(-vocab_size // 1024)))
 
 
+def pass1_geometry(num_tiles: int, tile: int, num_chunks: int, block: int = 2048) -> tuple[int, int, int]:
+    """(tiles per program, tiles per block TPB, blocks per program) of pass 1."""
+    tiles_per_prog = -(-num_tiles // num_chunks)
+    tpb = min(max(1, block // tile), _next_pow2(tiles_per_prog))
+    return tiles_per_prog, tpb, -(-tiles_per_prog // tpb)
+
+
 def row_stats_pass(
     logits,            # [R, V] fp32/bf16/fp16, unit column stride
     inv_temperature,   # [R] fp32
@@ -116,19 +156,20 @@ def row_stats_pass(
     tile: int,
     num_chunks: int,
     tile_max,          # [R, NT] fp32 out
-    part_f,            # [R, S, 3] fp32 out
+    part_f,            # [R, S, 4] fp32 out
     part_i,            # [R, S] int32 out
+    hist,              # [R, S * iters, HIST_BINS] int16 out (see blocks_per_row)
+    hist_top,          # [R, S * iters] int32 out
     block: int = 2048,
     num_warps: int = 4,
 ):
     """Launch pass 1 over `num_chunks` programs per row (see module docstring)."""
     R, V = logits.shape
     NT = tile_max.shape[1]
-    tiles_per_prog = -(-NT // num_chunks)
-    tpb = min(max(1, block // tile), _next_pow2(tiles_per_prog))
+    tiles_per_prog, tpb, iters = pass1_geometry(NT, tile, num_chunks, block)
     _row_stats_kernel[(R, num_chunks)](
         logits, logits.stride(0), inv_temperature, top_k, top_p, log_min_p,
-        seeds, positions, tile_max, part_f, part_i,
-        V, NT, tiles_per_prog, num_chunks, stream,
+        seeds, positions, tile_max, part_f, part_i, hist, hist_top,
+        V, NT, tiles_per_prog, num_chunks, stream, iters,
         TILE=tile, TPB=tpb, num_warps=num_warps, maxnreg=96,   # 5 programs per SM, no spill
     )

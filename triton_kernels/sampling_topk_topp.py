@@ -34,7 +34,9 @@ import triton.language as tl
 
 from .rng import exponential, random_words
 from .sampling_common import float_key, key_float, pack_key, select_word, token_noise, unpack_key
-from .sampling_stats import _next_pow2, row_stats_pass, tile_size
+from .sampling_select import (COLLECT, DONE, DRAW, FALLBACK, STATE_F, STATE_I, SUB_BINS, _collect_kernel,
+                              _refine_combine_kernel, _refine_kernel, plan_filtered, refine_geometry)
+from .sampling_stats import HIST_BINS, _next_pow2, pass1_geometry, row_stats_pass, tile_size
 
 _BIG = tl.constexpr(2147483647)
 _PAD_KEY = tl.constexpr(-9187343241974906880)  # pack_key(-inf, 0): sorts after every candidate
@@ -360,46 +362,17 @@ def _resolve_filtered(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p,
     return tau, tok, kept_mass
 
 
-@triton.jit(do_not_specialize=["NT", "S", "stream"])
-def _sample_resolve_kernel(
-    logits_ptr, stride_row,            # [R, V] fp32/bf16/fp16, unit column stride
-    inv_temp_ptr,                      # [R] fp32: 1/T, -1 on greedy rows
-    top_k_ptr, top_p_ptr,              # [R] int32 / fp32
-    log_min_p_ptr,                     # [R] fp32: log(min_p), -inf = off
-    seed_ptr, pos_ptr,                 # [R] int64
-    tile_max_ptr,                      # [R, NT] fp32 (pass 1)
-    part_f_ptr, part_i_ptr,            # [R, S, 3] fp32, [R, S] int32 (pass 1)
-    list_ptr,                          # [R, NT_P2] int32 scratch
-    cand_ptr,                          # [R, CAP] int64 scratch
-    tok_ptr,                           # [R] int64 out
-    thr_ptr, rmax_ptr, lnorm_ptr,      # [R] fp32 out
-    V, NT, S, stream,
-    TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr, S_P2: tl.constexpr, CAP: tl.constexpr,
-    GUESS: tl.constexpr,
-):
-    r = tl.program_id(0)
-    r64 = r.to(tl.int64)
-    row = logits_ptr + r64 * stride_row
-    tm_row = tile_max_ptr + r64 * NT
-    list_row = list_ptr + r64 * NT_P2
-    cand_row = cand_ptr + r64 * CAP
-    inv_t = tl.load(inv_temp_ptr + r)
-    scale = tl.where(inv_t > 0, inv_t, 1.0)
-    k = tl.load(top_k_ptr + r)
-    p = tl.load(top_p_ptr + r)
-    lmp = tl.load(log_min_p_ptr + r)
-    has_k = (k > 0) & (k < V)
-    has_p = p < 1.0
-    has_mp = lmp > float("-inf")
-    seed = tl.load(seed_ptr + r)
-    pos = tl.load(pos_ptr + r)
-
+@triton.jit
+def _combine_chunks(part_f_ptr, part_i_ptr, r, S, S_P2: tl.constexpr):
+    """Row max m, normaliser Z = sum exp(x - m), the unfiltered draw of pass 1 and the
+    number of finite tokens."""
     si = tl.arange(0, S_P2)
     sm = si < S
     pb = (r * S + si).to(tl.int64)
-    m_s = tl.load(part_f_ptr + pb * 3 + 0, mask=sm, other=float("-inf"))
-    z_s = tl.load(part_f_ptr + pb * 3 + 1, mask=sm, other=0.0)
-    b_s = tl.load(part_f_ptr + pb * 3 + 2, mask=sm, other=0.0)
+    m_s = tl.load(part_f_ptr + pb * 4 + 0, mask=sm, other=float("-inf"))
+    z_s = tl.load(part_f_ptr + pb * 4 + 1, mask=sm, other=0.0)
+    b_s = tl.load(part_f_ptr + pb * 4 + 2, mask=sm, other=0.0)
+    n_fin = tl.sum(tl.load(part_f_ptr + pb * 4 + 3, mask=sm, other=0.0), axis=0).to(tl.int32)
     i_s = tl.load(part_i_ptr + pb, mask=sm, other=_BIG)
     m = tl.max(m_s, axis=0)
     w_s = tl.exp(m_s - tl.where(m == float("-inf"), 0.0, m))
@@ -407,42 +380,213 @@ def _sample_resolve_kernel(
     sb = b_s * w_s
     bb = tl.max(sb, axis=0)
     bidx = tl.min(tl.where(sm & (sb == bb), i_s, _BIG), axis=0)
+    return m, z, bidx, n_fin
+
+
+@triton.jit(do_not_specialize=["NT", "S", "NBLK"])
+def _plan_kernel(
+    logits_ptr, stride_row,            # [R, V] fp32/bf16/fp16, unit column stride
+    inv_temp_ptr,                      # [R] fp32: 1/T, -1 on greedy rows
+    top_k_ptr, top_p_ptr,              # [R] int32 / fp32
+    log_min_p_ptr,                     # [R] fp32: log(min_p), -inf = off
+    tile_max_ptr,                      # [R, NT] fp32 (pass 1)
+    part_f_ptr, part_i_ptr,            # [R, S, 4] fp32, [R, S] int32 (pass 1)
+    hist_ptr, hist_top_ptr,            # [R, NBLK, HB] int16, [R, NBLK] int32 (pass 1)
+    tok_ptr,                           # [R] int64 out
+    thr_ptr, rmax_ptr, lnorm_ptr,      # [R] fp32 out
+    st_i_ptr, st_f_ptr,                # [R, 4] int32, [R, 6] fp32 out: row states
+    V, NT, S, NBLK,
+    TILE: tl.constexpr, NT_P2: tl.constexpr, S_P2: tl.constexpr, CAP: tl.constexpr,
+    GB: tl.constexpr, SELECT: tl.constexpr, HB: tl.constexpr,
+):
+    """Rows without a threshold get their token here; the others a plan (sampling_select.py)."""
+    r = tl.program_id(0)
+    r64 = r.to(tl.int64)
+    inv_t = tl.load(inv_temp_ptr + r)
+    k = tl.load(top_k_ptr + r)
+    p = tl.load(top_p_ptr + r)
+    lmp = tl.load(log_min_p_ptr + r)
+    has_k = (k > 0) & (k < V)
+    has_p = p < 1.0
+    has_mp = lmp > float("-inf")
+    m, z, bidx, n_fin = _combine_chunks(part_f_ptr, part_i_ptr, r, S, S_P2)
     invalid = (z != z) | (m == float("-inf")) | (m == float("inf"))
 
+    mode = r * 0 + DONE
     tok = r * 0 - 1
     tau = tl.full([], float("nan"), tl.float32)
     lnorm = tl.full([], float("nan"), tl.float32)
+    lo = tl.full([], 0.0, tl.float32)
+    hi = lo
+    tau_min = tl.where(has_mp, m + lmp, float("-inf"))
+    t1_exact = has_mp & ~has_k
     if ~invalid:
         tau = tl.full([], float("-inf"), tl.float32)
         lnorm = tl.log(z)
         if inv_t <= 0:
-            tok = _first_argmax(row, tm_row, NT, m, V, TILE, NT_P2)
+            tok = _first_argmax(logits_ptr + r64 * stride_row, tile_max_ptr + r64 * NT, NT, m, V, TILE, NT_P2)
         elif (~has_k) & (~has_p) & (~has_mp):
             tok = bidx
+        elif SELECT:
+            mode, lo, hi, t1_exact = plan_filtered(hist_ptr + r64 * NBLK * HB, hist_top_ptr + r64 * NBLK, NBLK, n_fin,
+                                                   m, z, k, p, tau_min, has_k, has_p, has_mp, CAP, GB)
+        elif (~has_k) & (~has_p):
+            mode = r * 0 + DRAW
         else:
-            tau = tl.where(has_mp, m + lmp, float("-inf"))
-            if has_k | has_p:
-                # guesses of lower bounds of the cuts, from the sorted tile maxima alone
-                t = tl.arange(0, NT_P2)
-                stm = tl.sort(tl.load(tm_row + t, mask=t < NT, other=float("-inf")), 0, True)
-                c_k = tl.max(tl.where(t == k - 1, stm, float("-inf")), axis=0)
-                cm = tl.cumsum(tl.where(stm > float("-inf"), tl.exp(stm - m), 0.0), axis=0)
-                c_p = tl.max(tl.where(t == tl.sum((cm < p * z).to(tl.int32), axis=0), stm, float("-inf")), axis=0)
-                if not GUESS:                   # test knob: start from the max, a wrong guess
-                    c_k = m
-                    c_p = m
-                tau, tok, lnorm_m = _resolve_filtered(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p,
-                                                      tau, has_k, has_p, c_k, c_p, seed, pos, stream,
-                                                      TILE, G, NT_P2, CAP)
-                lnorm = tl.log(lnorm_m)
-            if tok < 0:
-                tok, mass = _draw_tiles(row, tm_row, list_row, V, NT, scale, m, tau, seed, pos, stream,
-                                        TILE, G, NT_P2)
-                lnorm = tl.log(mass)
+            mode = r * 0 + FALLBACK
     tl.store(tok_ptr + r, tok.to(tl.int64))
     tl.store(thr_ptr + r, tau)
     tl.store(rmax_ptr + r, tl.where(invalid, float("nan"), m))
     tl.store(lnorm_ptr + r, lnorm)
+    tl.store(st_i_ptr + r * 4, mode)
+    tl.store(st_i_ptr + r * 4 + 1, 0)
+    tl.store(st_i_ptr + r * 4 + 2, t1_exact.to(tl.int32))
+    tl.store(st_f_ptr + r * 6 + 0, m)
+    tl.store(st_f_ptr + r * 6 + 1, z)
+    tl.store(st_f_ptr + r * 6 + 2, lo)
+    tl.store(st_f_ptr + r * 6 + 3, hi)
+    tl.store(st_f_ptr + r * 6 + 4, tau_min)
+    tl.store(st_f_ptr + r * 6 + 5, -1.0)
+
+
+@triton.jit
+def _finish_collected(cand_row, n_cand, n_above, m_above, m_min, best_a, tok_a, m, z, k, p, tau_min, lo, hi,
+                      target, has_k, has_p, seed, pos, stream, CAP: tl.constexpr):
+    """Exact thresholds from the sorted candidates [lo, hi), the exact count / mass above hi
+    and the exact mass m_min above the min-p threshold tau_min.
+
+    Returns (ok, tau, token, kept mass); ok is False when an assumption of the plan fails
+    (then the exact search decides).
+    """
+    ok = n_cand <= CAP
+    n = tl.minimum(n_cand, CAP)
+    sx, sidx, valid, i = _sorted_candidates(cand_row, n, CAP)
+    e = tl.where(valid, tl.exp(sx - m), 0.0)
+    t1 = tau_min
+    if has_k:
+        kk = k - n_above
+        v_k = tl.max(tl.where(i == kk - 1, sx, float("-inf")), axis=0)
+        ok = ok & (kk > 0) & ((kk <= n) | (tau_min >= lo))
+        t1 = tl.maximum(tau_min, tl.where(kk <= n, v_k, float("-inf")))
+    tau = t1
+    if has_p:
+        if target < 0.0:       # not known from the refine pass: p * mass(x >= t1)
+            m_t1 = m_above + tl.sum(tl.where(sx >= t1, e, 0.0), axis=0)
+            ok = ok & ((t1 == tau_min) | (t1 >= lo))
+            m_t1 = tl.where(t1 == tau_min, tl.where(t1 == float("-inf"), z, m_min), m_t1)
+            target = p * m_t1
+        cum = m_above + tl.cumsum(e, axis=0)
+        jp = tl.sum((valid & (cum < target)).to(tl.int32), axis=0)
+        ok = ok & (m_above < target) & (jp < n)
+        tau = tl.maximum(t1, tl.max(tl.where(i == jp, sx, float("-inf")), axis=0))
+    ok = ok & (tau <= hi) & (tau >= lo)
+    kept = valid & (sx >= tau)
+    sc = tl.where(kept, e / token_noise(seed, pos, stream, sidx), -1.0)
+    bs = tl.max(sc, axis=0)
+    bi = tl.min(tl.where(kept & (sc == bs), sidx, _BIG), axis=0)
+    better = (bs > best_a) | ((bs == best_a) & (bi < tok_a))
+    tok = tl.where(better, bi, tok_a)
+    return ok, tau, tok, m_above + tl.sum(tl.where(kept, e, 0.0), axis=0)
+
+
+@triton.jit(do_not_specialize=["NT", "S3", "stream"])
+def _finish_kernel(
+    logits_ptr, stride_row,            # [R, V] fp32/bf16/fp16, unit column stride
+    inv_temp_ptr,                      # [R] fp32: 1/T, -1 on greedy rows
+    top_k_ptr, top_p_ptr,              # [R] int32 / fp32
+    seed_ptr, pos_ptr,                 # [R] int64
+    tile_max_ptr,                      # [R, NT] fp32 (pass 1)
+    st_i_ptr, st_f_ptr,                # [R, 4] int32, [R, 6] fp32 row states
+    cn_ptr, cf_ptr, ci_ptr,            # collect partials [R, S3] int32, [R, S3, 3] fp32, [R, S3] int32
+    list_ptr,                          # [R, NT_P2] int32 scratch
+    cand_ptr,                          # [R, CAP] int64 (collected candidates; scratch of the search)
+    tok_ptr,                           # [R] int64 out
+    thr_ptr, lnorm_ptr,                # [R] fp32 out
+    V, NT, S3, stream,
+    TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr, CAP: tl.constexpr,
+    GS: tl.constexpr, GUESS: tl.constexpr, SMALL: tl.constexpr,
+):
+    r = tl.program_id(0)
+    mode = tl.load(st_i_ptr + r * 4)
+    if mode != DONE:
+        r64 = r.to(tl.int64)
+        row = logits_ptr + r64 * stride_row
+        tm_row = tile_max_ptr + r64 * NT
+        list_row = list_ptr + r64 * NT_P2
+        cand_row = cand_ptr + r64 * CAP
+        inv_t = tl.load(inv_temp_ptr + r)
+        scale = tl.where(inv_t > 0, inv_t, 1.0)
+        k = tl.load(top_k_ptr + r)
+        p = tl.load(top_p_ptr + r)
+        has_k = (k > 0) & (k < V)
+        has_p = p < 1.0
+        seed = tl.load(seed_ptr + r)
+        pos = tl.load(pos_ptr + r)
+        m = tl.load(st_f_ptr + r * 6 + 0)
+        z = tl.load(st_f_ptr + r * 6 + 1)
+        lo = tl.load(st_f_ptr + r * 6 + 2)
+        hi = tl.load(st_f_ptr + r * 6 + 3)
+        tau_min = tl.load(st_f_ptr + r * 6 + 4)
+        target = tl.load(st_f_ptr + r * 6 + 5)
+        tau = tau_min
+        tok = r * 0 - 1
+        mass = tl.full([], 0.0, tl.float32)
+        if (mode == COLLECT) | (mode == DRAW):
+            # collect partials, in a fixed order
+            n_above = r * 0
+            m_t1 = tl.full([], 0.0, tl.float32)
+            best = tl.full([], -1.0, tl.float32)
+            tok_a = r * 0 + _BIG
+            for c0 in range(0, S3, GS):
+                cc = c0 + tl.arange(0, GS)
+                cm = cc < S3
+                base = (r * S3 + cc).to(tl.int64)
+                n_above += tl.sum(tl.load(cn_ptr + base, mask=cm, other=0), axis=0)
+                mass += tl.sum(tl.load(cf_ptr + base * 3, mask=cm, other=0.0), axis=0)
+                m_t1 += tl.sum(tl.load(cf_ptr + base * 3 + 2, mask=cm, other=0.0), axis=0)
+                bs = tl.load(cf_ptr + base * 3 + 1, mask=cm, other=-1.0)
+                bi = tl.load(ci_ptr + base, mask=cm, other=_BIG)
+                gb = tl.max(bs, axis=0)
+                gi = tl.min(tl.where(bs == gb, bi, _BIG), axis=0)
+                better = (gb > best) | ((gb == best) & (gi < tok_a))
+                best = tl.where(better, gb, best)
+                tok_a = tl.where(better, gi, tok_a)
+            if mode == DRAW:
+                tok = tok_a
+            else:
+                n_cand = tl.load(st_i_ptr + r * 4 + 1)
+                t1_exact = tl.load(st_i_ptr + r * 4 + 2) != 0
+                if n_cand <= SMALL:   # sort what is there: most brackets hold a few hundred tokens
+                    ok, tau, tok, mass = _finish_collected(cand_row, n_cand, n_above, mass, m_t1, best, tok_a, m, z,
+                                                           k, p, tau_min, lo, hi, target, has_k & ~t1_exact, has_p,
+                                                           seed, pos, stream, SMALL)
+                else:
+                    ok, tau, tok, mass = _finish_collected(cand_row, n_cand, n_above, mass, m_t1, best, tok_a, m, z,
+                                                           k, p, tau_min, lo, hi, target, has_k & ~t1_exact, has_p,
+                                                           seed, pos, stream, CAP)
+                if ~ok:
+                    mode = r * 0 + FALLBACK
+                    tau = tau_min
+        if mode == FALLBACK:
+            # the exact single-program search: guesses of lower bounds of the cuts from the sorted tile maxima
+            t = tl.arange(0, NT_P2)
+            stm = tl.sort(tl.load(tm_row + t, mask=t < NT, other=float("-inf")), 0, True)
+            c_k = tl.max(tl.where(t == k - 1, stm, float("-inf")), axis=0)
+            cmass = tl.cumsum(tl.where(stm > float("-inf"), tl.exp(stm - m), 0.0), axis=0)
+            c_p = tl.max(tl.where(t == tl.sum((cmass < p * z).to(tl.int32), axis=0), stm, float("-inf")), axis=0)
+            if not GUESS:                   # test knob: start from the max, a wrong guess
+                c_k = m
+                c_p = m
+            tau, tok, mass = _resolve_filtered(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p,
+                                               tau_min, has_k, has_p, c_k, c_p, seed, pos, stream,
+                                               TILE, G, NT_P2, CAP)
+            if tok < 0:
+                tok, mass = _draw_tiles(row, tm_row, list_row, V, NT, scale, m, tau, seed, pos, stream,
+                                        TILE, G, NT_P2)
+        tl.store(tok_ptr + r, tok.to(tl.int64))
+        tl.store(thr_ptr + r, tau)
+        tl.store(lnorm_ptr + r, tl.log(mass))
+        tl.store(st_i_ptr + r * 4, mode)         # the path taken (sample_top_k_top_p_triton's `paths`)
 
 
 def sample_top_k_top_p_triton(
@@ -459,14 +603,19 @@ def sample_top_k_top_p_triton(
     tile: int | None = None,
     num_chunks: int | None = None,
     guess: bool = True,
+    select: bool = True,
+    paths: dict | None = None,
 ):
-    """Two launches: pass 1 (row statistics, tile maxima) then pass 2 (thresholds + draw).
+    """Pass 1 (row statistics, tile maxima, histograms), plan, refine, collect and finish.
 
     Returns (tokens [R] int64, threshold [R] fp32, row_max [R] fp32, log_norm [R] fp32).
     Inputs are assumed checked (see specops.sampling.topk_topp). `cap` (candidates sorted
     per row), `tile` and `num_chunks` (programs per row in pass 1) are tuning knobs; tests
-    shrink them to reach every path at small vocabularies; `guess=False` starts every
-    threshold search from the row max instead of the tile-maxima bounds (to test retries).
+    shrink them to reach every path at small vocabularies; `guess=False` starts the exact
+    search from the row max instead of the tile-maxima bounds (to test retries) and
+    `select=False` sends every filtered row to that search (sampling_select.py skipped).
+    `paths`, when a dict, receives "mode": [R] int32, the path each row took
+    (sampling_select.DONE / DRAW / COLLECT / FALLBACK).
     """
     R, V = logits.shape
     dev = logits.device
@@ -495,19 +644,51 @@ def sample_top_k_top_p_triton(
         top_p = torch.ones(R, dtype=torch.float32, device=dev)
     # log(min_p) once, in torch, so that the kernels and the reference share its rounding
     log_min_p = (torch.full((R,), float("-inf"), device=dev) if min_p is None else torch.log(min_p))
-    tile_max = torch.empty(R, NT, dtype=torch.float32, device=dev)
-    part_f = torch.empty(R, S, 3, dtype=torch.float32, device=dev)
-    part_i = torch.empty(R, S, dtype=torch.int32, device=dev)
-    tile_list = torch.empty(R, NT_P2, dtype=torch.int32, device=dev)
+    _, _, iters = pass1_geometry(NT, tile, S)
+    nblk = S * iters
+    s3, bpp = refine_geometry(V)
+    f32, i32 = torch.float32, torch.int32
+    tile_max = torch.empty(R, NT, dtype=f32, device=dev)
+    part_f = torch.empty(R, S, 4, dtype=f32, device=dev)
+    part_i = torch.empty(R, S, dtype=i32, device=dev)
+    hist = torch.empty(R, nblk, HIST_BINS, dtype=torch.int16, device=dev)
+    hist_top = torch.empty(R, nblk, dtype=i32, device=dev)
+    st_i = torch.empty(R, STATE_I, dtype=i32, device=dev)
+    st_f = torch.empty(R, STATE_F, dtype=f32, device=dev)
+    h2 = torch.empty(R, s3, SUB_BINS, dtype=i32, device=dev)
+    pn = torch.empty(R, s3, dtype=i32, device=dev)
+    pf = torch.empty(R, s3, 3, dtype=f32, device=dev)
+    pi = torch.empty(R, s3, dtype=i32, device=dev)
+    tile_list = torch.empty(R, NT_P2, dtype=i32, device=dev)
     cand = torch.empty(R, cap, dtype=torch.int64, device=dev)
     row_stats_pass(logits, inv_temperature, top_k, top_p, log_min_p, seeds, positions, stream, tile, S,
-                   tile_max, part_f, part_i)
-    _sample_resolve_kernel[(R,)](
+                   tile_max, part_f, part_i, hist, hist_top)
+    _plan_kernel[(R,)](
         logits, logits.stride(0), inv_temperature, top_k, top_p, log_min_p,
-        seeds, positions, tile_max, part_f, part_i, tile_list, cand,
-        tokens, thr, rmax, lnorm,
-        V, NT, S, stream,
-        TILE=tile, G=G, NT_P2=NT_P2, S_P2=MAX_CHUNKS, CAP=cap, GUESS=guess,
+        tile_max, part_f, part_i, hist, hist_top, tokens, thr, rmax, lnorm, st_i, st_f,
+        V, NT, S, nblk,
+        TILE=tile, NT_P2=NT_P2, S_P2=MAX_CHUNKS, CAP=cap, GB=32, SELECT=select, HB=HIST_BINS, num_warps=8,
+    )
+    if paths is not None:
+        paths["planned"] = st_i[:, 0].clone()
+    if select:
+        for last in (False, True):
+            _refine_kernel[(R, s3)](logits, logits.stride(0), inv_temperature, st_i, st_f, h2, pn, pf,
+                                    V, s3, bpp, BLOCK=2048, num_warps=8)
+            _refine_combine_kernel[(R,)](top_k, top_p, st_i, st_f, h2, pn, pf, s3, CAP=cap, GS=32, LAST=last,
+                                         num_warps=4)
+    if paths is not None:
+        paths["refined"] = st_i[:, 0].clone()
+        paths["state"] = st_f.clone()
+    _collect_kernel[(R, s3)](logits, logits.stride(0), inv_temperature, seeds, positions, st_i, st_f, cand,
+                             pn, pf, pi, V, s3, bpp, stream, BLOCK=2048, CAP=cap, num_warps=8)
+    _finish_kernel[(R,)](
+        logits, logits.stride(0), inv_temperature, top_k, top_p, seeds, positions, tile_max,
+        st_i, st_f, pn, pf, pi, tile_list, cand, tokens, thr, lnorm,
+        V, NT, s3, stream,
+        TILE=tile, G=G, NT_P2=NT_P2, CAP=cap, GS=64, GUESS=guess, SMALL=min(256, cap),
         num_warps=8, maxnreg=128,   # 2 programs per SM (a few cold scalars spill)
     )
+    if paths is not None:
+        paths["mode"] = st_i[:, 0]
     return tokens, thr, rmax, lnorm

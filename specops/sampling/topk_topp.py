@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from specops import rng
-from specops._arg_checks import check_1d
+from specops._arg_checks import check_1d, dense
 
 from .sampler_torch import SampleResult, sample_torch
 
@@ -108,7 +108,8 @@ def sample(
     from specops.triton_kernels.sampling_topk_topp import sample_top_k_top_p_triton
 
     tokens, thr, rmax, lnorm = sample_top_k_top_p_triton(
-        logits, inv_temperature, top_k, top_p, min_p, seeds, positions, stream, **kernel_options)
+        logits, dense(inv_temperature), dense(top_k), dense(top_p), dense(min_p), dense(seeds), dense(positions),
+        stream, **kernel_options)
     return SampleResult(tokens=tokens, threshold=thr, row_max=rmax, log_norm=lnorm)
 
 

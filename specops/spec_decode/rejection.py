@@ -15,7 +15,7 @@ import torch
 
 from specops.spec_decode.metadata import MAX_SPEC_LEN
 from specops.spec_decode.rejection_torch import rejection_sample_torch
-from specops._arg_checks import check_1d
+from specops._arg_checks import check_1d, dense
 from specops.triton_kernels.rejection_recover import rejection_recover_pass
 from specops.triton_kernels.rejection_sample import chunk_size, rejection_sample_pass
 
@@ -211,12 +211,14 @@ def rejection_sample(
     if fuse_recover is None:
         fuse_recover = False
     fuse = bool(fuse_recover) and draft_probs is None and is_greedy is not True
-    args = dict(target_rows=target_rows, draft_token_ids=draft_token_ids.contiguous(),
-                draft_probs=draft_probs, cu_num_draft_tokens=cu_num_draft_tokens.contiguous(),
-                temperature=temperature, inv_temperature=inv_temperature, threshold=threshold, seeds=seeds,
-                has_seed=has_seed, positions=positions, step=step, engine_seed=engine_seed)
+    args = dict(target_rows=dense(target_rows), draft_token_ids=dense(draft_token_ids),
+                draft_probs=draft_probs, cu_num_draft_tokens=dense(cu_num_draft_tokens),
+                temperature=dense(temperature), inv_temperature=dense(inv_temperature), threshold=dense(threshold),
+                seeds=dense(seeds), has_seed=dense(has_seed), positions=dense(positions), step=step,
+                engine_seed=engine_seed)
+    is_greedy = dense(is_greedy)
     chunk = chunk_size(vocab)
-    rec_j, rec_ms = rejection_sample_pass(out, logits, bonus_token_ids=bonus_token_ids.contiguous(),
+    rec_j, rec_ms = rejection_sample_pass(out, logits, bonus_token_ids=dense(bonus_token_ids),
                                           is_greedy=is_greedy, fuse_race=fuse, chunk=chunk, **args)
     if not fuse and is_greedy is not True:
         rejection_recover_pass(out, logits, rec_j=rec_j, rec_ms=rec_ms, chunk=chunk, **args)

@@ -1,0 +1,341 @@
+"""Sampling, the threshold search spread over the whole GPU: plan, refine, collect.
+
+Between pass 1 (sampling_stats.py) and the finish (sampling_topk_topp.py) a row with
+top-k / top-p / min-p goes through at most four small launches, each one read of the
+row at most, many programs per row, no host sync:
+
+1. plan (one program per row): adds up the row's level-1 count histogram (pass 1, bins of
+   1/2 unit aligned on the row max) and bounds the thresholds with it. Counts are exact,
+   so the bin of the k-th largest value is known; a bin's mass lies between its count
+   times exp(bin floor - m) and times exp(bin ceiling - m), which brackets the top-p cut
+   between two bins. The row gets a bracket [lo, hi) of values and a mode:
+   - DRAW: the threshold is already exact (min_p alone, or min_p above the top-k bin);
+   - COLLECT: the bracket holds at most CAP tokens;
+   - REFINE_COUNT / REFINE_MASS: more than CAP tokens: a finer histogram is needed;
+   - FALLBACK: anything the bounds cannot settle (the k-th value or the top-p cut below
+     the 31-unit window, top-k with top-p and a huge k): the exact single-program
+     search of sampling_topk_topp.py.
+2. refine (programs per row), twice: 63 equal sub-bins of [lo, hi), the exact count and
+   mass above hi and in [lo, hi) and the exact mass above the min-p threshold;
+   refine_combine narrows the bracket to a few sub-bins (COLLECT when they hold at most
+   CAP tokens, else another round, after the last FALLBACK).
+3. collect (programs per row): stores every token of [lo, hi) as a sortable key, and the
+   exact count, mass and best exponential-race score of the tokens >= hi (all kept).
+
+The finish sorts the candidates and decides the exact thresholds, checking every
+assumption the bounds made (a failed check falls back to the exact search), so the
+histograms only steer the search: its result never depends on them.
+Partial sums are added in a fixed order and the program geometry depends on the
+vocabulary only, so a row's result does not depend on the batch.
+"""
+
+import triton
+import triton.language as tl
+
+from .rng import exponential, random_words
+from .sampling_common import pack_key, select_word
+from .sampling_stats import _HB, _NO_TOP, _W, grid_bin
+
+DONE = tl.constexpr(0)
+DRAW = tl.constexpr(1)
+REFINE_COUNT = tl.constexpr(2)
+REFINE_MASS = tl.constexpr(3)
+COLLECT = tl.constexpr(4)
+FALLBACK = tl.constexpr(5)
+
+SUB_BINS = 64                  # refine: 63 sub-bins + nothing, two rounds
+_SB = tl.constexpr(SUB_BINS)
+STATE_I = 4                    # per row int32: mode, candidate count, min-p above the k-th value, -
+STATE_F = 6                    # per row fp32: m, z, lo, hi, t1 (min-p threshold or -inf), target
+_BIG = tl.constexpr(1 << 20)
+_IMAX = tl.constexpr(2147483647)
+_LO_SAFE = tl.constexpr(0.99999)   # margins on the mass bounds (exp rounding): the finish checks anyway
+_HI_SAFE = tl.constexpr(1.00001)
+
+
+@triton.jit
+def _row_histogram(hist_row, top_row, NBLK, A, GB: tl.constexpr):
+    """Level-1 counts of one row aligned on its top bin A ([_HB] int32; bin J holds the tokens
+    with grid_bin(x) = A - J, J < _HB - 2)."""
+    J = tl.arange(0, _HB)
+    H = tl.zeros([_HB], tl.int32)
+    for b0 in range(0, NBLK, GB):
+        b = b0 + tl.arange(0, GB)
+        bm = b < NBLK
+        top = tl.load(top_row + b, mask=bm, other=_NO_TOP)
+        d = tl.minimum(A - top, _HB)                       # >= 0: A is the row's top bin
+        src = J[None, :] - d[:, None]
+        ok = bm[:, None] & (src >= 0) & (src < _HB - 2)
+        H += tl.sum(tl.load(hist_row + b.to(tl.int64)[:, None] * _HB + src, mask=ok, other=0).to(tl.int32), axis=0)
+    return H
+
+
+@triton.jit
+def plan_filtered(hist_row, top_row, NBLK, n_fin, m, z, k, p, tau_min, has_k, has_p, has_mp,
+                  CAP: tl.constexpr, GB: tl.constexpr):
+    """(mode, lo, hi, t1_exact) of a row with top-k, top-p or min-p (see the module docstring).
+
+    t1_exact: min_p is on and its threshold lies in a higher bin than the k-th value (or
+    top-k is off), so the top-k cut is below it and drops nothing more. hi = +inf when
+    every token >= lo fits in the candidates (the finish then needs nothing else).
+    """
+    W = _HB - 2
+    A = grid_bin(m)
+    H = _row_histogram(hist_row, top_row, NBLK, A, GB)
+    J = tl.arange(0, _HB)
+    inw = J < W
+    cntc = tl.cumsum(H, axis=0)
+    Jk = tl.where(has_k, tl.sum((inw & (cntc < k)).to(tl.int32), axis=0), _BIG)   # W: not in the window
+    J_min = tl.where(has_mp, tl.minimum(tl.maximum(A - grid_bin(tau_min), 0), _BIG), _BIG)
+    J_t1 = tl.minimum(Jk, J_min)
+    t1_exact = has_mp & (J_min < Jk)                    # min_p lies above the k-th value's bin
+    edge = (A - J).to(tl.float32) * _W                  # floor of bin J
+    Hf = H.to(tl.float32)
+    mlo = tl.where(inw, Hf * tl.exp(edge - m) * _LO_SAFE, 0.0)
+    mhi = tl.where(inw, Hf * tl.exp(edge + _W - m) * _HI_SAFE, 0.0)
+    mode = k * 0 + FALLBACK
+    lo = tl.full([], 0.0, tl.float32)
+    hi = lo
+    J_low = J_t1
+    J_top = J_t1
+    if ~has_p:
+        if t1_exact:
+            mode = k * 0 + DRAW
+            lo = tau_min
+            hi = tau_min
+        elif Jk < W:
+            lo = (A - Jk).to(tl.float32) * _W
+            hi = lo + _W
+            c = tl.sum(tl.where(J == Jk, H, 0), axis=0)
+            mode = tl.where(c <= CAP, COLLECT, REFINE_COUNT)
+    else:
+        pure = J_t1 >= _BIG                                 # top-p over the whole row: exact target
+        exact_t1 = pure | t1_exact
+        ml = tl.sum(tl.where(J < J_t1, mlo, 0.0), axis=0)
+        mu = tl.sum(tl.where(J <= J_t1, mhi, 0.0), axis=0)
+        t_lo = tl.where(pure, p * z, p * ml)                # bounds of the top-p target mass
+        t_hi = tl.where(pure, p * z, p * mu)
+        u_above = tl.cumsum(mhi, axis=0) - mhi              # >= mass above the ceiling of bin J
+        l_incl = tl.cumsum(mlo, axis=0)                     # <= mass at or above the floor of bin J
+        if pure:   # Z is exact: bound the mass above a bin by Z minus the mass below it too
+            n_under = (n_fin - tl.sum(H, axis=0)).to(tl.float32)
+            under_hi = n_under * tl.exp((A - W + 1).to(tl.float32) * _W - m) * _HI_SAFE
+            u_above = tl.minimum(u_above, z - (tl.sum(mlo, axis=0) - tl.cumsum(mlo, axis=0) + mlo))
+            l_incl = tl.maximum(l_incl, z - (tl.sum(mhi, axis=0) - tl.cumsum(mhi, axis=0) + under_hi))
+        J_top = tl.maximum(tl.sum((inw & (u_above < t_lo)).to(tl.int32), axis=0) - 1, 0)
+        J_bot = tl.sum((inw & (l_incl < t_hi)).to(tl.int32), axis=0)
+        J_low = tl.where(exact_t1, tl.minimum(J_bot, J_t1), J_t1)
+        J_top = tl.minimum(J_top, J_low)
+        if J_low < W:
+            lo = (A - J_low).to(tl.float32) * _W
+            hi = (A - J_top + 1).to(tl.float32) * _W
+            c = tl.sum(tl.where((J >= J_top) & (J <= J_low), H, 0), axis=0)
+            mode = tl.where(c <= CAP, COLLECT, tl.where(exact_t1, REFINE_MASS, FALLBACK))
+    # every token >= lo fits in the candidates: collect them all, no race over the row
+    n_from_lo = tl.sum(tl.where(J <= tl.minimum(J_low, W - 1), H, 0), axis=0)
+    if ((mode == COLLECT) | (mode == DRAW)) & (J_low < W) & (n_from_lo <= CAP):
+        mode = k * 0 + COLLECT
+        hi = tl.full([], float("inf"), tl.float32)
+    return mode, lo, hi, t1_exact
+
+
+def refine_geometry(vocab: int, block: int = 2048, max_programs: int = 128) -> tuple[int, int]:
+    """(programs per row, blocks of `block` tokens per program) of refine and collect."""
+    blocks = -(-vocab // block)
+    per_prog = -(-blocks // max_programs)
+    return -(-blocks // per_prog), per_prog
+
+
+@triton.jit(do_not_specialize=["V", "S3", "BPP"])
+def _refine_kernel(
+    logits_ptr, stride_row,          # [R, V]
+    inv_temp_ptr,                    # [R] fp32
+    st_i_ptr, st_f_ptr,              # [R, 4] int32, [R, 6] fp32 row states
+    h2_ptr,                          # [R, S3, _SB] int32 out
+    n_ptr,                           # [R, S3] int32 out: tokens >= hi
+    mass_ptr,                        # [R, S3, 3] fp32 out: mass >= hi, mass >= t1, mass in [lo, hi)
+    V, S3, BPP,
+    BLOCK: tl.constexpr,
+):
+    r = tl.program_id(0)
+    c = tl.program_id(1)
+    mode = tl.load(st_i_ptr + r * 4)
+    if (mode == REFINE_COUNT) | (mode == REFINE_MASS):
+        row = logits_ptr + r.to(tl.int64) * stride_row
+        inv_t = tl.load(inv_temp_ptr + r)
+        m = tl.load(st_f_ptr + r * 6 + 0)
+        lo = tl.load(st_f_ptr + r * 6 + 2)
+        hi = tl.load(st_f_ptr + r * 6 + 3)
+        t1 = tl.load(st_f_ptr + r * 6 + 4)
+        inv_sw = (_SB - 1) / (hi - lo)
+        h = tl.zeros([_SB], tl.int32)
+        n_above = tl.zeros([BLOCK], tl.int32)
+        m_above = tl.zeros([BLOCK], tl.float32)
+        m_t1 = tl.zeros([BLOCK], tl.float32)
+        m_in = tl.zeros([BLOCK], tl.float32)
+        for it in range(0, BPP):
+            offs = (c * BPP + it) * BLOCK + tl.arange(0, BLOCK)
+            x = tl.load(row + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
+            fin = x > float("-inf")
+            e = tl.exp(x - m)
+            above = fin & (x >= hi)
+            n_above += above.to(tl.int32)
+            m_above += tl.where(above, e, 0.0)
+            m_t1 += tl.where(fin & (x >= t1), e, 0.0)
+            s = tl.minimum(tl.maximum((x - lo) * inv_sw, 0.0), _SB - 2.0).to(tl.int32)
+            inb = fin & (x >= lo) & (x < hi)
+            m_in += tl.where(inb, e, 0.0)
+            h += tl.histogram(tl.where(inb, s, _SB - 1), _SB)
+        base = (r * S3 + c).to(tl.int64)
+        tl.store(h2_ptr + base * _SB + tl.arange(0, _SB), h)
+        tl.store(n_ptr + base, tl.sum(n_above, axis=0))
+        tl.store(mass_ptr + base * 3, tl.sum(m_above, axis=0))
+        tl.store(mass_ptr + base * 3 + 1, tl.sum(m_t1, axis=0))
+        tl.store(mass_ptr + base * 3 + 2, tl.sum(m_in, axis=0))
+
+
+@triton.jit(do_not_specialize=["S3"])
+def _refine_combine_kernel(
+    top_k_ptr, top_p_ptr,            # [R] int32 / fp32
+    st_i_ptr, st_f_ptr,              # [R, 2] int32, [R, 6] fp32 row states (updated)
+    h2_ptr, n_ptr, mass_ptr,         # refine partials
+    S3,
+    CAP: tl.constexpr, GS: tl.constexpr, LAST: tl.constexpr,
+):
+    r = tl.program_id(0)
+    mode = tl.load(st_i_ptr + r * 4)
+    if (mode == REFINE_COUNT) | (mode == REFINE_MASS):
+        m = tl.load(st_f_ptr + r * 6 + 0)
+        z = tl.load(st_f_ptr + r * 6 + 1)
+        lo = tl.load(st_f_ptr + r * 6 + 2)
+        hi = tl.load(st_f_ptr + r * 6 + 3)
+        t1 = tl.load(st_f_ptr + r * 6 + 4)
+        sb = tl.arange(0, _SB)
+        H = tl.zeros([_SB], tl.int32)
+        n_above = mode * 0
+        m_above = tl.full([], 0.0, tl.float32)
+        m_t1 = m_above
+        m_in = m_above
+        for c0 in range(0, S3, GS):                        # fixed order: batch invariant sums
+            cc = c0 + tl.arange(0, GS)
+            cm = cc < S3
+            base = (r * S3 + cc).to(tl.int64)
+            H += tl.sum(tl.load(h2_ptr + base[:, None] * _SB + sb[None, :], mask=cm[:, None], other=0), axis=0)
+            n_above += tl.sum(tl.load(n_ptr + base, mask=cm, other=0), axis=0)
+            m_above += tl.sum(tl.load(mass_ptr + base * 3, mask=cm, other=0.0), axis=0)
+            m_t1 += tl.sum(tl.load(mass_ptr + base * 3 + 1, mask=cm, other=0.0), axis=0)
+            m_in += tl.sum(tl.load(mass_ptr + base * 3 + 2, mask=cm, other=0.0), axis=0)
+        real = sb < _SB - 1
+        H = tl.where(real, H, 0)
+        sw = (hi - lo) / (_SB - 1)
+        e_lo = lo + sb.to(tl.float32) * sw                 # floor of sub-bin s
+        e_hi = tl.where(sb == _SB - 2, hi, e_lo + sw)
+        new_mode = mode * 0 + FALLBACK
+        s_lo = mode * 0
+        s_hi = s_lo
+        target = tl.full([], -1.0, tl.float32)
+        if mode == REFINE_COUNT:
+            k = tl.load(top_k_ptr + r)
+            above_c = n_above + (tl.sum(H, axis=0) - tl.cumsum(H, axis=0))   # tokens above sub-bin s
+            # the k-th largest value lies in the highest s with above_c(s) < k <= above_c(s) + H[s]
+            s_k = tl.sum((real & (above_c >= k)).to(tl.int32), axis=0)
+            if (s_k < _SB - 1) & (n_above < k):
+                s_lo = s_k
+                s_hi = s_k
+                new_mode = mode * 0 + COLLECT
+        else:
+            target = tl.load(top_p_ptr + r) * tl.where(t1 == float("-inf"), z, m_t1)
+            Hf = H.to(tl.float32)
+            mlo = Hf * tl.exp(e_lo - m) * _LO_SAFE
+            mhi = Hf * tl.exp(e_hi - m) * _HI_SAFE
+            # bounds of the mass above ceiling(s) and at or above floor(s), from both ends of the
+            # bracket (its exact total m_in is known)
+            u_above = m_above + tl.minimum(tl.sum(mhi, axis=0) - tl.cumsum(mhi, axis=0),
+                                           m_in - tl.cumsum(mlo, axis=0))
+            l_incl = m_above + tl.maximum(tl.sum(mlo, axis=0) - tl.cumsum(mlo, axis=0) + mlo,
+                                          m_in - (tl.cumsum(mhi, axis=0) - mhi))
+            s_hi = (_SB - 1) - tl.sum((real & (u_above < target)).to(tl.int32), axis=0)
+            s_lo = tl.sum((real & (l_incl >= target)).to(tl.int32), axis=0) - 1
+            if (m_above < target) & (s_lo >= 0) & (s_hi < _SB - 1) & (s_lo <= s_hi):
+                new_mode = mode * 0 + COLLECT
+        if new_mode == COLLECT:
+            c = tl.sum(tl.where((sb >= s_lo) & (sb <= s_hi), H, 0), axis=0)
+            if c > CAP:
+                if LAST:
+                    new_mode = mode * 0 + FALLBACK
+                else:
+                    new_mode = mode            # another round over the narrower bracket
+            lo2 = tl.sum(tl.where(sb == s_lo, e_lo, 0.0), axis=0)
+            hi2 = tl.sum(tl.where(sb == s_hi, e_hi, 0.0), axis=0)
+            tl.store(st_f_ptr + r * 6 + 2, tl.where(s_lo == 0, lo, lo2))
+            tl.store(st_f_ptr + r * 6 + 3, hi2)
+            tl.store(st_f_ptr + r * 6 + 5, target)
+        tl.store(st_i_ptr + r * 4, new_mode)
+
+
+@triton.jit(do_not_specialize=["V", "S3", "BPP", "stream"])
+def _collect_kernel(
+    logits_ptr, stride_row,          # [R, V]
+    inv_temp_ptr,                    # [R] fp32
+    seed_ptr, pos_ptr,               # [R] int64
+    st_i_ptr, st_f_ptr,              # [R, 2] int32 (candidate count: atomic), [R, 6] fp32
+    cand_ptr,                        # [R, CAP] int64 out: pack_key(x, token) of lo <= x < hi
+    n_ptr,                           # [R, S3] int32 out: tokens >= hi
+    f_ptr,                           # [R, S3, 3] fp32 out: their mass, best race score, mass >= t1
+    i_ptr,                           # [R, S3] int32 out: token of the best score
+    V, S3, BPP, stream,
+    BLOCK: tl.constexpr, CAP: tl.constexpr,
+):
+    r = tl.program_id(0)
+    c = tl.program_id(1)
+    mode = tl.load(st_i_ptr + r * 4)
+    if (mode == COLLECT) | (mode == DRAW):
+        row = logits_ptr + r.to(tl.int64) * stride_row
+        inv_t = tl.load(inv_temp_ptr + r)
+        seed = tl.load(seed_ptr + r)
+        pos = tl.load(pos_ptr + r)
+        m = tl.load(st_f_ptr + r * 6 + 0)
+        lo = tl.load(st_f_ptr + r * 6 + 2)
+        hi = tl.load(st_f_ptr + r * 6 + 3)
+        t1 = tl.load(st_f_ptr + r * 6 + 4)
+        if mode == DRAW:
+            lo = t1
+            hi = t1
+        n_above = mode * 0
+        m_above = tl.zeros([BLOCK], tl.float32)
+        m_t1 = tl.zeros([BLOCK], tl.float32)
+        best = tl.full([], -1.0, tl.float32)
+        tok = mode * 0 + _IMAX
+        lane = tl.arange(0, BLOCK)
+        for it in range(0, BPP):
+            offs = (c * BPP + it) * BLOCK + lane
+            x = tl.load(row + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
+            fin = x > float("-inf")
+            above = fin & (x >= hi)
+            na = tl.sum(above.to(tl.int32), axis=0)
+            if na > 0:
+                e = tl.exp(x - m)
+                m_above += tl.where(above, e, 0.0)
+                # call index written so that the compiler sees the 4 tokens of a thread share it
+                w0, w1, w2, w3 = random_words(seed, pos, stream, offs >> 2)
+                sc = tl.where(above, e / exponential(select_word(w0, w1, w2, w3, offs & 3)), -1.0)
+                bs = tl.max(sc, axis=0)
+                bi = tl.min(tl.where(sc == bs, offs, _IMAX), axis=0)
+                better = (bs > best) | ((bs == best) & (bi < tok))
+                best = tl.where(better, bs, best)
+                tok = tl.where(better, bi, tok)
+                n_above += na
+            if (mode == COLLECT) & (t1 > float("-inf")):
+                m_t1 += tl.where(fin & (x >= t1), tl.exp(x - m), 0.0)
+            cand = fin & (x >= lo) & (x < hi)
+            nc = tl.sum(cand.to(tl.int32), axis=0)
+            if nc > 0:
+                first = tl.atomic_add(st_i_ptr + r * 4 + 1, nc)
+                slot = first + tl.cumsum(cand.to(tl.int32), axis=0) - 1
+                tl.store(cand_ptr + r.to(tl.int64) * CAP + slot, pack_key(x, offs), mask=cand & (slot < CAP))
+        base = (r * S3 + c).to(tl.int64)
+        tl.store(n_ptr + base, n_above)
+        tl.store(f_ptr + base * 3, tl.sum(m_above, axis=0))
+        tl.store(f_ptr + base * 3 + 1, best)
+        tl.store(f_ptr + base * 3 + 2, tl.sum(m_t1, axis=0))
+        tl.store(i_ptr + base, tok)
