@@ -75,6 +75,7 @@ class BatchSampler:
         self._only_builtin_procs = len(self.procs) == 3 and not logits_processors
         self._plain_greedy = False
         self.step = torch.zeros((), dtype=torch.int64, device=self.device)  # read by the metadata's row keys
+        self._host_step = 0  # the same counter on the host (steady steps build their keys there)
         self.prompt_mask: torch.Tensor | None = None  # [rows, vocab] bool
         self.output_counts: torch.Tensor | None = None  # [rows, vocab] int32
         self._md: SamplingMetadata | None = None
@@ -127,7 +128,27 @@ class BatchSampler:
             # Nothing to process and nobody samples: the pipeline reduces to an argmax.
             self._plain_greedy = self._only_builtin_procs and all(
                 _plain_greedy(r.sampling_params) and not r.banned_words for r in reqs)
+            # Constants of the steady step (every row samples): see `_steady_metadata`.
+            md = self._md
+            self._seeded = [r.sampling_params.seed is not None for r in reqs]
+            self._steady_seeds = torch.where(md.has_seed, md.request_seeds,
+                                             torch.full_like(md.request_seeds, self.seed))
+            self._identity = list(range(n))
+            self._identity_index = {str(self.device): torch.arange(n, dtype=torch.int64, device=self.device)}
         return self._md
+
+    def _steady_metadata(self, batch_md: SamplingMetadata, positions: list[int],
+                         lrows: LogitsRows, history) -> SamplingMetadata:
+        """The batch metadata with this step's generator keys, when every row samples.
+
+        Same keys as `rng.row_keys` (seeded rows: the token position; the others:
+        (row + 1) << 32 | step), built on the host and sent in one copy.
+        """
+        step = self._host_step & rng._M32
+        keys = [p if s else ((i + 1) << 32) | step for i, (p, s) in enumerate(zip(positions, self._seeded))]
+        both = torch.tensor([positions, keys], dtype=torch.int64).to(self.device)  # [2, N]
+        return replace(batch_md, seeds=self._steady_seeds, positions=both[1], token_positions=both[0],
+                       rows=lrows, output_token_ids=history)
 
     # ---- the draw -----------------------------------------------------------------------
 
@@ -141,30 +162,33 @@ class BatchSampler:
         -1 where the logits were invalid: NaN, +inf or all -inf) and, when a row asked for them,
         raw logprobs of every row."""
         batch_md = self._batch_metadata()
+        steady = rows == self._identity  # every row samples (steady decoding)
         if self._plain_greedy:
             tokens = _checked_argmax(logits)
             if self.output_counts is not None:
-                token_bincount_update_(self.output_counts, torch.tensor(rows, dtype=torch.int64).to(self.device),
-                                       tokens)
-            self.step += 1
+                index = (self._identity_index[str(self.device)] if steady
+                         else torch.tensor(rows, dtype=torch.int64).to(self.device))
+                token_bincount_update_(self.output_counts, index, tokens)
+            self._advance()
             return tokens, None
-        reqs = [self._reqs[r] for r in rows]
-        lrows = LogitsRows(list(rows), [len(r.output_token_ids) for r in reqs])
+        reqs = self._reqs if steady else [self._reqs[r] for r in rows]
+        lrows = LogitsRows(list(rows), [len(r.output_token_ids) for r in reqs],
+                           _device_index=self._identity_index if steady else {})
         history = [r.output_token_ids for r in reqs] if batch_md.bad_words_token_ids else None
-        if len(rows) == len(self._reqs) and rows == list(range(len(rows))):
-            # Every row samples (steady decoding): only the generator keys change.
-            pos = torch.tensor(positions, dtype=torch.int64).to(self.device)
-            seeds, keys = rng.row_keys(batch_md.request_seeds, batch_md.has_seed, pos, self.seed, self.step)
-            md = replace(batch_md, seeds=seeds, positions=keys, token_positions=pos, rows=lrows,
-                         output_token_ids=history)
+        if steady:  # only the generator keys change
+            md = self._steady_metadata(batch_md, positions, lrows, history)
         else:
             md = batch_md.expand(rows, position_offsets=positions, rows=lrows, output_token_ids=history)
         out = self.sampler(logits, md)
         tokens = out.sampled_token_ids
         if self.output_counts is not None:
             token_bincount_update_(self.output_counts, lrows.req_index_tensor(self.device), tokens)
-        self.step += 1
+        self._advance()
         return tokens, out.logprobs
+
+    def _advance(self) -> None:
+        self.step += 1
+        self._host_step += 1
 
     # ---- speculative decoding: verification ---------------------------------------------
 
@@ -198,7 +222,7 @@ class BatchSampler:
             row_index = torch.tensor(rows, dtype=torch.int64).to(self.device)
             token_bincount_update_(self.output_counts, row_index.repeat_interleave(out.shape[1]),
                                    out.reshape(-1).long())
-        self.step += 1
+        self._advance()
         return out
 
     def count_emitted(self, rows: list[int], emitted: list[list[int]]) -> None:
@@ -244,9 +268,13 @@ def _plain_greedy(sp) -> bool:
 
 
 def _checked_argmax(logits: torch.Tensor) -> torch.Tensor:  # [N] int64
-    """argmax per row, -1 for invalid rows (a NaN or +inf logit, or all -inf), as the Sampler reports them."""
-    bad = torch.isnan(logits).any(-1) | torch.isposinf(logits).any(-1) | torch.isneginf(logits).all(-1)
-    return torch.where(bad, -1, logits.argmax(dim=-1))
+    """argmax per row, -1 for invalid rows (a NaN or +inf logit, or all -inf), as the Sampler reports them.
+
+    One pass: the row max propagates NaN and is +inf or -inf exactly on the other invalid
+    rows, and its index is argmax's (the first of the largest values).
+    """
+    top, index = logits.max(dim=-1)
+    return index.masked_fill_(~torch.isfinite(top), -1)
 
 
 def _final_row(row: int, moved) -> int:
@@ -258,8 +286,18 @@ def _final_row(row: int, moved) -> int:
 
 
 def to_logprobs(lp: LogprobsTensors, want: list[int], num_top: list[int]) -> list[Logprob]:
-    """Per-row Logprob entries (sampled token, its logprob and rank, top-n) for rows `want`."""
-    idx = torch.tensor(want, dtype=torch.int64).to(lp.token_ids.device)
-    ids, vals, ranks = lp.token_ids[idx].tolist(), lp.logprobs[idx].tolist(), lp.ranks[idx].tolist()
-    return [Logprob(ids[j][0], vals[j][0], ranks[j], dict(zip(ids[j][1:n + 1], vals[j][1:n + 1])))
-            for j, n in enumerate(num_top)]
+    """Per-row Logprob entries (sampled token, its logprob and rank, top-n) for rows `want`.
+
+    One device-to-host copy: ids, ranks and logprobs travel as float64 (exact for all three).
+    """
+    ids, vals, ranks = lp.token_ids, lp.logprobs, lp.ranks
+    if want != list(range(ids.shape[0])):
+        idx = torch.tensor(want, dtype=torch.int64).to(ids.device)
+        ids, vals, ranks = ids[idx], vals[idx], ranks[idx]
+    k = ids.shape[1]
+    host = torch.cat([ids.double(), vals.double(), ranks.double().unsqueeze(1)], dim=1).tolist()
+    out = []
+    for row, n in zip(host, num_top):
+        top_ids = [int(t) for t in row[1:n + 1]]
+        out.append(Logprob(int(row[0]), row[k], int(row[2 * k]), dict(zip(top_ids, row[k + 1:k + n + 1]))))
+    return out

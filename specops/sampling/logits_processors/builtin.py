@@ -35,6 +35,7 @@ class MinTokensLogitsProcessor(LogitsProcessor):
         super().__init__(max_num_reqs, vocab_size, device)
         self.eos_token_ids = [int(t) for t in eos_token_ids]
         self.state: dict[int, tuple[int, list[int], list[int]]] = {}  # index -> (min, outputs ref, stop ids)
+        self._cache: tuple | None = None  # (key, [2, n] row and token index on the device); reset by updates
 
     def is_argmax_invariant(self) -> bool:
         return False
@@ -58,7 +59,8 @@ class MinTokensLogitsProcessor(LogitsProcessor):
         return bool(self.state)
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
-        process_dict_updates(self.state, batch_update, self._entry)
+        if process_dict_updates(self.state, batch_update, self._entry):
+            self._cache = None
         # Requests that reached min_tokens need nothing more (their output list is live).
         for index in [i for i, (n, out, _) in self.state.items() if len(out) >= n]:
             del self.state[index]
@@ -68,21 +70,23 @@ class MinTokensLogitsProcessor(LogitsProcessor):
             return logits
         explicit = rows is not None
         rows = _rows_or_identity(rows, logits.shape[0])
-        r_idx: list[int] = []
-        t_idx: list[int] = []
+        state = self.state
+        banned = []  # (logits row, stop ids) of the rows still below their minimum
         for r, index in enumerate(rows.req_indices):
-            entry = self.state.get(index)
-            if entry is None:
-                continue
-            min_tokens, outputs, stop = entry
-            done = rows.num_output_tokens[r] if explicit else len(outputs)
-            if done < min_tokens:
-                r_idx += [r] * len(stop)
-                t_idx += stop
-        if r_idx:
-            r_t = torch.tensor(r_idx, dtype=torch.int64).to(logits.device)
-            t_t = torch.tensor(t_idx, dtype=torch.int64).to(logits.device)
-            logits[r_t, t_t] = float("-inf")
+            entry = state.get(index)
+            if entry is not None:
+                min_tokens, outputs, stop = entry
+                if (rows.num_output_tokens[r] if explicit else len(outputs)) < min_tokens:
+                    banned.append((r, stop))
+        if banned:
+            # The banned pairs change only when a row reaches its minimum or the batch changes.
+            key = (tuple(r for r, _ in banned), tuple(rows.req_indices[r] for r, _ in banned), logits.device)
+            if self._cache is None or self._cache[0] != key:
+                r_idx = [r for r, stop in banned for _ in stop]
+                t_idx = [t for _, stop in banned for t in stop]
+                self._cache = (key, torch.tensor([r_idx, t_idx], dtype=torch.int64).to(logits.device))
+            index = self._cache[1]
+            logits[index[0], index[1]] = float("-inf")
         return logits
 
 
@@ -92,6 +96,7 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
     def __init__(self, max_num_reqs: int, vocab_size: int, device="cpu"):
         super().__init__(max_num_reqs, vocab_size, device)
         self.state: dict[int, tuple[list[int], list[float]]] = {}
+        self._cache: tuple | None = None  # (key, [2, n] row and token index, [n] biases); reset by updates
 
     def is_argmax_invariant(self) -> bool:
         return False
@@ -115,26 +120,31 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
         return bool(self.state)
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
-        process_dict_updates(self.state, batch_update, self._entry)
+        if process_dict_updates(self.state, batch_update, self._entry):
+            self._cache = None
 
     def apply(self, logits: torch.Tensor, rows: LogitsRows | None = None) -> torch.Tensor:
         if not self.state:
             return logits
         rows = _rows_or_identity(rows, logits.shape[0])
-        r_idx: list[int] = []
-        t_idx: list[int] = []
-        vals: list[float] = []
-        for r, index in enumerate(rows.req_indices):
-            entry = self.state.get(index)
-            if entry is not None:
-                r_idx += [r] * len(entry[0])
-                t_idx += entry[0]
-                vals += entry[1]
-        if r_idx:
+        # The (row, token, bias) triples depend on the rows' requests only: built once per batch.
+        key = (tuple(rows.req_indices), logits.device, logits.dtype)
+        if self._cache is None or self._cache[0] != key:
+            r_idx: list[int] = []
+            t_idx: list[int] = []
+            vals: list[float] = []
+            for r, index in enumerate(rows.req_indices):
+                entry = self.state.get(index)
+                if entry is not None:
+                    r_idx += [r] * len(entry[0])
+                    t_idx += entry[0]
+                    vals += entry[1]
             dev = logits.device
-            logits.index_put_((torch.tensor(r_idx, dtype=torch.int64).to(dev),
-                               torch.tensor(t_idx, dtype=torch.int64).to(dev)),
-                              torch.tensor(vals, dtype=logits.dtype).to(dev), accumulate=True)
+            self._cache = (key, torch.tensor([r_idx, t_idx], dtype=torch.int64).to(dev) if r_idx else None,
+                           torch.tensor(vals, dtype=logits.dtype).to(dev))
+        _, index, vals = self._cache
+        if index is not None:
+            logits.index_put_((index[0], index[1]), vals, accumulate=True)
         return logits
 
 
@@ -180,7 +190,7 @@ class MinPLogitsProcessor(LogitsProcessor):
             return None
         if self._device_min_p is None or self._device_min_p.device != torch.device(device):
             self._device_min_p = self.min_p.to(device)
-        if rows is None:
+        if rows is None or rows.req_indices == list(range(num_rows)):
             return self._device_min_p[:num_rows]
         return self._device_min_p.index_select(0, rows.req_index_tensor(device))
 
