@@ -29,6 +29,7 @@ import torch
 from specops import rng
 from specops.ops import token_bincount_update_
 from specops.sampling.logits_processors import LogitsRows, build_logits_processors
+from specops.sampling.logits_processors.builtin import MinPLogitsProcessor
 from specops.sampling.logprobs import LogprobsTensors
 from specops.sampling.metadata import SamplingMetadata
 from specops.sampling.sampler import Sampler
@@ -74,8 +75,10 @@ class BatchSampler:
         self.rejection_sampler = RejectionSampler(self.sampler)
         self._only_builtin_procs = len(self.procs) == 3 and not logits_processors
         self._plain_greedy = False
-        self.step = torch.zeros((), dtype=torch.int64, device=self.device)  # read by the metadata's row keys
-        self._host_step = 0  # the same counter on the host (steady steps build their keys there)
+        self._host_step = 0  # steps sampled so far; steady steps build their generator keys from it
+        # The counter on the device, read by the keys of `SamplingMetadata.expand`: set from the
+        # host counter before each expand, so that steady steps need no increment.
+        self.step = torch.zeros((), dtype=torch.int64, device=self.device)
         self.prompt_mask: torch.Tensor | None = None  # [rows, vocab] bool
         self.output_counts: torch.Tensor | None = None  # [rows, vocab] int32
         self._md: SamplingMetadata | None = None
@@ -117,7 +120,8 @@ class BatchSampler:
             n = len(reqs)
             pen = self.output_counts is not None and any(r.sampling_params.has_penalties for r in reqs)
             bad = {i: r.banned_words for i, r in enumerate(reqs) if r.banned_words}
-            self._md = SamplingMetadata.from_sampling_params(
+            self.step.fill_(self._host_step)
+            md = SamplingMetadata.from_sampling_params(
                 [r.sampling_params for r in reqs], vocab_size=self.vocab_size, device=self.device,
                 engine_seed=self.seed, step=self.step,
                 prompt_mask=self.prompt_mask[:n] if pen else None,
@@ -125,6 +129,8 @@ class BatchSampler:
                 bad_words_token_ids=bad or None,
                 output_token_ids=[r.output_token_ids for r in reqs] if bad else None,
                 logitsprocs=self.procs)
+            # min_p reaches the Sampler through the min_p processor (the same values): one op less.
+            self._md = replace(md, min_p=None) if self.procs.get(MinPLogitsProcessor) is not None else md
             # Nothing to process and nobody samples: the pipeline reduces to an argmax.
             self._plain_greedy = self._only_builtin_procs and all(
                 _plain_greedy(r.sampling_params) and not r.banned_words for r in reqs)
@@ -178,6 +184,7 @@ class BatchSampler:
         if steady:  # only the generator keys change
             md = self._steady_metadata(batch_md, positions, lrows, history)
         else:
+            self.step.fill_(self._host_step)
             md = batch_md.expand(rows, position_offsets=positions, rows=lrows, output_token_ids=history)
         out = self.sampler(logits, md)
         tokens = out.sampled_token_ids
@@ -187,7 +194,6 @@ class BatchSampler:
         return tokens, out.logprobs
 
     def _advance(self) -> None:
-        self.step += 1
         self._host_step += 1
 
     # ---- speculative decoding: verification ---------------------------------------------
@@ -215,6 +221,7 @@ class BatchSampler:
             reqs = [self._reqs[r] for r in rows]
             lrows = LogitsRows(list(rows), [len(r.output_token_ids) for r in reqs])
             history = [r.output_token_ids for r in reqs] if batch_md.bad_words_token_ids else None
+            self.step.fill_(self._host_step)
             md = batch_md.expand(rows, position_offsets=positions, rows=lrows, output_token_ids=history)
             out = self.rejection_sampler(logits, spec, md, draft_probs=draft_probs,
                                          draft_token_lists=drafts).output_token_ids

@@ -60,10 +60,9 @@ def gather_logprobs(
     if offset is not None:
         vals = vals - offset.unsqueeze(1)
     ids = torch.cat([tok, top_i], dim=1)
-    ids = torch.where(bad.unsqueeze(1), torch.full_like(ids, -1), ids)
-    vals = torch.where(bad.unsqueeze(1), torch.full_like(vals, float("nan")), vals)
-    ranks = torch.where(bad, torch.full_like(ranks, -1), ranks)
-    return LogprobsTensors(ids, vals.float(), ranks)
+    bad_rows = bad.unsqueeze(1)
+    return LogprobsTensors(ids.masked_fill_(bad_rows, -1), vals.float().masked_fill_(bad_rows, float("nan")),
+                           ranks.masked_fill_(bad, -1))
 
 
 def compute_logprobs(
