@@ -29,6 +29,7 @@ import torch
 from specops import rng
 from specops.ops import token_bincount_update_
 from specops.sampling.logits_processors import LogitsRows, build_logits_processors
+from specops.sampling.logits_processors.interface import to_device
 from specops.sampling.logits_processors.builtin import MinPLogitsProcessor
 from specops.sampling.logprobs import LogprobsTensors
 from specops.sampling.metadata import SamplingMetadata
@@ -110,7 +111,7 @@ class BatchSampler:
     def _fill_penalty_row(self, row: int, req: Request) -> None:
         dev = self.device
         self.prompt_mask[row].zero_()
-        self.prompt_mask[row, torch.tensor(req.prompt_token_ids, dtype=torch.int64).to(dev)] = True
+        self.prompt_mask[row, to_device(req.prompt_token_ids, torch.int64, dev)] = True
         counts = torch.bincount(torch.tensor(req.output_token_ids, dtype=torch.int64), minlength=self.vocab_size)
         self.output_counts[row] = counts[:self.vocab_size].to(dev, torch.int32)
 
@@ -152,7 +153,7 @@ class BatchSampler:
         """
         step = self._host_step & rng._M32
         keys = [p if s else ((i + 1) << 32) | step for i, (p, s) in enumerate(zip(positions, self._seeded))]
-        both = torch.tensor([positions, keys], dtype=torch.int64).to(self.device)  # [2, N]
+        both = to_device([positions, keys], torch.int64, self.device)  # [2, N]
         return replace(batch_md, seeds=self._steady_seeds, positions=both[1], token_positions=both[0],
                        rows=lrows, output_token_ids=history)
 
@@ -173,7 +174,7 @@ class BatchSampler:
             tokens = _checked_argmax(logits)
             if self.output_counts is not None:
                 index = (self._identity_index[str(self.device)] if steady
-                         else torch.tensor(rows, dtype=torch.int64).to(self.device))
+                         else to_device(rows, torch.int64, self.device))
                 token_bincount_update_(self.output_counts, index, tokens)
             self._advance()
             return tokens, None
@@ -226,7 +227,7 @@ class BatchSampler:
             out = self.rejection_sampler(logits, spec, md, draft_probs=draft_probs,
                                          draft_token_lists=drafts).output_token_ids
         if self.output_counts is not None:
-            row_index = torch.tensor(rows, dtype=torch.int64).to(self.device)
+            row_index = to_device(rows, torch.int64, self.device)
             token_bincount_update_(self.output_counts, row_index.repeat_interleave(out.shape[1]),
                                    out.reshape(-1).long())
         self._advance()
@@ -238,8 +239,8 @@ class BatchSampler:
             return
         flat = [t for e in emitted for t in e]
         index = [r for r, e in zip(rows, emitted) for _ in e]
-        token_bincount_update_(self.output_counts, torch.tensor(index, dtype=torch.int64).to(self.device),
-                               torch.tensor(flat, dtype=torch.int64).to(self.device))
+        token_bincount_update_(self.output_counts, to_device(index, torch.int64, self.device),
+                               to_device(flat, torch.int64, self.device))
 
 
 def greedy_verify(
@@ -299,7 +300,7 @@ def to_logprobs(lp: LogprobsTensors, want: list[int], num_top: list[int]) -> lis
     """
     ids, vals, ranks = lp.token_ids, lp.logprobs, lp.ranks
     if want != list(range(ids.shape[0])):
-        idx = torch.tensor(want, dtype=torch.int64).to(ids.device)
+        idx = to_device(want, torch.int64, ids.device)
         ids, vals, ranks = ids[idx], vals[idx], ranks[idx]
     k = ids.shape[1]
     host = torch.cat([ids.double(), vals.double(), ranks.double().unsqueeze(1)], dim=1).tolist()

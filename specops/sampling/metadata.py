@@ -32,7 +32,7 @@ import torch
 
 from specops import rng
 
-from .logits_processors.interface import LogitsRows
+from .logits_processors.interface import LogitsRows, to_device
 
 GREEDY_EPS = 1e-5
 LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
@@ -285,14 +285,14 @@ class SamplingMetadata:
             raise ValueError(f"rows must describe {n} rows, got {len(rows)}")
 
         def f32(vals):
-            return torch.tensor(vals, dtype=torch.float32).to(dev)
+            return to_device(vals, torch.float32, dev)
 
         temp_t = f32(temps)
-        req_seeds = torch.tensor(seed_vals, dtype=torch.int64).to(dev)
-        has_t = torch.tensor(has, dtype=torch.bool).to(dev)
-        tok_pos = torch.tensor(pos_vals, dtype=torch.int64).to(dev)
-        step_t = step.to(dev, torch.int64) if isinstance(step, torch.Tensor) else torch.tensor(
-            _check_int("step", step, 0), dtype=torch.int64).to(dev)
+        req_seeds = to_device(seed_vals, torch.int64, dev)
+        has_t = to_device(has, torch.bool, dev)
+        tok_pos = to_device(pos_vals, torch.int64, dev)
+        step_t = step.to(dev, torch.int64) if isinstance(step, torch.Tensor) else to_device(
+            _check_int("step", step, 0), torch.int64, dev)
         row_seeds, row_pos = rng.row_keys(req_seeds, has_t, tok_pos, engine_seed, step_t)
         return cls(
             temperature=temp_t,
@@ -300,7 +300,7 @@ class SamplingMetadata:
             seeds=row_seeds, positions=row_pos, request_seeds=req_seeds, has_seed=has_t,
             token_positions=tok_pos, engine_seed=engine_seed, step=step_t,
             all_greedy=all(t == 0.0 for t in temps), all_random=all(t > 0.0 for t in temps),
-            top_k=torch.tensor(ks, dtype=torch.int32).to(dev) if ks is not None else None,
+            top_k=to_device(ks, torch.int32, dev) if ks is not None else None,
             top_p=f32(ps) if ps is not None else None,
             min_p=f32(mps) if mps is not None else None,
             repetition_penalties=f32(rep) if rep is not None else None,
@@ -362,13 +362,13 @@ class SamplingMetadata:
             host_idx = [int(i) for i in row_req_index]
             if any(not 0 <= i < self.num_rows for i in host_idx):
                 raise ValueError(f"row_req_index values must be in [0, {self.num_rows})")
-            idx = torch.tensor(host_idx, dtype=torch.int64).to(dev)
+            idx = to_device(host_idx, torch.int64, dev)
         m = idx.shape[0]
         if position_offsets is None:
             offs = torch.zeros(m, dtype=torch.int64, device=dev)
         else:
             offs = (position_offsets.to(dev, torch.int64) if isinstance(position_offsets, torch.Tensor)
-                    else torch.tensor(list(position_offsets), dtype=torch.int64).to(dev))
+                    else to_device(list(position_offsets), torch.int64, dev))
             if offs.shape != (m,):
                 raise ValueError(f"position_offsets must have shape [{m}], got {tuple(offs.shape)}")
         if self.bad_words_token_ids:

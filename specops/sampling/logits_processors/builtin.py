@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from .interface import BatchUpdate, LogitsProcessor, LogitsRows, MoveDirectionality, process_dict_updates
+from .interface import BatchUpdate, LogitsProcessor, LogitsRows, MoveDirectionality, process_dict_updates, to_device
 
 
 def _rows_or_identity(rows: LogitsRows | None, num_rows: int) -> LogitsRows:
@@ -84,7 +84,7 @@ class MinTokensLogitsProcessor(LogitsProcessor):
             if self._cache is None or self._cache[0] != key:
                 r_idx = [r for r, stop in banned for _ in stop]
                 t_idx = [t for _, stop in banned for t in stop]
-                self._cache = (key, torch.tensor([r_idx, t_idx], dtype=torch.int64).to(logits.device))
+                self._cache = (key, to_device([r_idx, t_idx], torch.int64, logits.device))
             index = self._cache[1]
             logits[index[0], index[1]] = float("-inf")
         return logits
@@ -140,8 +140,8 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
                     t_idx += entry[0]
                     vals += entry[1]
             dev = logits.device
-            self._cache = (key, torch.tensor([r_idx, t_idx], dtype=torch.int64).to(dev) if r_idx else None,
-                           torch.tensor(vals, dtype=logits.dtype).to(dev))
+            self._cache = (key, to_device([r_idx, t_idx], torch.int64, dev) if r_idx else None,
+                           to_device(vals, logits.dtype, dev))
         _, index, vals = self._cache
         if index is not None:
             logits.index_put_((index[0], index[1]), vals, accumulate=True)

@@ -54,6 +54,19 @@ class BatchUpdate:
     moved: Sequence[tuple] = field(default_factory=list)
 
 
+def to_device(values, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """Host values (a list, possibly nested) as a tensor on `device`.
+
+    On CUDA the values go through pinned memory with an asynchronous copy: a copy from
+    pageable memory would make the host wait until the device has run everything queued
+    before it. (PyTorch's pinned-memory cache does not reuse the buffer before the copy ran.)
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+
+
 @dataclass
 class LogitsRows:
     """Which request each logits row belongs to, and the history that precedes it.
@@ -82,7 +95,7 @@ class LogitsRows:
         """[num_rows] int64 on `device` (cached)."""
         key = str(device)
         if key not in self._device_index:
-            self._device_index[key] = torch.tensor(self.req_indices, dtype=torch.int64).to(device)
+            self._device_index[key] = to_device(self.req_indices, torch.int64, device)
         return self._device_index[key]
 
     @classmethod
