@@ -171,5 +171,5 @@ def row_stats_pass(
         logits, logits.stride(0), inv_temperature, top_k, top_p, log_min_p,
         seeds, positions, tile_max, part_f, part_i, hist, hist_top,
         V, NT, tiles_per_prog, num_chunks, stream, iters,
-        TILE=tile, TPB=tpb, num_warps=num_warps, maxnreg=96,   # 5 programs per SM, no spill
+        TILE=tile, TPB=tpb, num_warps=num_warps, maxnreg=96,   # 5 programs per SM
     )
