@@ -28,7 +28,8 @@
 #   TEST_TIMEOUT=240 BENCH_TIMEOUT=150 TEST_PER_TEST_TIMEOUT=120 BUILD_TIMEOUT=300
 #   FI_ALLOW_JIT=1               let FlashInfer JIT-compile a module that was not prebuilt
 #                                (minutes per module); default: fail fast with its name
-#   XGR_CUDA=1                   smoke-test xgrammar's CUDA bitmask backend too (~60 s compile)
+#   XGR_CUDA=1                   smoke-test xgrammar's CUDA bitmask backend too, and time it in
+#                                bench_ops (~60 s compile on first use)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)

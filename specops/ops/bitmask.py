@@ -21,7 +21,8 @@ def apply_token_bitmask_(
     Same semantics as ``xgrammar.apply_token_bitmask_inplace(logits, bitmask, indices=indices)``:
 
     * Bit ``j % 32`` of word ``j // 32`` of a bitmask row is token ``j``; 1 = allowed,
-      0 = disallowed (set to -inf). Allowed logits are neither read nor written.
+      0 = disallowed (set to -inf). Allowed logits keep their exact bits (on CUDA a
+      32-byte sector holding both kinds is read and written back whole).
     * Columns masked: ``min(logits.shape[1], 32 * bitmask.shape[1])``. Logits wider than
       the bitmask keep their trailing columns unmasked (allocate the bitmask for the full,
       padded vocab to mask them); bits beyond the logits width are ignored.
