@@ -32,7 +32,7 @@ from specops.sampling.logits_processors import LogitsRows, build_logits_processo
 from specops.sampling.logits_processors.interface import to_device
 from specops.sampling.logits_processors.builtin import MinPLogitsProcessor
 from specops.sampling.logprobs import LogprobsTensors
-from specops.sampling.metadata import SamplingMetadata
+from specops.sampling.metadata import RowParams, SamplingMetadata
 from specops.sampling.sampler import Sampler
 from specops.spec_decode.metadata import SpecDecodeMetadata
 from specops.spec_decode.rejection_sampler import RejectionSampler
@@ -83,6 +83,7 @@ class BatchSampler:
         self.prompt_mask: torch.Tensor | None = None  # [rows, vocab] bool
         self.output_counts: torch.Tensor | None = None  # [rows, vocab] int32
         self._md: SamplingMetadata | None = None
+        self._checked: dict[int, tuple] = {}  # id(sampling params) -> (params, RowParams)
         self._reqs: list[Request] = []
 
     # ---- following the batch ------------------------------------------------------------
@@ -122,8 +123,8 @@ class BatchSampler:
             pen = self.output_counts is not None and any(r.sampling_params.has_penalties for r in reqs)
             bad = {i: r.banned_words for i, r in enumerate(reqs) if r.banned_words}
             self.step.fill_(self._host_step)
-            md = SamplingMetadata.from_sampling_params(
-                [r.sampling_params for r in reqs], vocab_size=self.vocab_size, device=self.device,
+            md = SamplingMetadata.from_rows(
+                self._row_params(reqs), vocab_size=self.vocab_size, device=self.device,
                 engine_seed=self.seed, step=self.step,
                 prompt_mask=self.prompt_mask[:n] if pen else None,
                 output_counts=self.output_counts[:n] if pen else None,
@@ -143,6 +144,17 @@ class BatchSampler:
             self._identity = list(range(n))
             self._identity_index = {str(self.device): torch.arange(n, dtype=torch.int64, device=self.device)}
         return self._md
+
+    def _row_params(self, reqs: list[Request]) -> list[RowParams]:
+        """The checked parameters of every row: made once per request, kept while it is in the batch."""
+        old, new = self._checked, {}
+        for r in reqs:
+            sp = r.sampling_params
+            entry = old.get(id(sp))
+            new[id(sp)] = entry if entry is not None and entry[0] is sp else (
+                sp, RowParams.from_sampling_params(sp, self.vocab_size))
+        self._checked = new
+        return [new[id(r.sampling_params)][1] for r in reqs]
 
     def _steady_metadata(self, batch_md: SamplingMetadata, positions: list[int],
                          lrows: LogitsRows, history) -> SamplingMetadata:

@@ -83,6 +83,76 @@ def _check_int(name: str, v, lo: int | None = None, hi: int | None = None) -> in
     return v
 
 
+def _check_penalty_state(on: bool, prompt_mask, output_counts, n: int, V: int) -> None:
+    if not on:
+        return
+    for name, t, dt in (("prompt_mask", prompt_mask, torch.bool), ("output_counts", output_counts, torch.int32)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} ([{n}, {V}] {dt}) is required when a row has penalties")
+        if tuple(t.shape) != (n, V) or t.dtype != dt:
+            raise ValueError(f"{name} must be [{n}, {V}] {dt}, got {tuple(t.shape)} {t.dtype}")
+
+
+def _check_allowed(name: str, ids, V: int) -> list[int]:
+    ids = [_check_int(name, t, 0, V - 1) for t in ids]
+    if not ids:
+        raise ValueError(f"{name} must not be empty")
+    return ids
+
+
+def _allowed_mask(allowed: list, n: int, V: int, dev: torch.device) -> torch.Tensor:
+    """[n, V] bool: True where a token may be sampled (rows without a list allow everything);
+    built on the device from one copy of the (row, token) pairs."""
+    mask = torch.ones(n, V, dtype=torch.bool, device=dev)
+    limited = [i for i, ids in enumerate(allowed) if ids is not None]
+    pairs = to_device([[i for i in limited for _ in allowed[i]], [t for i in limited for t in allowed[i]]],
+                      torch.int64, dev)  # [2, m]
+    mask[to_device(limited, torch.int64, dev)] = False
+    mask[pairs[0], pairs[1]] = True
+    return mask
+
+
+@dataclass(frozen=True)
+class RowParams:
+    """One request's sampling parameters, checked and normalised once (`from_sampling_params`),
+    for `SamplingMetadata.from_rows`: temperature 0 = greedy, top_k 0 = off (also for values
+    >= vocab size), the other fields as given.
+    """
+
+    temperature: float
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    allowed_token_ids: list[int] | None = None
+    num_logprobs: int | None = None  # checked against the vocabulary by from_rows (as the batch's max)
+
+    @classmethod
+    def from_sampling_params(cls, p: Any, vocab_size: int) -> "RowParams":
+        """Check an object with SamplingParams attributes (the checks of `from_params`)."""
+        V = vocab_size
+        g = lambda name, default: getattr(p, name, default)  # noqa: E731
+        t = _check_real("temperature", g("temperature", 1.0), lo=0.0)
+        k = _check_int("top_k", g("top_k", 0), lo=-1)
+        top_p = _check_real("top_p", g("top_p", 1.0))
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        seed = g("seed", None)
+        allowed = g("allowed_token_ids", None)
+        return cls(
+            temperature=0.0 if t < GREEDY_EPS else t, top_k=0 if (k <= 0 or k >= V) else k, top_p=top_p,
+            min_p=_check_real("min_p", g("min_p", 0.0), lo=0.0, hi=1.0),
+            seed=None if seed is None else _check_int("seed", seed, _INT64_MIN, _INT64_MAX),
+            repetition_penalty=_check_real("repetition_penalty", g("repetition_penalty", 1.0), lo=0.0, lo_open=True),
+            frequency_penalty=_check_real("frequency_penalty", g("frequency_penalty", 0.0), -2.0, 2.0),
+            presence_penalty=_check_real("presence_penalty", g("presence_penalty", 0.0), -2.0, 2.0),
+            allowed_token_ids=None if allowed is None else _check_allowed("allowed_token_ids", allowed, V),
+            num_logprobs=g("logprobs", None))
+
+
 @dataclass
 class SamplingMetadata:
     """Per-row sampling inputs of one step (build with `from_params`, which validates).
@@ -249,28 +319,68 @@ class SamplingMetadata:
                     for i, p in enumerate(_as_list("presence_penalties", presence_penalties, n, 0.0))]
             if all(r == 1.0 for r in rep) and not any(freq) and not any(pres):
                 rep = freq = pres = None
-        dev = torch.device(device)
-        if rep is not None:
-            for name, t, dt in (("prompt_mask", prompt_mask, torch.bool), ("output_counts", output_counts, torch.int32)):
-                if not isinstance(t, torch.Tensor):
-                    raise ValueError(f"{name} ([{n}, {V}] {dt}) is required when a row has penalties")
-                if tuple(t.shape) != (n, V) or t.dtype != dt:
-                    raise ValueError(f"{name} must be [{n}, {V}] {dt}, got {tuple(t.shape)} {t.dtype}")
-
+        _check_penalty_state(rep is not None, prompt_mask, output_counts, n, V)
         allowed = None
         if allowed_token_ids is not None:
-            lists = _as_list("allowed_token_ids", allowed_token_ids, n)
-            if any(lst is not None for lst in lists):
-                allowed = torch.ones(n, V, dtype=torch.bool)
-                for i, lst in enumerate(lists):
-                    if lst is None:
-                        continue
-                    ids = [_check_int(f"allowed_token_ids[{i}]", t, 0, V - 1) for t in lst]
-                    if not ids:
-                        raise ValueError(f"allowed_token_ids[{i}] must not be empty")
-                    allowed[i] = False
-                    allowed[i, ids] = True
-                allowed = allowed.to(dev)
+            allowed = [None if lst is None else _check_allowed(f"allowed_token_ids[{i}]", lst, V)
+                       for i, lst in enumerate(_as_list("allowed_token_ids", allowed_token_ids, n))]
+            if all(a is None for a in allowed):
+                allowed = None
+        if max_num_logprobs is not None:
+            max_num_logprobs = _check_int("max_num_logprobs", max_num_logprobs, 0, V)
+        return cls._build(V, device, temps, ks, ps, mps, seed_vals, has, pos_vals, engine_seed, step, rep, freq,
+                          pres, prompt_mask, output_counts, allowed, bad_words_token_ids, output_token_ids,
+                          max_num_logprobs, logitsprocs, rows)
+
+    @classmethod
+    def from_rows(
+        cls,
+        params: Sequence["RowParams"],
+        *,
+        vocab_size: int,
+        device: torch.device | str = "cpu",
+        engine_seed: int = 0,
+        step: int | torch.Tensor = 0,
+        prompt_mask: torch.Tensor | None = None,
+        output_counts: torch.Tensor | None = None,
+        bad_words_token_ids: dict[int, list[list[int]]] | None = None,
+        output_token_ids: list[list[int]] | None = None,
+        logitsprocs: Any = None,
+        rows: LogitsRows | None = None,
+    ) -> "SamplingMetadata":
+        """`from_sampling_params` for rows whose parameters were checked already (one
+        `RowParams` per row, made once per request): the same metadata, without checking
+        every row again. Token positions are 0, as in `from_sampling_params`."""
+        V = _check_int("vocab_size", vocab_size, lo=1)
+        n = len(params)
+        temps = [r.temperature for r in params]
+        ks = [r.top_k for r in params]
+        ps = [r.top_p for r in params]
+        mps = [r.min_p for r in params]
+        rep = [r.repetition_penalty for r in params]
+        freq = [r.frequency_penalty for r in params]
+        pres = [r.presence_penalty for r in params]
+        if all(r == 1.0 for r in rep) and not any(freq) and not any(pres):
+            rep = freq = pres = None
+        _check_penalty_state(rep is not None, prompt_mask, output_counts, n, V)
+        allowed = [r.allowed_token_ids for r in params]
+        nlp = [r.num_logprobs for r in params if r.num_logprobs is not None]
+        return cls._build(
+            V, device, temps, ks if any(ks) else None, None if all(p >= 1.0 for p in ps) else ps,
+            mps if any(mps) else None, [0 if r.seed is None else r.seed for r in params],
+            [r.seed is not None for r in params], [0] * n, _check_int("engine_seed", engine_seed, _INT64_MIN, _INT64_MAX),
+            step, rep, freq, pres, prompt_mask, output_counts,
+            allowed if any(a is not None for a in allowed) else None, bad_words_token_ids, output_token_ids,
+            _check_int("max_num_logprobs", max(nlp), 0, V) if nlp else None, logitsprocs, rows)
+
+    @classmethod
+    def _build(cls, V, device, temps, ks, ps, mps, seed_vals, has, pos_vals, engine_seed, step, rep, freq, pres,
+               prompt_mask, output_counts, allowed, bad_words_token_ids, output_token_ids, max_num_logprobs,
+               logitsprocs, rows) -> "SamplingMetadata":
+        """The tensors of checked, normalised host lists: two copies to the device (all fp32
+        rows in one, all int64 rows in the other), then views and a few device ops."""
+        n = len(temps)
+        dev = torch.device(device)
         bad = {}
         for row, words in (bad_words_token_ids or {}).items():
             row = _check_int("bad_words_token_ids row", row, 0, n - 1)
@@ -279,20 +389,22 @@ class SamplingMetadata:
             raise ValueError("output_token_ids (per-row history) is required with bad_words_token_ids")
         if output_token_ids is not None and len(output_token_ids) != n:
             raise ValueError(f"output_token_ids must have one list per row ({n}), got {len(output_token_ids)}")
-        if max_num_logprobs is not None:
-            max_num_logprobs = _check_int("max_num_logprobs", max_num_logprobs, 0, V)
         if rows is not None and len(rows) != n:
             raise ValueError(f"rows must describe {n} rows, got {len(rows)}")
+        step_t = step.to(dev, torch.int64) if isinstance(step, torch.Tensor) else None
+        if step_t is None:
+            step = _check_int("step", step, 0)
 
-        def f32(vals):
-            return to_device(vals, torch.float32, dev)
-
-        temp_t = f32(temps)
-        req_seeds = to_device(seed_vals, torch.int64, dev)
-        has_t = to_device(has, torch.bool, dev)
-        tok_pos = to_device(pos_vals, torch.int64, dev)
-        step_t = step.to(dev, torch.int64) if isinstance(step, torch.Tensor) else to_device(
-            _check_int("step", step, 0), torch.int64, dev)
+        floats = [v for v in (temps, ps, mps, rep, freq, pres) if v is not None]
+        f = iter(to_device(floats, torch.float32, dev).reshape(len(floats), n))  # [k, n]
+        ints = [seed_vals, pos_vals, [int(h) for h in has]] + ([ks] if ks is not None else [])
+        i = to_device(ints, torch.int64, dev).reshape(len(ints), n)  # [k, n]
+        temp_t = next(f)
+        opt = lambda v: next(f) if v is not None else None  # noqa: E731  (fp32 rows, in order)
+        top_p, min_p, rep_t, freq_t, pres_t = opt(ps), opt(mps), opt(rep), opt(freq), opt(pres)
+        req_seeds, tok_pos, has_t = i[0], i[1], i[2].bool()
+        if step_t is None:
+            step_t = to_device(step, torch.int64, dev)
         row_seeds, row_pos = rng.row_keys(req_seeds, has_t, tok_pos, engine_seed, step_t)
         return cls(
             temperature=temp_t,
@@ -300,16 +412,13 @@ class SamplingMetadata:
             seeds=row_seeds, positions=row_pos, request_seeds=req_seeds, has_seed=has_t,
             token_positions=tok_pos, engine_seed=engine_seed, step=step_t,
             all_greedy=all(t == 0.0 for t in temps), all_random=all(t > 0.0 for t in temps),
-            top_k=to_device(ks, torch.int32, dev) if ks is not None else None,
-            top_p=f32(ps) if ps is not None else None,
-            min_p=f32(mps) if mps is not None else None,
-            repetition_penalties=f32(rep) if rep is not None else None,
-            frequency_penalties=f32(freq) if freq is not None else None,
-            presence_penalties=f32(pres) if pres is not None else None,
+            top_k=i[3].to(torch.int32) if ks is not None else None,
+            top_p=top_p, min_p=min_p,
+            repetition_penalties=rep_t, frequency_penalties=freq_t, presence_penalties=pres_t,
             prompt_mask=prompt_mask if rep is not None else None,
             output_counts=output_counts if rep is not None else None,
-            allowed_token_mask=allowed, bad_words_token_ids=bad,
-            output_token_ids=output_token_ids, max_num_logprobs=max_num_logprobs,
+            allowed_token_mask=_allowed_mask(allowed, n, V, dev) if allowed is not None else None,
+            bad_words_token_ids=bad, output_token_ids=output_token_ids, max_num_logprobs=max_num_logprobs,
             logitsprocs=logitsprocs, rows=rows,
         )
 
