@@ -113,8 +113,10 @@ class BatchSampler:
         dev = self.device
         self.prompt_mask[row].zero_()
         self.prompt_mask[row, to_device(req.prompt_token_ids, torch.int64, dev)] = True
-        counts = torch.bincount(torch.tensor(req.output_token_ids, dtype=torch.int64), minlength=self.vocab_size)
-        self.output_counts[row] = counts[:self.vocab_size].to(dev, torch.int32)
+        self.output_counts[row].zero_()
+        if req.output_token_ids:  # a resumed request: count what it generated before
+            counts = torch.bincount(to_device(req.output_token_ids, torch.int64, dev), minlength=self.vocab_size)
+            self.output_counts[row] = counts[:self.vocab_size]
 
     def _batch_metadata(self) -> SamplingMetadata:
         if self._md is None:
