@@ -22,6 +22,7 @@ updated with the emitted tokens only, never with rejected drafts.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 import torch
@@ -168,8 +169,10 @@ class BatchSampler:
         step = self._host_step & rng._M32
         keys = [p if s else ((i + 1) << 32) | step for i, (p, s) in enumerate(zip(positions, self._seeded))]
         both = to_device([positions, keys], torch.int64, self.device)  # [2, N]
-        return replace(batch_md, seeds=self._steady_seeds, positions=both[1], token_positions=both[0],
-                       rows=lrows, output_token_ids=history)
+        md = copy.copy(batch_md)  # cheaper than dataclasses.replace, which re-runs __init__
+        md.seeds, md.positions, md.token_positions = self._steady_seeds, both[1], both[0]
+        md.rows, md.output_token_ids = lrows, history
+        return md
 
     # ---- the draw -----------------------------------------------------------------------
 
@@ -310,16 +313,12 @@ def _final_row(row: int, moved) -> int:
 def to_logprobs(lp: LogprobsTensors, want: list[int], num_top: list[int]) -> list[Logprob]:
     """Per-row Logprob entries (sampled token, its logprob and rank, top-n) for rows `want`.
 
-    One device-to-host copy: ids, ranks and logprobs travel as float64 (exact for all three).
+    Two device-to-host copies: ids with ranks, then logprobs (no gather when every row wants them).
     """
     ids, vals, ranks = lp.token_ids, lp.logprobs, lp.ranks
     if want != list(range(ids.shape[0])):
         idx = to_device(want, torch.int64, ids.device)
         ids, vals, ranks = ids[idx], vals[idx], ranks[idx]
     k = ids.shape[1]
-    host = torch.cat([ids.double(), vals.double(), ranks.double().unsqueeze(1)], dim=1).tolist()
-    out = []
-    for row, n in zip(host, num_top):
-        top_ids = [int(t) for t in row[1:n + 1]]
-        out.append(Logprob(int(row[0]), row[k], int(row[2 * k]), dict(zip(top_ids, row[k + 1:k + n + 1]))))
-    return out
+    ints, vals = torch.cat([ids, ranks.unsqueeze(1)], dim=1).tolist(), vals.tolist()  # [rows, k + 1], [rows, k]
+    return [Logprob(i[0], v[0], i[k], dict(zip(i[1:n + 1], v[1:n + 1]))) for i, v, n in zip(ints, vals, num_top)]

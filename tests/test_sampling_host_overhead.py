@@ -1,7 +1,7 @@
 """The engine's lean sampling step gives what the plain one gave: metadata from checked rows
 equals `from_sampling_params`, steady-step keys equal `rng.row_keys`, the cached processor
-tensors follow the batch, the one-pass checked argmax and the one-copy logprobs readback
-equal their references. On CUDA the same runs with pinned, asynchronous copies."""
+tensors follow the batch, the one-pass checked argmax and the logprobs readback equal their
+references. On CUDA the same runs with pinned, asynchronous copies."""
 
 import random
 
@@ -177,7 +177,7 @@ def test_checked_argmax(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_to_logprobs_one_copy(device):
+def test_to_logprobs(device):
     R, n = 5, 3
     ids = torch.randint(0, 2**31 - 1, (R, n + 1), device=device)
     ids[2] = -1

@@ -365,13 +365,14 @@ class SamplingMetadata:
         _check_penalty_state(rep is not None, prompt_mask, output_counts, n, V)
         allowed = [r.allowed_token_ids for r in params]
         nlp = [r.num_logprobs for r in params if r.num_logprobs is not None]
+        seeds = [0 if r.seed is None else r.seed for r in params]
+        has = [r.seed is not None for r in params]
+        engine_seed = _check_int("engine_seed", engine_seed, _INT64_MIN, _INT64_MAX)
         return cls._build(
             V, device, temps, ks if any(ks) else None, None if all(p >= 1.0 for p in ps) else ps,
-            mps if any(mps) else None, [0 if r.seed is None else r.seed for r in params],
-            [r.seed is not None for r in params], [0] * n, _check_int("engine_seed", engine_seed, _INT64_MIN, _INT64_MAX),
-            step, rep, freq, pres, prompt_mask, output_counts,
-            allowed if any(a is not None for a in allowed) else None, bad_words_token_ids, output_token_ids,
-            _check_int("max_num_logprobs", max(nlp), 0, V) if nlp else None, logitsprocs, rows)
+            mps if any(mps) else None, seeds, has, [0] * n, engine_seed, step, rep, freq, pres, prompt_mask,
+            output_counts, allowed if any(a is not None for a in allowed) else None, bad_words_token_ids,
+            output_token_ids, _check_int("max_num_logprobs", max(nlp), 0, V) if nlp else None, logitsprocs, rows)
 
     @classmethod
     def _build(cls, V, device, temps, ks, ps, mps, seed_vals, has, pos_vals, engine_seed, step, rep, freq, pres,
