@@ -8,6 +8,11 @@ the device, allocated when the first request with penalties arrives, updated aft
 every step with `specops.ops.token_bincount_update_`, so the cost of a step does not
 grow with the length of the outputs).
 
+The metadata is rebuilt only when the batch changed, from each request's parameters checked
+once (`RowParams`), with two copies to the device. In a steady step (every row samples) only
+the generator keys change: they are built on the host and sent with one pinned, asynchronous
+copy; nothing on the hot path waits for the device until the caller reads the tokens.
+
 Each step, `sample` gathers the metadata of the rows that sample (`expand`: rows that
 are mid-prompt have no logits) and calls the specops `Sampler`: allowed tokens, bad words,
 the argmax-changing processors, penalties, then temperature/min-p/top-k/top-p and the
