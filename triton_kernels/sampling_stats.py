@@ -4,10 +4,10 @@ Grid (rows, chunks): by default every program reads one block of 2048 tokens (TP
 of TILE tokens), so that many small programs keep the memory system busy at any batch
 size. Each program writes
 
-- the max of every tile (`tile_max`, temperature-scaled): pass 2 uses it to bound the
-  top-k / top-p / min-p threshold, to find the greedy argmax, and to read only the tiles
-  that can hold a kept token;
-- its chunk's max and sum exp(x - max) (NaN when the chunk holds a NaN or +inf);
+- the max of every tile (`tile_max`, temperature-scaled): the greedy argmax and the exact
+  search of sampling_topk_topp.py use it (bounds of the thresholds, tiles worth reading);
+- its chunk's max and sum exp(x - max) (NaN when the chunk holds a NaN or +inf) and its
+  number of finite tokens;
 - for rows that need no threshold (random, no top-k / top-p / min-p) the draw itself:
   the chunk's best exp(x - max) / E and its index, E being the row's Exp(1) noise;
 - for rows with top-k or top-p, a count histogram of every block (TPB tiles) over the

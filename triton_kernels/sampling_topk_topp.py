@@ -1,28 +1,26 @@
-"""Sampling pass 2: exact top-k / top-p / min-p thresholds without sorting the vocabulary,
-and the exponential-noise draw, one program per row.
+"""Sampling: exact top-k / top-p / min-p thresholds without sorting the vocabulary, and the
+exponential-noise draw. The launcher `sample_top_k_top_p_triton` runs, with no host sync:
 
-Pass 1 (sampling_stats.py) left per-chunk max / sum-exp / argmax and the max of every tile.
-Here each row:
-
-1. combines its chunks: max m, normaliser Z, argmax; a NaN or +inf logit makes Z NaN and
-   the row invalid (token -1); a row with every logit -inf is invalid too.
-2. greedy rows take the argmax; rows without top-k / top-p / min-p take the best
-   exp(x - m) / E found in pass 1 (noise E from specops.rng, STREAM given by the caller).
-3. other rows need the threshold tau (kept set = {x >= tau}):
-   - min_p alone: tau = m + log(min_p), exactly.
-   - otherwise a lower bound c of tau comes from the tile maxima alone (sorted, at most
-     1024 of them): the k-th largest tile max bounds the k-th largest value; the top
-     tiles whose maxima already carry top_p of the mass bound the top-p cut. Only tiles
-     whose max reaches c are read (usually a few percent of the row); their tokens >= c
-     (at most CAP) are sorted as (value, index) keys, which gives the k-th value, the
-     mass above each candidate and so tau exactly, with ties at tau all kept.
-   - when the candidates overflow CAP or the bound cannot be checked (top-p over a very
-     flat distribution, k above about 1000), an exact fallback bisects on the value,
-     counting tokens and mass above the midpoint over the row's tiles until the bracket
-     holds at most CAP tokens, then sorts those.
-4. the draw: argmax over kept tokens of exp(x - m) / E_t, ties to the smallest index.
-   The noise is computed only for kept candidates (or, on the direct path, only for the
-   tiles whose max reaches tau).
+1. pass 1 (sampling_stats.py, many programs per row): per-chunk max / sum-exp, the max
+   of every tile, the unfiltered draw, and a count histogram of every block of rows with
+   a filter;
+2. plan (`_plan_kernel`, one program per row): combines the chunks: max m, normaliser Z;
+   a NaN or +inf logit makes Z NaN and the row invalid (token -1), and so does a row with
+   every logit -inf. Greedy rows take the argmax; rows without top-k / top-p / min-p take
+   the best exp(x - m) / E of pass 1 (noise E from specops.rng, STREAM given by the
+   caller). Rows with a filter get a plan from their histogram (sampling_select.py);
+3. refine (twice) and collect (sampling_select.py, many programs per row): narrow the
+   bracket of the thresholds and store its tokens;
+4. finish (`_finish_kernel`, one program per row): sorts the collected candidates as
+   (value, index) keys and decides tau exactly (kept set = {x >= tau}, ties at tau all
+   kept): top-k's k-th value t1 = max(k-th value, m + log(min_p)), then the largest
+   value whose mass from the top reaches top_p of the mass above t1. Every assumption of
+   the plan is checked; a row that fails a check, or that the plan could not bracket,
+   takes the exact single-program search kept below (`_resolve_filtered`: lower bounds
+   from the sorted tile maxima, then a bisection on the value counting tokens and mass
+   over the row's tiles until at most CAP tokens are left, then a sort).
+5. the draw: argmax over kept tokens of exp(x - m) / E_t, ties to the smallest index;
+   the noise is computed only for kept tokens' blocks (collect) or candidates (finish).
 
 Outputs per row: token (int64, -1 when invalid), threshold tau (-inf when nothing is
 cut), m and log(sum over kept of exp(x - m)): the processed distribution.
