@@ -9,27 +9,26 @@ import os
 import torch
 
 from .config import ModelConfig
+from .safetensors_reader import read_safetensors_file
 from .tokenizer import Tokenizer
 
 
 def read_safetensors(path: str) -> dict[str, torch.Tensor]:
     """All tensors of every ``*.safetensors`` file in ``path`` (CPU, stored dtype).
 
-    Read tensor by tensor with ``safe_open``: ``safetensors.torch.load_file`` aborted the
-    process ("free(): invalid pointer") with safetensors 0.8.0 + torch 2.11 on the GPU image.
+    Read by safetensors_reader (standard library + torch), not the ``safetensors``
+    package: loading through the package aborted the process ("free(): invalid pointer")
+    with safetensors 0.8.0 + torch 2.11 on the GPU image.
     """
-    from safetensors import safe_open
-
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise ValueError(f"{path}: no *.safetensors files (a HF-layout model directory needs them)")
     out: dict[str, torch.Tensor] = {}
     for f in files:
         try:
-            with safe_open(f, framework="pt") as tensors:
-                out.update({name: tensors.get_tensor(name) for name in tensors.keys()})
-        except Exception as e:  # noqa: BLE001 - a corrupt file raises many kinds of errors
-            raise ValueError(f"{f}: not a readable safetensors file ({type(e).__name__}: {e})") from e
+            out.update(read_safetensors_file(f))
+        except ValueError as e:
+            raise ValueError(f"{f}: not a readable safetensors file ({e})") from e
     return out
 
 

@@ -67,13 +67,12 @@ class EagleHead(nn.Module):
     @classmethod
     def load(cls, path: str, hidden_size: int, dtype=torch.float32, device="cpu") -> "EagleHead":
         """A head from a safetensors file with ``fc.weight`` [hidden, 2 * hidden] (and optionally ``fc.bias``)."""
-        from safetensors import safe_open
+        from ..model.safetensors_reader import read_safetensors_file
 
-        with safe_open(path, framework="pt") as f:
-            names = set(f.keys())
-            if "fc.weight" not in names or names - {"fc.weight", "fc.bias"}:
-                raise ValueError(f"{path}: an EAGLE head file holds fc.weight (and fc.bias), got {sorted(names)}")
-            tensors = {k: f.get_tensor(k) for k in names}
+        tensors = read_safetensors_file(path)
+        names = set(tensors)
+        if "fc.weight" not in names or names - {"fc.weight", "fc.bias"}:
+            raise ValueError(f"{path}: an EAGLE head file holds fc.weight (and fc.bias), got {sorted(names)}")
         if tuple(tensors["fc.weight"].shape) != (hidden_size, 2 * hidden_size):
             raise ValueError(f"{path}: fc.weight has shape {tuple(tensors['fc.weight'].shape)}, expected "
                              f"{(hidden_size, 2 * hidden_size)} for the target's hidden size {hidden_size}")
