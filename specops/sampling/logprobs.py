@@ -11,7 +11,13 @@ Four modes (vLLM's names):
 
 Rank = 1 + the number of tokens with a strictly larger value (ties share the best rank).
 Rows whose token is -1 (invalid) get token id -1, NaN values and rank -1.
-All torch ops: no host sync.
+
+Backends of the "raw_*" modes: "torch" (logsumexp, topk, a rank count and a gather: several
+passes over the logits) and "triton" (specops.triton_kernels.logprob_stats: logsumexp, the
+top-1 and the rank in one read of the logits; torch.topk only for n >= 2); "auto" takes
+triton on CUDA and torch elsewhere. Neither syncs the host. The two agree on ids and ranks
+exactly (the top-1 of tied maxima is the first index in both; among ties for n >= 2
+torch.topk's order decides) and on values to fp32 rounding. The processed modes use torch.
 """
 
 from __future__ import annotations
@@ -22,6 +28,10 @@ import torch
 
 from .metadata import LOGPROBS_MODES
 from .sampler_torch import SampleResult, scale_logits
+from .topk_topp import resolve_backend
+
+
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @dataclass
@@ -65,6 +75,42 @@ def gather_logprobs(
                            ranks.masked_fill_(bad, -1))
 
 
+def gather_logprobs_triton(
+    scores: torch.Tensor,               # [R, V] fp32/bf16/fp16 raw logits, any row stride
+    tokens: torch.Tensor,               # [R] int64 sampled tokens (-1: invalid row)
+    num_logprobs: int,
+    log_norm: bool,                     # True: values minus the row's logsumexp ("raw_logprobs")
+) -> LogprobsTensors:
+    """`gather_logprobs(scores, tokens, n, logsumexp(scores) if log_norm else None)` fused.
+
+    One Triton pass over the rows gives logsumexp, the sampled token's value and rank, and
+    the top-1; n >= 2 adds torch.topk for the top n. Tokens outside [0, V) are invalid rows
+    here (-1 ids, NaN values, rank -1) where the torch path raises. Runs on CUDA, or on CPU
+    under TRITON_INTERPRET=1 (tests).
+    """
+    from specops.triton_kernels.logprob_stats import logprob_stats
+
+    R, V = scores.shape
+    n = max(0, min(int(num_logprobs), V))
+    if scores.stride(1) != 1:
+        scores = scores.contiguous()
+    dev = scores.device
+    ids = torch.empty(R, n + 1, dtype=torch.int64, device=dev)
+    vals = torch.empty(R, n + 1, dtype=torch.float32, device=dev)
+    ranks = torch.empty(R, dtype=torch.int64, device=dev)
+    lse = torch.empty(R, dtype=torch.float32, device=dev)
+    logprob_stats(scores, tokens.contiguous(), ids, vals, ranks, lse, log_norm=log_norm, top1=n == 1)
+    if n >= 2:
+        top_v, top_i = scores.topk(n, dim=-1)
+        top_v = top_v.float()
+        if log_norm:
+            top_v = top_v - lse.unsqueeze(1)
+        bad = ids[:, :1] < 0
+        ids[:, 1:] = top_i.masked_fill_(bad, -1)
+        vals[:, 1:] = top_v.masked_fill_(bad, float("nan"))
+    return LogprobsTensors(ids, vals, ranks)
+
+
 def compute_logprobs(
     mode: str,
     num_logprobs: int,
@@ -73,13 +119,19 @@ def compute_logprobs(
     processed_logits: torch.Tensor | None = None,  # [R, V] processed, before temperature ("processed_*")
     inv_temperature: torch.Tensor | None = None,   # [R] fp32 ("processed_*")
     result: SampleResult | None = None,       # the draw's processed distribution ("processed_*")
+    backend: str = "auto",
 ) -> LogprobsTensors:
-    """Logprobs in `mode` (see the module docstring)."""
+    """Logprobs in `mode` (see the module docstring).
+
+    `backend` ("auto", "triton" or "torch") picks the implementation of the "raw_*" modes.
+    """
     if mode not in LOGPROBS_MODES:
         raise ValueError(f"logprobs mode must be one of {LOGPROBS_MODES}, got {mode!r}")
     if mode.startswith("raw"):
         if raw_logits is None:
             raise ValueError(f"{mode} needs raw_logits")
+        if resolve_backend(backend, raw_logits.device) == "triton" and raw_logits.dtype in _KERNEL_DTYPES:
+            return gather_logprobs_triton(raw_logits, tokens, num_logprobs, mode == "raw_logprobs")
         scores = raw_logits.float()
         offset = torch.logsumexp(scores, dim=-1) if mode == "raw_logprobs" else None
         return gather_logprobs(scores, tokens, num_logprobs, offset)

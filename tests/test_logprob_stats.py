@@ -1,0 +1,210 @@
+"""The fused logprobs kernel (specops.triton_kernels.logprob_stats) against the torch path.
+
+compute_logprobs(backend="triton") must give what backend="torch" gives for the raw modes:
+ids and ranks exactly (the top-1 of tied maxima is the first index; ties among the top n,
+n >= 2, may come in another order, checked to be ties), values to fp32 rounding. Cases:
+awkward shapes, fp32/bf16/fp16, ties across chunks, the chosen token being the max, -inf
+entries, NaN/+inf/all -inf rows, invalid tokens, strided rows, several blocks per program,
+batch invariance. CPU runs the Triton interpreter at small shapes; CUDA adds full vocabularies
+and CUDA-graph capture.
+"""
+
+import pytest
+import torch
+
+from specops.sampling.logprobs import LogprobsTensors, compute_logprobs
+from specops.triton_kernels.logprob_stats import chunk_geometry, logprob_stats
+
+CUDA = torch.cuda.is_available()
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.fixture
+def device() -> str:
+    """The kernel's device: CUDA (compiled) when present, else CPU (interpreter): never both."""
+    return "cuda" if CUDA else "cpu"
+
+
+def first_max_index(x: torch.Tensor) -> torch.Tensor:
+    """[R, V] -> [R]: the first NaN if the row has one, else the first index of the max."""
+    x = x.float()
+    nan = torch.isnan(x)
+    arg = torch.where(nan, float("-inf"), x).argmax(dim=-1)          # torch.argmax: first of ties
+    return torch.where(nan.any(dim=-1), nan.int().argmax(dim=-1), arg)
+
+
+def check(scores, tokens, n, mode, out=None):
+    """Triton result (or `out`) against the torch path on the same inputs."""
+    a = out or compute_logprobs(mode, n, tokens, raw_logits=scores, backend="triton")
+    b = compute_logprobs(mode, n, tokens, raw_logits=scores, backend="torch")
+    assert a.token_ids.shape == b.token_ids.shape and a.logprobs.dtype == torch.float32
+    assert torch.equal(a.ranks, b.ranks)
+    assert torch.equal(a.token_ids[:, 0], b.token_ids[:, 0])
+    torch.testing.assert_close(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-5, equal_nan=True)
+    if n == 0 or scores.shape[0] == 0:
+        return
+    x = scores.float()
+    valid = tokens >= 0
+    ia, ib = a.token_ids[:, 1:], b.token_ids[:, 1:]
+    assert bool((ia[~valid] == -1).all())
+    diff = valid.unsqueeze(1) & (ia != ib)
+    if diff.any():                                  # only ties may come in another order
+        va, vb = x.gather(1, ia.clamp(min=0)), x.gather(1, ib.clamp(min=0))
+        same = (va == vb) | (torch.isnan(va) & torch.isnan(vb))
+        assert bool(same[diff].all()), (ia[diff], ib[diff])
+    if n == 1:
+        assert torch.equal(ia[valid, 0], first_max_index(x)[valid])
+
+
+def random_scores(R, V, dtype, device, scale=3.0):
+    return (torch.randn(R, V, device=device) * scale).to(dtype)
+
+
+def random_tokens(R, V, device, invalid=0.2):
+    t = torch.randint(0, V, (R,), device=device)
+    return torch.where(torch.rand(R, device=device) < invalid, torch.full_like(t, -1), t)
+
+
+def vocabs(device):
+    return [17, 1000, 4099] + ([128256, 151936] if device == "cuda" else [])
+
+
+# R = 33 in fp32 only on CPU: the interpreter runs every program in turn
+SHAPES = [(R, dt) for R in (0, 1, 3) for dt in DTYPES] + [(33, torch.float32)]
+
+
+@pytest.mark.parametrize("R, dtype", SHAPES + ([(33, torch.bfloat16), (33, torch.float16)] if CUDA else []),
+                         ids=str)
+def test_random_rows(device, R, dtype):
+    for V in vocabs(device):
+        x = random_scores(R, V, dtype, device)
+        tok = random_tokens(R, V, device)
+        for n, mode in ((0, "raw_logprobs"), (1, "raw_logprobs"), (5, "raw_logprobs"), (1, "raw_logits")):
+            check(x, tok, n, mode)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_special_rows(device, dtype):
+    """Ties at the max across chunks, chosen = max, -inf entries, NaN / +inf / all -inf rows."""
+    inf, nan = float("inf"), float("nan")
+    for V in vocabs(device)[1:]:
+        R = 10
+        x = random_scores(R, V, torch.float32, device)
+        top = float(x.max()) + 1.0
+        last = V - 1
+        x[0, [last, 3, V // 2]] = top                  # ties in several chunks: first index wins
+        x[1, V // 2] = top                             # the chosen token is the max (rank 1)
+        x[2, torch.rand(V, device=device) < 0.5] = -inf
+        x[3] = -inf                                    # all -inf: logsumexp -inf, NaN logprobs
+        x[4, [7, last]] = nan                          # NaN: its first index is the top-1
+        x[5, [last, 11]] = inf
+        x[6, 5], x[6, last] = inf, nan
+        x[7] = nan
+        x[8, :] = 1.25                                 # every token tied
+        x[9, 0] = top                                  # the max at index 0
+        x = x.to(dtype)
+        tok = torch.tensor([3, V // 2, 0, 1, 7, 0, 5, 2, last, 0], device=device)
+        tok[2] = int(torch.nonzero(x[2].float() > -inf)[0])
+        for n, mode in ((0, "raw_logprobs"), (1, "raw_logprobs"), (3, "raw_logprobs"), (1, "raw_logits")):
+            check(x, tok, n, mode)
+        out = compute_logprobs("raw_logprobs", 1, tok, raw_logits=x, backend="triton")
+        assert out.ranks[1] == 1 and out.token_ids[1, 1] == V // 2
+        assert out.token_ids[0, 1] == 3 and out.token_ids[3, 1] == 0 and out.token_ids[4, 1] == 7
+        assert out.token_ids[8, 1] == 0 and out.ranks[8] == 1
+        assert bool(torch.isnan(out.logprobs[[3, 4, 6, 7]]).all())
+        assert out.logprobs[5, 0] == -inf and out.token_ids[5, 1] == 11 and torch.isnan(out.logprobs[5, 1])
+
+
+def test_invalid_tokens(device):
+    x = random_scores(4, 1000, torch.float32, device)
+    tok = torch.tensor([-1, 5, -1, 1000], device=device)    # 1000 = V: out of range, like -1
+    for n in (0, 1, 4):
+        out = compute_logprobs("raw_logprobs", n, tok, raw_logits=x, backend="triton")
+        bad = torch.tensor([True, False, True, True], device=device)
+        assert bool((out.token_ids[bad] == -1).all()) and bool((out.ranks[bad] == -1).all())
+        assert bool(torch.isnan(out.logprobs[bad]).all())
+        assert not bool(torch.isnan(out.logprobs[1]).any())
+        check(x[:3], tok[:3], n, "raw_logprobs")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_strided_rows(device, dtype):
+    """Rows of a wider tensor (any row stride, odd offset), and a column-strided view."""
+    R, V = 5, 4099
+    wide = random_scores(R, V + 37, dtype, device)
+    x = wide[:, 3:3 + V]
+    tok = random_tokens(R, V, device)
+    for n in (1, 5):
+        check(x, tok, n, "raw_logprobs")
+    t = random_scores(V, R, dtype, device).t()                  # column stride R
+    check(t, tok, 1, "raw_logprobs")
+
+
+def test_several_blocks_per_program(device):
+    """Small blocks and few chunks: the running max / sum across blocks of one program."""
+    R, V = 6, 500
+    assert chunk_geometry(V, 16, 4) == (16, 8, 4)
+    x = random_scores(R, V, torch.float32, device)
+    x[0, 250:] = -float("inf")
+    x[1, 100:300] = float(x[1].max()) + 1                        # ties inside and across blocks
+    x[2, 499] = float("nan")
+    x[3, 257] = float("inf")
+    tok = random_tokens(R, V, device, invalid=0.0)
+    for log_norm, mode in ((True, "raw_logprobs"), (False, "raw_logits")):
+        ids = torch.empty(R, 2, dtype=torch.int64, device=device)
+        vals = torch.empty(R, 2, device=device)
+        ranks = torch.empty(R, dtype=torch.int64, device=device)
+        lse = torch.empty(R, device=device)
+        logprob_stats(x, tok, ids, vals, ranks, lse, log_norm=log_norm, top1=True, block=16, max_chunks=4)
+        check(x, tok, 1, mode, out=LogprobsTensors(ids, vals, ranks))
+        torch.testing.assert_close(lse, torch.logsumexp(x, dim=-1), rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def test_batch_invariance(device):
+    """A row's result is bitwise the same alone and inside a larger batch."""
+    V = vocabs(device)[-1]
+    x = random_scores(33, V, torch.bfloat16, device)
+    tok = random_tokens(33, V, device, invalid=0.0)
+    full = compute_logprobs("raw_logprobs", 1, tok, raw_logits=x, backend="triton")
+    for r in (0, 17, 32):
+        one = compute_logprobs("raw_logprobs", 1, tok[r:r + 1], raw_logits=x[r:r + 1], backend="triton")
+        assert torch.equal(one.token_ids, full.token_ids[r:r + 1]) and torch.equal(one.ranks, full.ranks[r:r + 1])
+        assert torch.equal(one.logprobs, full.logprobs[r:r + 1])
+
+
+def test_auto_backend_dispatch(device):
+    x = random_scores(3, 1000, torch.float32, device)
+    tok = random_tokens(3, 1000, device)
+    auto = compute_logprobs("raw_logprobs", 1, tok, raw_logits=x)
+    check(x, tok, 1, "raw_logprobs", out=auto)
+    with pytest.raises(ValueError, match="backend"):
+        compute_logprobs("raw_logprobs", 1, tok, raw_logits=x, backend="cuda")
+
+
+@pytest.mark.skipif(CUDA, reason="CUDA runs full vocabularies in every test")
+def test_full_vocab_row_cpu():
+    """One 128256-token row under the interpreter (CUDA covers full vocabularies everywhere)."""
+    x = random_scores(1, 128256, torch.bfloat16, "cpu")
+    tok = torch.tensor([4242])
+    check(x, tok, 1, "raw_logprobs")
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
+def test_cuda_graph_capture():
+    R, V = 32, 128256
+    x = random_scores(R, V, torch.bfloat16, "cuda")
+    tok = random_tokens(R, V, "cuda")
+    for n in (1, 5):
+        fn = lambda: compute_logprobs("raw_logprobs", n, tok, raw_logits=x, backend="triton")  # noqa: E731
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = fn()
+        x.copy_(random_scores(R, V, torch.bfloat16, "cuda"))
+        g.replay()
+        torch.cuda.synchronize()
+        check(x, tok, n, "raw_logprobs", out=out)
