@@ -18,7 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from specops.triton_kernels.rejection_sample import _INT_MAX, _pick_word, _row_key, _row_scale, temp_mode_of
+from specops.triton_kernels.rejection_sample import (_INT_MAX, _merge_block_max, _pick_word, _request_keys, _row_key,
+                                                    _row_scale, _scaled_block, _target_row, temp_mode_of)
 from specops.triton_kernels.rng import STREAM_RECOVER, exponential, random_words
 
 
@@ -48,11 +49,7 @@ def _rejection_recover_kernel(
     if j >= 0:
         start = tl.load(cu_ptr + req - 1, mask=req > 0, other=0).to(tl.int32)
         i = j - start
-        if HAS_TARGET_ROWS:
-            row = tl.load(target_rows_ptr + j).to(tl.int64)
-        else:
-            row = j.to(tl.int64)
-        row_ptr = logits_ptr + row * logits_stride
+        row_ptr = _target_row(logits_ptr, logits_stride, target_rows_ptr, j, HAS_TARGET_ROWS)
         q_ptr = draft_probs_ptr + j.to(tl.int64) * draft_probs_stride
         inv_t, thr = _row_scale(temp_ptr, threshold_ptr, req, j, False, TEMP_MODE, HAS_THRESHOLD)
         row_max = tl.load(rec_ms_ptr + req * 2)
@@ -63,15 +60,8 @@ def _rejection_recover_kernel(
             excluded = tl.where(valid, -1, x)
         else:
             excluded = x
-        if HAS_SEEDS:
-            seeded = tl.load(has_seed_ptr + req) != 0
-            seed = tl.load(seeds_ptr + req).to(tl.int64)
-            position = tl.load(positions_ptr + req).to(tl.int64)
-        else:
-            seeded = tl.full([], False, tl.int1)
-            seed = tl.full([], 0, tl.int64)
-            position = tl.full([], 0, tl.int64)
-        step = tl.load(step_ptr).to(tl.int64)
+        seeded, seed, position, step = _request_keys(seeds_ptr, has_seed_ptr, positions_ptr, step_ptr, req,
+                                                     HAS_SEEDS)
         seed_r, pos_r = _row_key(seeded, seed, position, engine_seed.to(tl.int64), step,
                                  i.to(tl.int64), j)
 
@@ -84,26 +74,16 @@ def _rejection_recover_kernel(
         chunk0 = split * CHUNK
         for off in range(0, CHUNK, BLOCK):
             base = chunk0 + off
-            t = base + kk[:, None] * 4 + ww
-            mask = t < vocab_size
-            v = tl.load(row_ptr + t, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
-            if HAS_THRESHOLD:
-                v = tl.where(v >= thr, v, float("-inf"))
+            t, mask, v = _scaled_block(row_ptr, base, kk, ww, vocab_size, inv_t, thr, HAS_THRESHOLD)
             w0, w1, w2, w3 = random_words(seed_r, pos_r, STREAM_RECOVER, base // 4 + kk)
             e = exponential(_pick_word(w0, w1, w2, w3, ww))
             key = tl.where(mask & (t != excluded), v - tl.log(e), float("-inf"))
-            bk = tl.max(tl.max(key, 1), 0)
-            bki = tl.min(tl.min(tl.where(key == bk, t, _INT_MAX), 1), 0)
-            lbi = tl.where(bk > lb, bki, lbi)
-            lb = tl.maximum(lb, bk)
+            lb, lbi = _merge_block_max(key, t, lb, lbi)
             if HAS_DRAFT_PROBS:
                 q = tl.load(q_ptr + t, mask=mask, other=0.0).to(tl.float32)
                 p = tl.exp(v - row_max) / row_sum
                 res = tl.where(mask, tl.maximum(p - q, 0.0) / e, 0.0)
-                br = tl.max(tl.max(res, 1), 0)
-                bri = tl.min(tl.min(tl.where(res == br, t, _INT_MAX), 1), 0)
-                rbi = tl.where(br > rb, bri, rbi)
-                rb = tl.maximum(rb, br)
+                rb, rbi = _merge_block_max(res, t, rb, rbi)
         p_off = req * NUM_SPLITS + split
         tl.store(part_log_ptr + p_off, lb)
         tl.store(part_log_idx_ptr + p_off, lbi)

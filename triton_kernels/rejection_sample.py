@@ -47,6 +47,31 @@ def _row_key(seeded, seed, position, engine_seed, step, i, j):
 
 
 @triton.jit
+def _request_greedy(greedy_ptr, req, GREEDY_MODE: tl.constexpr):
+    """Whether request req is greedy: its flag (GREEDY_MODE 0), else the batch's mode (1: all greedy)."""
+    if GREEDY_MODE == 0:
+        greedy = tl.load(greedy_ptr + req) != 0
+    else:
+        greedy = tl.full([], GREEDY_MODE == 1, tl.int1)
+    return greedy
+
+
+@triton.jit
+def _request_keys(seeds_ptr, has_seed_ptr, positions_ptr, step_ptr, req, HAS_SEEDS: tl.constexpr):
+    """(seeded, seed, position, step) of request req for _row_key; without HAS_SEEDS, unseeded."""
+    if HAS_SEEDS:
+        seeded = tl.load(has_seed_ptr + req) != 0
+        seed = tl.load(seeds_ptr + req).to(tl.int64)
+        position = tl.load(positions_ptr + req).to(tl.int64)
+    else:
+        seeded = tl.full([], False, tl.int1)
+        seed = tl.full([], 0, tl.int64)
+        position = tl.full([], 0, tl.int64)
+    step = tl.load(step_ptr).to(tl.int64)
+    return seeded, seed, position, step
+
+
+@triton.jit
 def _row_scale(temp_ptr, threshold_ptr, req, j, greedy, TEMP_MODE: tl.constexpr, HAS_THRESHOLD: tl.constexpr):
     """(1/T, threshold) of target row j of request req; greedy rows: (1, -inf)."""
     inv_t = tl.full([], 1.0, tl.float32)
@@ -58,6 +83,37 @@ def _row_scale(temp_ptr, threshold_ptr, req, j, greedy, TEMP_MODE: tl.constexpr,
     if HAS_THRESHOLD:
         thr = tl.where(greedy, float("-inf"), tl.load(threshold_ptr + j).to(tl.float32))
     return inv_t, thr
+
+
+@triton.jit
+def _target_row(logits_ptr, logits_stride, target_rows_ptr, j, HAS_TARGET_ROWS: tl.constexpr):
+    """Pointer to the logits of target row j (row target_rows[j] with HAS_TARGET_ROWS, else row j)."""
+    if HAS_TARGET_ROWS:
+        row = tl.load(target_rows_ptr + j).to(tl.int64)
+    else:
+        row = j.to(tl.int64)
+    return logits_ptr + row * logits_stride
+
+
+@triton.jit
+def _scaled_block(row_ptr, base, kk, ww, vocab_size, inv_t, thr, HAS_THRESHOLD: tl.constexpr):
+    """Tokens t = base + 4 * kk + ww [BLOCK // 4, 4], their mask t < V and scaled logits x / T
+    (-inf outside the vocabulary and, with HAS_THRESHOLD, below thr)."""
+    t = base + kk[:, None] * 4 + ww
+    mask = t < vocab_size
+    v = tl.load(row_ptr + t, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
+    if HAS_THRESHOLD:
+        v = tl.where(v >= thr, v, float("-inf"))
+    return t, mask, v
+
+
+@triton.jit
+def _merge_block_max(v, t, best, best_t):
+    """Running (max, token) updated with the block v [N, 4] of tokens t: the block's max
+    (lowest token on ties) replaces the running one when strictly larger."""
+    bm = tl.max(tl.max(v, 1), 0)
+    bi = tl.min(tl.min(tl.where(v == bm, t, _INT_MAX), 1), 0)
+    return tl.maximum(best, bm), tl.where(bm > best, bi, best_t)
 
 
 @triton.jit
@@ -173,28 +229,13 @@ def _rejection_sample_kernel(
     end = tl.minimum(tl.load(cu_ptr + req).to(tl.int32), num_target_rows)
     n = tl.maximum(tl.minimum(end - start, MAX_K), 0)
 
-    if GREEDY_MODE == 0:
-        greedy = tl.load(greedy_ptr + req) != 0
-    else:
-        greedy = tl.full([], GREEDY_MODE == 1, tl.int1)
-    if HAS_SEEDS:
-        seeded = tl.load(has_seed_ptr + req) != 0
-        seed = tl.load(seeds_ptr + req).to(tl.int64)
-        position = tl.load(positions_ptr + req).to(tl.int64)
-    else:
-        seeded = tl.full([], False, tl.int1)
-        seed = tl.full([], 0, tl.int64)
-        position = tl.full([], 0, tl.int64)
-    step = tl.load(step_ptr).to(tl.int64)
+    greedy = _request_greedy(greedy_ptr, req, GREEDY_MODE)
+    seeded, seed, position, step = _request_keys(seeds_ptr, has_seed_ptr, positions_ptr, step_ptr, req, HAS_SEEDS)
     engine_seed = engine_seed.to(tl.int64)
 
     if i < n:
         j = start + i
-        if HAS_TARGET_ROWS:
-            row = tl.load(target_rows_ptr + j).to(tl.int64)
-        else:
-            row = j.to(tl.int64)
-        row_ptr = logits_ptr + row * logits_stride
+        row_ptr = _target_row(logits_ptr, logits_stride, target_rows_ptr, j, HAS_TARGET_ROWS)
         inv_t, thr = _row_scale(temp_ptr, threshold_ptr, req, j, greedy, TEMP_MODE, HAS_THRESHOLD)
         x = tl.load(draft_ids_ptr + j).to(tl.int32)
         seed_r, pos_r = _row_key(seeded, seed, position, engine_seed, step, i.to(tl.int64), j)
@@ -209,15 +250,8 @@ def _rejection_sample_kernel(
         chunk0 = split * CHUNK
         for off in range(0, CHUNK, BLOCK):
             base = chunk0 + off
-            t = base + kk[:, None] * 4 + ww
-            mask = t < vocab_size
-            v = tl.load(row_ptr + t, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
-            if HAS_THRESHOLD:
-                v = tl.where(v >= thr, v, float("-inf"))
-            bm = tl.max(tl.max(v, 1), 0)
-            bi = tl.min(tl.min(tl.where(v == bm, t, _INT_MAX), 1), 0)
-            am = tl.where(bm > m, bi, am)
-            m_new = tl.maximum(m, bm)
+            t, mask, v = _scaled_block(row_ptr, base, kk, ww, vocab_size, inv_t, thr, HAS_THRESHOLD)
+            m_new, am = _merge_block_max(v, t, m, am)
             if GREEDY_MODE != 1:
                 m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
                 s = s * tl.exp(m - m_safe) + tl.sum(tl.sum(tl.exp(v - m_safe), 1), 0)
@@ -227,10 +261,7 @@ def _rejection_sample_kernel(
                     w0, w1, w2, w3 = random_words(seed_r, pos_r, STREAM_RECOVER, base // 4 + kk)
                     key = v - tl.log(exponential(_pick_word(w0, w1, w2, w3, ww)))
                     key = tl.where(mask & (t != x), key, float("-inf"))
-                    bk = tl.max(tl.max(key, 1), 0)
-                    bki = tl.min(tl.min(tl.where(key == bk, t, _INT_MAX), 1), 0)
-                    kbi = tl.where(bk > kb, bki, kbi)
-                    kb = tl.maximum(kb, bk)
+                    kb, kbi = _merge_block_max(key, t, kb, kbi)
         p = j * NUM_SPLITS + split
         tl.store(part_m_ptr + p, m)
         tl.store(part_s_ptr + p, s)
@@ -274,19 +305,9 @@ def _rejection_finalize_kernel(
     end = tl.minimum(tl.load(cu_ptr + req).to(tl.int32), num_target_rows)
     n = tl.maximum(tl.minimum(end - start, MAX_K), 0)
     if n > 0:
-        if GREEDY_MODE == 0:
-            greedy = tl.load(greedy_ptr + req) != 0
-        else:
-            greedy = tl.full([], GREEDY_MODE == 1, tl.int1)
-        if HAS_SEEDS:
-            seeded = tl.load(has_seed_ptr + req) != 0
-            seed = tl.load(seeds_ptr + req).to(tl.int64)
-            position = tl.load(positions_ptr + req).to(tl.int64)
-        else:
-            seeded = tl.full([], False, tl.int1)
-            seed = tl.full([], 0, tl.int64)
-            position = tl.full([], 0, tl.int64)
-        step = tl.load(step_ptr).to(tl.int64)
+        greedy = _request_greedy(greedy_ptr, req, GREEDY_MODE)
+        seeded, seed, position, step = _request_keys(seeds_ptr, has_seed_ptr, positions_ptr, step_ptr, req,
+                                                     HAS_SEEDS)
         _finalize_request(
             out_ptr, out_stride, draft_ids_ptr, bonus_ptr,
             part_m_ptr, part_s_ptr, part_idx_ptr, part_key_ptr, part_kidx_ptr, part_x_ptr,

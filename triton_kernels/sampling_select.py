@@ -151,6 +151,31 @@ def refine_geometry(vocab: int, block: int = 2048, max_programs: int = 32) -> tu
     return -(-blocks // per_prog), per_prog
 
 
+@triton.jit
+def _row_inputs(logits_ptr, stride_row, inv_temp_ptr, st_f_ptr, r):
+    """(row pointer, 1/T, m, lo, hi, t1) of row r, as refine and collect read them."""
+    row = logits_ptr + r.to(tl.int64) * stride_row
+    inv_t = tl.load(inv_temp_ptr + r)
+    m = tl.load(st_f_ptr + r * 6 + 0)
+    lo = tl.load(st_f_ptr + r * 6 + 2)
+    hi = tl.load(st_f_ptr + r * 6 + 3)
+    t1 = tl.load(st_f_ptr + r * 6 + 4)
+    return row, inv_t, m, lo, hi, t1
+
+
+@triton.jit
+def merge_best(sc, idx, best, tok, NO_TOKEN: tl.constexpr):
+    """(best, tok) updated with the best of the race scores sc [N] (tokens idx [N]).
+
+    Ties go to the lowest token, within the block and against the running best; an index
+    without a candidate is NO_TOKEN (larger than any token).
+    """
+    bs = tl.max(sc, axis=0)
+    bi = tl.min(tl.where(sc == bs, idx, NO_TOKEN), axis=0)
+    better = (bs > best) | ((bs == best) & (bi < tok))
+    return tl.where(better, bs, best), tl.where(better, bi, tok)
+
+
 @triton.jit(do_not_specialize=["V", "S3", "BPP"])
 def _refine_kernel(
     logits_ptr, stride_row,          # [R, V]
@@ -166,12 +191,7 @@ def _refine_kernel(
     c = tl.program_id(1)
     mode = tl.load(st_i_ptr + r * 4)
     if (mode == REFINE_COUNT) | (mode == REFINE_MASS):
-        row = logits_ptr + r.to(tl.int64) * stride_row
-        inv_t = tl.load(inv_temp_ptr + r)
-        m = tl.load(st_f_ptr + r * 6 + 0)
-        lo = tl.load(st_f_ptr + r * 6 + 2)
-        hi = tl.load(st_f_ptr + r * 6 + 3)
-        t1 = tl.load(st_f_ptr + r * 6 + 4)
+        row, inv_t, m, lo, hi, t1 = _row_inputs(logits_ptr, stride_row, inv_temp_ptr, st_f_ptr, r)
         inv_sw = (_SB - 1) / (hi - lo)
         h = tl.zeros([_SB], tl.int32)
         n_above = tl.zeros([BLOCK], tl.int32)
@@ -295,14 +315,9 @@ def _collect_kernel(
     c = tl.program_id(1)
     mode = tl.load(st_i_ptr + r * 4)
     if (mode == COLLECT) | (mode == DRAW):
-        row = logits_ptr + r.to(tl.int64) * stride_row
-        inv_t = tl.load(inv_temp_ptr + r)
+        row, inv_t, m, lo, hi, t1 = _row_inputs(logits_ptr, stride_row, inv_temp_ptr, st_f_ptr, r)
         seed = tl.load(seed_ptr + r)
         pos = tl.load(pos_ptr + r)
-        m = tl.load(st_f_ptr + r * 6 + 0)
-        lo = tl.load(st_f_ptr + r * 6 + 2)
-        hi = tl.load(st_f_ptr + r * 6 + 3)
-        t1 = tl.load(st_f_ptr + r * 6 + 4)
         if mode == DRAW:
             lo = t1
             hi = t1
@@ -324,11 +339,7 @@ def _collect_kernel(
                 # call index written so that the compiler sees the 4 tokens of a thread share it
                 w0, w1, w2, w3 = random_words(seed, pos, stream, offs >> 2)
                 sc = tl.where(above, e / exponential(select_word(w0, w1, w2, w3, offs & 3)), -1.0)
-                bs = tl.max(sc, axis=0)
-                bi = tl.min(tl.where(sc == bs, offs, _IMAX), axis=0)
-                better = (bs > best) | ((bs == best) & (bi < tok))
-                best = tl.where(better, bs, best)
-                tok = tl.where(better, bi, tok)
+                best, tok = merge_best(sc, offs, best, tok, _IMAX)
                 n_above += na
             if (mode == COLLECT) & (t1 > float("-inf")):
                 m_t1 += tl.where(fin & (x >= t1), tl.exp(x - m), 0.0)

@@ -33,7 +33,8 @@ import triton.language as tl
 from .rng import exponential, random_words
 from .sampling_common import float_key, key_float, pack_key, select_word, token_noise, unpack_key
 from .sampling_select import (COLLECT, DONE, DRAW, FALLBACK, STATE_F, STATE_I, SUB_BINS, _collect_kernel,
-                              _refine_combine_kernel, _refine_kernel, plan_filtered, refine_geometry)
+                              _refine_combine_kernel, _refine_kernel, merge_best, plan_filtered,
+                              refine_geometry)
 from .sampling_stats import HIST_BINS, _next_pow2, pass1_geometry, row_stats_pass, tile_size
 
 _BIG = tl.constexpr(2147483647)
@@ -544,11 +545,7 @@ def _finish_kernel(
                 m_t1 += tl.sum(tl.load(cf_ptr + base * 3 + 2, mask=cm, other=0.0), axis=0)
                 bs = tl.load(cf_ptr + base * 3 + 1, mask=cm, other=-1.0)
                 bi = tl.load(ci_ptr + base, mask=cm, other=_BIG)
-                gb = tl.max(bs, axis=0)
-                gi = tl.min(tl.where(bs == gb, bi, _BIG), axis=0)
-                better = (gb > best) | ((gb == best) & (gi < tok_a))
-                best = tl.where(better, gb, best)
-                tok_a = tl.where(better, gi, tok_a)
+                best, tok_a = merge_best(bs, bi, best, tok_a, _BIG)
             if mode == DRAW:
                 tok = tok_a
             else:
