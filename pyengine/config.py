@@ -44,6 +44,9 @@ class EngineConfig:
     logits_processors : list
         Custom specops LogitsProcessor classes or "module:Class" names (installed packages'
         "specops.logits_processors" entry points are loaded too).
+    sampler_cuda_graphs : bool
+        On CUDA, replay the sampler of steady decode steps (same batch, every row samples)
+        from a CUDA graph instead of launching its ops one by one (pyengine/sampler_graph.py).
 
     Speculative decoding (issue 6; off unless spec_method is set):
 
@@ -92,6 +95,7 @@ class EngineConfig:
     attn_backend: str | None = None
     seed: int = 0
     logits_processors: list = field(default_factory=list)
+    sampler_cuda_graphs: bool = True
     # speculative decoding
     spec_method: str | None = None
     num_spec_tokens: int = 4

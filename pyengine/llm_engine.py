@@ -98,7 +98,7 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, mc.vocab_size, num_blocks, config.block_size, config.max_num_seqs,
                                   max_len, seed=config.seed, num_lookahead_tokens=lookahead,
                                   eos_token_ids=self.eos_token_ids, logits_processors=config.logits_processors,
-                                  synthetic_acceptance=self._synthetic)
+                                  synthetic_acceptance=self._synthetic, sampler_cuda_graphs=config.sampler_cuda_graphs)
         # EAGLE/MTP-style proposers read the target's hidden states (kept by the runner only for them)
         self.runner.keep_hidden_states = self.proposer is not None and self.proposer.needs_hidden_states
         self.structured = None  # StructuredOutputManager, made on the first structured request

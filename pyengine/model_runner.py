@@ -87,11 +87,13 @@ class ModelRunner:
         Engine seed for unseeded requests.
     synthetic_acceptance : SyntheticAcceptance or None
         Benchmarks only: decide acceptance by these rates instead of verifying drafts.
+    sampler_cuda_graphs : bool
+        Replay steady sampling steps from a CUDA graph (see BatchSampler).
     """
 
     def __init__(self, model, vocab_size: int, num_blocks: int, block_size: int, max_num_reqs: int,
                  max_model_len: int, seed: int = 0, num_lookahead_tokens: int = 0, eos_token_ids: list[int] = (),
-                 logits_processors: list = (), synthetic_acceptance=None):
+                 logits_processors: list = (), synthetic_acceptance=None, sampler_cuda_graphs: bool = True):
         from .model.attention import AttnMetadata
 
         self._attn_cls = AttnMetadata
@@ -101,7 +103,8 @@ class ModelRunner:
         self.kv_caches = model.make_kv_caches(num_blocks, block_size)
         max_blocks = -(-(max_model_len + num_lookahead_tokens) // block_size)
         self.input_batch = InputBatch(max_num_reqs, max_blocks)
-        self.sampler = BatchSampler(max_num_reqs, vocab_size, self.device, seed, eos_token_ids, logits_processors)
+        self.sampler = BatchSampler(max_num_reqs, vocab_size, self.device, seed, eos_token_ids, logits_processors,
+                                    cuda_graphs=sampler_cuda_graphs)
         self.time_forward = 0.0  # seconds, for benchmarks (synchronised only when profile=True)
         self.time_sample = 0.0
         self.profile = False

@@ -36,7 +36,7 @@ from specops import rng
 from specops.ops import token_bincount_update_
 from specops.sampling.logits_processors import LogitsRows, build_logits_processors
 from specops.sampling.logits_processors.interface import to_device
-from specops.sampling.logits_processors.builtin import MinPLogitsProcessor
+from specops.sampling.logits_processors.builtin import MinPLogitsProcessor, MinTokensLogitsProcessor
 from specops.sampling.logprobs import LogprobsTensors
 from specops.sampling.metadata import RowParams, SamplingMetadata
 from specops.sampling.sampler import Sampler
@@ -45,6 +45,7 @@ from specops.spec_decode.rejection_sampler import RejectionSampler
 
 from .input_batch import BatchUpdate
 from .request import Logprob, Request
+from .sampler_graph import SteadyStepGraph
 
 
 def sampler_name() -> str:
@@ -68,10 +69,14 @@ class BatchSampler:
         Banned by min_tokens until a request has generated enough tokens.
     logits_processors : list
         Custom LogitsProcessor classes or "module:Class" names.
+    cuda_graphs : bool
+        On CUDA, capture the steady step (every row samples, same batch) in a CUDA graph and
+        replay it (pyengine/sampler_graph.py). Not with custom logits processors or bad_words,
+        whose device work can change from step to step without the engine knowing.
     """
 
     def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device, seed: int = 0,
-                 eos_token_ids: list[int] = (), logits_processors: list = ()):
+                 eos_token_ids: list[int] = (), logits_processors: list = (), cuda_graphs: bool = True):
         self.max_num_reqs = max_num_reqs
         self.vocab_size = vocab_size
         self.device = torch.device(device)
@@ -91,6 +96,8 @@ class BatchSampler:
         self._md: SamplingMetadata | None = None
         self._checked: dict[int, tuple] = {}  # id(sampling params) -> (params, RowParams)
         self._reqs: list[Request] = []
+        self._md_version = 0  # bumped whenever the batch metadata is rebuilt (part of the graph key)
+        self.graph = SteadyStepGraph(enabled=cuda_graphs and self.device.type == "cuda")
 
     # ---- following the batch ------------------------------------------------------------
 
@@ -139,6 +146,7 @@ class BatchSampler:
                 bad_words_token_ids=bad or None,
                 output_token_ids=[r.output_token_ids for r in reqs] if bad else None,
                 logitsprocs=self.procs)
+            self._md_version += 1
             # min_p reaches the Sampler through the min_p processor (the same values): one op less.
             self._md = replace(md, min_p=None) if self.procs.get(MinPLogitsProcessor) is not None else md
             # Nothing to process and nobody samples: the pipeline reduces to an argmax.
@@ -164,20 +172,54 @@ class BatchSampler:
         self._checked = new
         return [new[id(r.sampling_params)][1] for r in reqs]
 
-    def _steady_metadata(self, batch_md: SamplingMetadata, positions: list[int],
-                         lrows: LogitsRows, history) -> SamplingMetadata:
-        """The batch metadata with this step's generator keys, when every row samples.
+    def _steady_keys(self, positions: list[int]) -> list[list[int]]:
+        """[2][N] token positions and generator keys of a steady step (host).
 
         Same keys as `rng.row_keys` (seeded rows: the token position; the others:
-        (row + 1) << 32 | step), built on the host and sent in one copy.
+        (row + 1) << 32 | step).
         """
         step = self._host_step & rng._M32
-        keys = [p if s else ((i + 1) << 32) | step for i, (p, s) in enumerate(zip(positions, self._seeded))]
-        both = to_device([positions, keys], torch.int64, self.device)  # [2, N]
+        return [positions, [p if s else ((i + 1) << 32) | step
+                            for i, (p, s) in enumerate(zip(positions, self._seeded))]]
+
+    def _steady_metadata(self, batch_md: SamplingMetadata, positions: list[int],
+                         lrows: LogitsRows, history, both: torch.Tensor | None = None) -> SamplingMetadata:
+        """The batch metadata with this step's generator keys, when every row samples.
+
+        `both` ([2, N] int64 on the device) holds `_steady_keys(positions)`; without it they
+        are built on the host and sent in one copy.
+        """
+        if both is None:
+            both = to_device(self._steady_keys(positions), torch.int64, self.device)
         md = copy.copy(batch_md)  # cheaper than dataclasses.replace, which re-runs __init__
         md.seeds, md.positions, md.token_positions = self._steady_seeds, both[1], both[0]
         md.rows, md.output_token_ids = lrows, history
         return md
+
+    def _graph_key(self, logits: torch.Tensor, lrows: LogitsRows, history):
+        """What the device work of a steady step depends on besides the logits and the keys;
+        None when it may depend on more than the engine can see (see SteadyStepGraph)."""
+        if history is not None or not self._only_builtin_procs:
+            return None
+        min_tokens = self.procs.get(MinTokensLogitsProcessor)
+        banned = min_tokens.banned_rows(lrows, len(lrows)) if min_tokens is not None else []
+        return (self._md_version, tuple(logits.shape), logits.dtype, tuple(r for r, _ in banned))
+
+    def _draw_steady(self, logits: torch.Tensor, both: torch.Tensor, batch_md: SamplingMetadata,
+                     lrows: LogitsRows, history) -> tuple[torch.Tensor, LogprobsTensors | None]:
+        """Sampler + penalty counts of a steady step (eager, or recorded into the graph)."""
+        out = self.sampler(logits, self._steady_metadata(batch_md, [], lrows, history, both))
+        if self.output_counts is not None:
+            token_bincount_update_(self.output_counts, lrows.req_index_tensor(self.device), out.sampled_token_ids)
+        return out.sampled_token_ids, out.logprobs
+
+    def _forget_device_caches(self) -> None:
+        """After a failed capture: device tensors built during it hold nothing; rebuild them."""
+        self._md = None
+        for proc in self.procs.all:
+            for name in ("_cache", "_device_min_p"):
+                if hasattr(proc, name):
+                    setattr(proc, name, None)
 
     # ---- the draw -----------------------------------------------------------------------
 
@@ -204,11 +246,23 @@ class BatchSampler:
         lrows = LogitsRows(list(rows), [len(r.output_token_ids) for r in reqs],
                            _device_index=self._identity_index if steady else {})
         history = [r.output_token_ids for r in reqs] if batch_md.bad_words_token_ids else None
-        if steady:  # only the generator keys change
-            md = self._steady_metadata(batch_md, positions, lrows, history)
-        else:
-            self.step.fill_(self._host_step)
-            md = batch_md.expand(rows, position_offsets=positions, rows=lrows, output_token_ids=history)
+        if steady:  # only the logits and the generator keys change: replayed from a CUDA graph when it can
+            keys = self._steady_keys(positions)
+
+            def body(x, both):
+                return self._draw_steady(x, both, batch_md, lrows, history)
+
+            graphs_on = self.graph.enabled
+            out = self.graph.run(self._graph_key(logits, lrows, history), logits, keys, body)
+            if out is None and graphs_on and not self.graph.enabled:  # the capture failed: start over eagerly
+                self._forget_device_caches()
+                return self.sample(logits, rows, positions)
+            if out is None:
+                out = body(logits, to_device(keys, torch.int64, self.device))
+            self._advance()
+            return out
+        self.step.fill_(self._host_step)
+        md = batch_md.expand(rows, position_offsets=positions, rows=lrows, output_token_ids=history)
         out = self.sampler(logits, md)
         tokens = out.sampled_token_ids
         if self.output_counts is not None:

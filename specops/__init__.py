@@ -17,6 +17,11 @@ Speculative decoding:
 The reference engine lives in ``specops.engine`` (``LLM``, ``SamplingParams``).
 """
 
+# torch first: importing the extension before torch lets the dynamic linker resolve libtorch
+# and its CUDA libraries without torch's own loading order, which on the CUDA image ended in
+# "free(): invalid pointer" at the first model built in a fresh process (`specops generate`).
+import torch  # noqa: F401,E402
+
 try:
     from specops import _C  # noqa: F401  (registers torch.ops.specops.*)
 except ImportError as exc:  # pragma: no cover - only on a broken install

@@ -126,7 +126,8 @@ class Sampler:
         if metadata.max_num_logprobs is not None:
             logprobs = compute_logprobs(self.logprobs_mode, metadata.max_num_logprobs, result.tokens,
                                         raw_logits=processed.raw_logits, processed_logits=processed.logits,
-                                        inv_temperature=processed.inv_temperature, result=result)
+                                        inv_temperature=processed.inv_temperature, result=result,
+                                        backend="torch" if self.backend == "torch" else "auto")
         return SamplerOutput(result.tokens, logprobs, result)
 
     # ---- steps 1-7: processing ----------------------------------------------------------

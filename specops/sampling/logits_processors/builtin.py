@@ -65,19 +65,26 @@ class MinTokensLogitsProcessor(LogitsProcessor):
         for index in [i for i, (n, out, _) in self.state.items() if len(out) >= n]:
             del self.state[index]
 
-    def apply(self, logits: torch.Tensor, rows: LogitsRows | None = None) -> torch.Tensor:
+    def banned_rows(self, rows: LogitsRows | None, num_rows: int) -> list[tuple[int, list[int]]]:
+        """(logits row, stop ids) of the rows still below their minimum this step."""
         if not self.state:
-            return logits
+            return []
         explicit = rows is not None
-        rows = _rows_or_identity(rows, logits.shape[0])
-        state = self.state
-        banned = []  # (logits row, stop ids) of the rows still below their minimum
+        rows = _rows_or_identity(rows, num_rows)
+        banned = []
         for r, index in enumerate(rows.req_indices):
-            entry = state.get(index)
+            entry = self.state.get(index)
             if entry is not None:
                 min_tokens, outputs, stop = entry
                 if (rows.num_output_tokens[r] if explicit else len(outputs)) < min_tokens:
                     banned.append((r, stop))
+        return banned
+
+    def apply(self, logits: torch.Tensor, rows: LogitsRows | None = None) -> torch.Tensor:
+        if not self.state:
+            return logits
+        banned = self.banned_rows(rows, logits.shape[0])
+        rows = _rows_or_identity(rows, logits.shape[0])
         if banned:
             # The banned pairs change only when a row reaches its minimum or the batch changes.
             key = (tuple(r for r, _ in banned), tuple(rows.req_indices[r] for r, _ in banned), logits.device)

@@ -1,0 +1,128 @@
+"""CUDA-graph replay of the steady sampling step.
+
+In steady decoding every row of the persistent batch samples, and from one step to the
+next only the logits and the generator keys change: the sampler issues the same device
+work on the same tensors. `SteadyStepGraph` captures that work once and replays it, so the
+host cost of a step falls from dozens of eager ops and eight Triton launches to two copies
+and one graph launch.
+
+The caller names the work with a key, and the key must change whenever the sampler would
+issue different work: another batch, other parameters, a processor whose device tensors
+changed. A key is captured only on the third step in a row that has it. The first step builds
+every lazy cache: processor index tensors, the min_p tensor and Triton's compiled kernels.
+The second shows that nothing was rebuilt, so the capture records no copy from a host
+temporary. A failed capture turns graphs off for good (with a warning), and that step and
+every later one run eagerly.
+
+The capture calls `CUDAGraph.capture_begin` on a side stream rather than the
+`torch.cuda.graph` context manager. The context manager synchronises the device and runs
+`gc.collect()` and `empty_cache()` first, which would cost milliseconds each time the batch
+changes.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Hashable
+
+import torch
+
+# Consecutive steps that must have the same key before it is captured (see the module docstring).
+STEADY_STEPS_BEFORE_CAPTURE = 2
+
+
+@dataclass
+class _CapturedStep:
+    key: Hashable
+    graph: torch.cuda.CUDAGraph
+    logits: torch.Tensor  # [N, V] static input: the step's logits are copied here
+    keys: torch.Tensor  # [2, N] int64 static input: token positions, then generator keys
+    outputs: object  # what the body returned while capturing: static tensors, rewritten by each replay
+
+
+class SteadyStepGraph:
+    """Captures and replays one steady sampling step (one graph at a time).
+
+    Parameters
+    ----------
+    enabled : bool
+        False: `run` always returns None and the caller samples eagerly.
+
+    Attributes
+    ----------
+    num_captures, num_replays : int
+        Counters for tests and benchmarks.
+    """
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self.num_captures = 0
+        self.num_replays = 0
+        self._captured: _CapturedStep | None = None
+        self._key: Hashable = None
+        self._seen = 0  # consecutive steps with self._key
+
+    def reset(self) -> None:
+        """Forget the captured step and free its memory."""
+        self._captured, self._key, self._seen = None, None, 0
+
+    def run(
+        self,
+        key: Hashable,  # None: this step cannot be replayed
+        logits: torch.Tensor,  # [N, V] the step's logits
+        keys_host: list[list[int]],  # [2][N] token positions, generator keys (host)
+        body: Callable[[torch.Tensor, torch.Tensor], object],  # (logits, keys [2, N] int64) -> outputs
+    ):
+        """The body's outputs from a replay of the step captured under `key`, or None when the
+        caller must run the body eagerly this step. Replayed outputs are valid until the next call."""
+        if not self.enabled or key is None or not logits.is_cuda:
+            self.reset()
+            return None
+        cap = self._captured
+        if cap is not None and cap.key == key:
+            self._load(cap, logits, keys_host)
+            cap.graph.replay()
+            self.num_replays += 1
+            return cap.outputs
+        if key != self._key:
+            self._captured, self._key, self._seen = None, key, 0
+        self._seen += 1
+        if self._seen <= STEADY_STEPS_BEFORE_CAPTURE:
+            return None
+        return self._capture(key, logits, keys_host, body)
+
+    @staticmethod
+    def _load(cap: _CapturedStep, logits: torch.Tensor, keys_host: list[list[int]]) -> None:
+        cap.logits.copy_(logits)
+        cap.keys.copy_(torch.tensor(keys_host, dtype=torch.int64, pin_memory=True), non_blocking=True)
+
+    def _capture(self, key, logits, keys_host, body):
+        self._captured = None  # frees the previous graph's pool before the new one allocates
+        n = logits.shape[0]
+        cap = _CapturedStep(key, torch.cuda.CUDAGraph(), torch.empty_like(logits),
+                            torch.empty((2, n), dtype=torch.int64, device=logits.device), None)
+        self._load(cap, logits, keys_host)
+        main = torch.cuda.current_stream(logits.device)
+        side = torch.cuda.Stream(logits.device)
+        side.wait_stream(main)
+        try:
+            with torch.cuda.stream(side):
+                cap.graph.capture_begin()
+                try:
+                    cap.outputs = body(cap.logits, cap.keys)
+                finally:
+                    cap.graph.capture_end()
+        except Exception as exc:  # noqa: BLE001 - any failure: sample eagerly from now on
+            self.enabled = False
+            self.reset()
+            warnings.warn(f"capturing the steady sampling step failed ({type(exc).__name__}: {exc}); "
+                          "sampling runs eagerly from now on", RuntimeWarning, stacklevel=3)
+            main.wait_stream(side)
+            return None
+        main.wait_stream(side)
+        self._captured = cap
+        self.num_captures += 1
+        cap.graph.replay()  # capturing ran nothing: this step's work happens now
+        self.num_replays += 1
+        return cap.outputs

@@ -1,0 +1,98 @@
+"""The steady sampling step replayed from a CUDA graph (pyengine/sampler_graph.py) samples exactly
+what the eager sampler samples: tokens, logprobs and penalty counts, across batch changes, min_tokens
+reaching its minimum, and a capture that fails."""
+
+import random
+
+import pytest
+import torch
+from model_fixtures import tiny_checkpoint  # noqa: F401  (fixture)
+
+from specops.engine.config import EngineConfig
+from specops.engine.llm_engine import LLMEngine
+from specops.engine.model.loader import load_model
+from specops.engine.sampler_graph import STEADY_STEPS_BEFORE_CAPTURE, SteadyStepGraph
+from specops.engine.sampling_params import SamplingParams
+
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+
+
+def test_cpu_never_captures():
+    g = SteadyStepGraph()
+    x = torch.randn(3, 7)
+    for _ in range(5):
+        assert g.run("k", x, [[0, 1, 2], [3, 4, 5]], lambda a, b: a * 2) is None
+    assert g.num_captures == 0 and g.num_replays == 0
+
+
+@cuda_only
+def test_replay_follows_inputs_and_keys():
+    g = SteadyStepGraph()
+
+    def body(x, keys):  # [N, V], [2, N]
+        return x.float().sum(dim=1) + keys[1].float()
+
+    ref = []
+    for step in range(8):
+        key = "a" if step < 5 else "b"  # a new key: eager again, then a new capture
+        x = torch.randn(4, 33, device="cuda")
+        keys = [[step] * 4, [10 * step + i for i in range(4)]]
+        out = g.run(key, x, keys, body)
+        if out is None:
+            out = body(x, torch.tensor(keys, device="cuda"))
+        want = x.sum(dim=1) + torch.tensor(keys[1], device="cuda").float()
+        assert torch.allclose(out, want), step
+        ref.append(out.clone())
+    assert g.num_captures == 2
+    assert g.num_replays == 8 - 2 * STEADY_STEPS_BEFORE_CAPTURE
+
+
+@cuda_only
+def test_failed_capture_falls_back_to_eager():
+    g = SteadyStepGraph()
+
+    def body(x, keys):
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("cannot be captured")
+        return x * 2
+
+    x = torch.randn(2, 5, device="cuda")
+    for _ in range(STEADY_STEPS_BEFORE_CAPTURE):
+        assert g.run("k", x, [[0, 0], [0, 0]], body) is None
+    with pytest.warns(RuntimeWarning, match="capturing the steady sampling step failed"):
+        assert g.run("k", x, [[0, 0], [0, 0]], body) is None
+    assert not g.enabled
+    assert torch.equal(body(x, None), x * 2)  # the stream still works
+
+
+ALL = dict(temperature=0.8, top_k=20, top_p=0.9, min_p=0.02, repetition_penalty=1.1, frequency_penalty=0.2,
+           presence_penalty=0.1, logit_bias={5: 1.0, 7: -1.0}, logprobs=2, ignore_eos=True)
+
+
+def run_engine(lm, graphs: bool):
+    """Six requests with every parameter on, finishing at different steps (the batch changes), and
+    min_tokens that stop banning mid-way; every step's tokens and logprobs."""
+    eng = LLMEngine(EngineConfig(max_model_len=128, max_num_seqs=8, sampler_cuda_graphs=graphs), loaded=lm)
+    rng = random.Random(0)
+    for i in range(6):
+        sp = SamplingParams(**ALL, seed=100 + i if i % 2 else None, min_tokens=3 * i, max_tokens=12 + 3 * i)
+        eng.add_request([rng.randrange(10, 300) for _ in range(5 + i)], sp)
+    steps = []
+    while eng.has_unfinished_requests():
+        outs = eng.step()
+        steps.append(sorted((o.request_id, tuple(c.token_ids),
+                             tuple((lp.token_id, round(lp.logprob, 4), lp.rank, tuple(lp.top))
+                                   for lp in (c.logprobs or [])))
+                            for o in outs for c in o.outputs))
+    return steps, eng.runner.sampler
+
+
+@cuda_only
+def test_engine_with_graphs_samples_what_eager_samples(tiny_checkpoint):  # noqa: F811
+    lm = load_model(tiny_checkpoint, device="cuda", dtype=torch.float32)
+    eager, s_eager = run_engine(lm, graphs=False)
+    graphed, s_graph = run_engine(lm, graphs=True)
+    assert s_eager.graph.num_replays == 0
+    assert s_graph.graph.num_captures >= 2 and s_graph.graph.num_replays >= 10, \
+        (s_graph.graph.num_captures, s_graph.graph.num_replays)
+    assert graphed == eager
