@@ -87,6 +87,9 @@ LAYOUTS = [
     (1, 50021, None, 0, 1564),  # ... unless there is a single row (its stride is never used)
     (300, 37, 0, 16, 2),      # many short rows starting mid-sector: every sector kind at a row end
     (9, 320, 64, 0, 8),       # logits wider than the bitmask, strided rows
+    # Enough rows for the unrolled CUDA path (8 chunks per thread) on a large GPU:
+    (300, 5000, None, 16, 157),  # rows start mid-sector, several unrolled blocks per row
+    (300, 4097, 0, 0, 129),      # rows alternate between both sector phases; cut last chunk
 ]
 
 

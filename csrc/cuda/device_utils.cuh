@@ -50,12 +50,12 @@ inline bool aligned(const void* p, int64_t stride_bytes, int64_t bytes) {
 // Grid over (rows, groups of `vec` elements): `unroll` groups per thread once there are
 // enough blocks to fill the GPU twice over, one otherwise, so that batch 1 still spreads
 // over many SMs while large batches issue several loads per thread.
-inline LaunchConfig row_chunk_config(int64_t rows, int64_t vocab, int vec, int num_sms) {
+inline LaunchConfig row_chunk_config(int64_t rows, int64_t vocab, int vec, int unroll, int num_sms) {
   LaunchConfig cfg;
   cfg.vec = vec;
   if (rows <= 0 || vocab <= 0) return cfg;
   const int64_t groups = ceil_div(vocab, vec);
-  cfg.unroll = rows * ceil_div(groups, int64_t{kBlock} * kUnroll) >= 2 * int64_t{num_sms} ? kUnroll : 1;
+  cfg.unroll = rows * ceil_div(groups, int64_t{kBlock} * unroll) >= 2 * int64_t{num_sms} ? unroll : 1;
   cfg.grid_x = ceil_div(groups, int64_t{kBlock} * cfg.unroll);
   cfg.grid_y = rows < kMaxGridY ? rows : kMaxGridY;
   return cfg;
@@ -78,12 +78,13 @@ void with_float_type(FloatType t, F&& f) {
 }
 
 // Calls f(IntTag<VEC>, IntTag<UNROLL>) for the configuration's vector width (1 or the
-// 16-byte width of T) and unroll (1 or kUnroll).
-template <typename T, typename F>
+// 16-byte width of T) and unroll: 1, or kVecUnroll on the vector path and kUnroll on the
+// scalar path (the values the kernel's config function chose from).
+template <typename T, int kVecUnroll = kUnroll, typename F>
 void with_vec_unroll(const LaunchConfig& cfg, F&& f) {
   constexpr int kVec = 16 / sizeof(T);
   const bool vec = cfg.vec != 1, unroll = cfg.unroll != 1;
-  if (vec && unroll) f(IntTag<kVec>{}, IntTag<kUnroll>{});
+  if (vec && unroll) f(IntTag<kVec>{}, IntTag<kVecUnroll>{});
   else if (vec) f(IntTag<kVec>{}, IntTag<1>{});
   else if (unroll) f(IntTag<1>{}, IntTag<kUnroll>{});
   else f(IntTag<1>{}, IntTag<1>{});

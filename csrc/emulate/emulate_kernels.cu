@@ -115,7 +115,7 @@ void test_bitmask(int64_t logits_rows, int64_t cols, int64_t pad, int64_t bitmas
   const FloatType ft = sizeof(T) == 4 ? FloatType::kFloat32
                        : std::is_same<T, __half>::value ? FloatType::kFloat16 : FloatType::kBFloat16;
   const LaunchConfig cfg = bitmask_config(p, ft, num_sms);
-  with_vec_unroll<T>(cfg, [&](auto vec, auto unroll) {
+  with_vec_unroll<T, kBitmaskVecUnroll>(cfg, [&](auto vec, auto unroll) {
     run_grid(cfg, [&](const Coord& c) { bitmask_thread<T, decltype(vec)::value, decltype(unroll)::value>(p, c); });
   });
 
@@ -181,7 +181,7 @@ void test_penalties(bool fused, int64_t rows, int64_t vocab, int64_t pad, int64_
   const FloatType ft = sizeof(T) == 4 ? FloatType::kFloat32
                        : std::is_same<T, __half>::value ? FloatType::kFloat16 : FloatType::kBFloat16;
   const LaunchConfig cfg = penalty_config(p, ft, num_sms);
-  with_vec_unroll<T>(cfg, [&](auto vec, auto unroll) {
+  with_vec_unroll<T, penalty_vec_unroll(sizeof(T))>(cfg, [&](auto vec, auto unroll) {
     constexpr int V = decltype(vec)::value, U = decltype(unroll)::value;
     run_grid(cfg, [&](const Coord& c) {
       if (fused) penalty_thread<T, V, U, true>(p, c);
@@ -251,34 +251,40 @@ void test_bincount_update(int64_t rows, int64_t vocab, int64_t n, bool req64, bo
 template <typename T>
 void bitmask_suite() {
   constexpr int64_t h = 16 / sizeof(T);  // logits in 16 bytes (half a sector)
-  //           logits_rows cols  pad bitmask_rows words idx off sms
   test_bitmask<T>(1, 128256, 0, 1, 4008, 0, 0, 132);   // batch 1, vector path, unroll 1, narrow blocks
-  test_bitmask<T>(40, 4096, 0, 40, 128, 0, 0, 1);      // unroll 4
-  test_bitmask<T>(3, 50021, 0, 3, 1564, 0, 0, 132);    // prime vocab, unaligned rows: scalar path
-  test_bitmask<T>(1, 50021, 0, 1, 1564, 0, 0, 132);    // one row: vector path (stride unused), cut last chunk
-  test_bitmask<T>(5, 32064, 64, 5, 1000, 0, 0, 132);   // logits wider than the bitmask, strided rows
-  test_bitmask<T>(4, 100, 0, 4, 5, 0, 0, 132);         // bitmask wider than logits
-  test_bitmask<T>(6, 17, 0, 6, 1, 0, 0, 132);          // vocab 17
-  test_bitmask<T>(9, 1024, 0, 12, 32, 1, 0, 132);      // int32 indices (duplicates), more bitmask rows
-  test_bitmask<T>(12, 1000, 8, 9, 32, 2, 0, 1);        // int64 indices, fewer bitmask rows
-  test_bitmask<T>(3, 1024, 0, 3, 32, 0, 1, 132);       // misaligned base: scalar path
-  test_bitmask<T>(6, 1024, 0, 6, 32, 0, h, 132);       // rows start mid-sector: partner is the chunk before
-  test_bitmask<T>(6, 1024, h, 6, 32, 0, 0, 132);       // stride 16 mod 32 bytes: rows alternate
-  test_bitmask<T>(5, 1000, 0, 5, 32, 0, 0, 132);       // vocab 1000 (not a multiple of 32), bits past it
-  test_bitmask<T>(4, 1001, 7, 4, 32, 0, 0, 132);       // vocab 1001 on aligned rows: cut last chunk
-  test_bitmask<T>(4, 1004, 4, 4, 32, 2, 0, 1);         // vocab 1004: partner past the row end (fp32)
-  test_bitmask<T>(300, 40, 0, 300, 2, 0, 0, 132);      // many short rows: every sector kind at a row end
-  test_bitmask<T>(300, 37, 3, 300, 2, 0, 0, 132);      // ... with a cut last chunk
-  test_bitmask<T>(300, 44, 4, 300, 2, 1, h, 132);      // ... rows starting mid-sector, indices
-  test_bitmask<T>(0, 1024, 0, 0, 32, 0, 0, 132);       // empty batch
+  test_bitmask<T>(40, 4096, 0, 40, 128, 0, 0, 1);      // unrolled
   test_bitmask<T>(66000, 8, 0, 66000, 1, 0, 0, 132);   // more rows than gridDim.y
+  // Every layout twice: 132 SMs (small grids: one access per thread) and 1 SM (unrolled).
+  for (int sms : {132, 1}) {
+    //           logits_rows cols  pad bitmask_rows words idx off
+    test_bitmask<T>(3, 50021, 0, 3, 1564, 0, 0, sms);    // prime vocab, unaligned rows: scalar path
+    test_bitmask<T>(1, 50021, 0, 1, 1564, 0, 0, sms);    // one row: vector path (stride unused), cut last chunk
+    test_bitmask<T>(5, 32064, 64, 5, 1000, 0, 0, sms);   // logits wider than the bitmask, strided rows
+    test_bitmask<T>(4, 100, 0, 4, 5, 0, 0, sms);         // bitmask wider than logits
+    test_bitmask<T>(6, 17, 0, 6, 1, 0, 0, sms);          // vocab 17
+    test_bitmask<T>(9, 1024, 0, 12, 32, 1, 0, sms);      // int32 indices (duplicates), more bitmask rows
+    test_bitmask<T>(12, 1000, 8, 9, 32, 2, 0, sms);      // int64 indices, fewer bitmask rows
+    test_bitmask<T>(3, 1024, 0, 3, 32, 0, 1, sms);       // misaligned base: scalar path
+    test_bitmask<T>(6, 1024, 0, 6, 32, 0, h, sms);       // rows start mid-sector: partner is the chunk before
+    test_bitmask<T>(6, 5000, 0, 6, 157, 0, h, sms);      // ... over several unrolled blocks per row
+    test_bitmask<T>(6, 1024, h, 6, 32, 0, 0, sms);       // stride 16 mod 32 bytes: rows alternate
+    test_bitmask<T>(5, 1000, 0, 5, 32, 0, 0, sms);       // vocab 1000 (not a multiple of 32), bits past it
+    test_bitmask<T>(4, 1001, 7, 4, 32, 0, 0, sms);       // vocab 1001 on aligned rows: cut last chunk
+    test_bitmask<T>(4, 1004, 4, 4, 32, 2, 0, sms);       // vocab 1004: partner past the row end (fp32)
+    test_bitmask<T>(300, 40, 0, 300, 2, 0, 0, sms);      // many short rows: every sector kind at a row end
+    test_bitmask<T>(300, 37, 3, 300, 2, 0, 0, sms);      // ... with a cut last chunk
+    test_bitmask<T>(300, 44, 4, 300, 2, 1, h, sms);      // ... rows starting mid-sector, indices
+    test_bitmask<T>(0, 1024, 0, 0, 32, 0, 0, sms);       // empty batch
+  }
 }
 
 template <typename T>
 void penalties_suite() {
   for (bool fused : {true, false}) {
     test_penalties<T>(fused, 1, 128256, 0, 0, 132);
-    test_penalties<T>(fused, 33, 4096, 0, 0, 1);
+    test_penalties<T>(fused, 33, 4096, 0, 0, 1);     // unrolled vector path (16 logits per thread)
+    test_penalties<T>(fused, 40, 5000, 8, 0, 1);     // ... strided rows, a block cut by the vocab
+    test_penalties<T>(fused, 40, 5000, 4, 0, 1);     // stride 4 mod 8 logits: 16-bit rows take the scalar path
     test_penalties<T>(fused, 5, 50021, 0, 0, 132);
     test_penalties<T>(fused, 4, 1000, 24, 0, 1);
     test_penalties<T>(fused, 3, 1024, 0, 1, 132);
