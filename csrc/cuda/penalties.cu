@@ -3,9 +3,10 @@
 
 namespace specops {
 
-// At most 64 registers: 4 blocks (1024 threads) per SM, see penalties_kernels.cuh.
+// Fused: at most 64 registers, 4 blocks (1024 threads) per SM; repetition only (fewer
+// inputs): at most 48, 5 blocks. No spills either way (ptxas -v); see penalties_kernels.cuh.
 template <typename T, int VEC, int UNROLL, bool FUSED>
-__global__ void __launch_bounds__(kBlock, 4) apply_penalties_kernel(const PenaltyParams p) {
+__global__ void __launch_bounds__(kBlock, FUSED ? 4 : 5) apply_penalties_kernel(const PenaltyParams p) {
   penalty_thread<T, VEC, UNROLL, FUSED>(p, Coord::here());
 }
 

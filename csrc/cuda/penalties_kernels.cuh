@@ -2,13 +2,16 @@
 // output mask), write logits. Rows whose penalties are neutral are skipped entirely, and the
 // prompt mask is not read for rows without a repetition penalty.
 //
-// The kernel is bound by how many loads each SM keeps in flight, not by arithmetic: a thread
-// loads all its inputs, waits, computes, stores. So the vector path moves 16 logits per thread
+// On the H200, fused fp32 (13 bytes per logit), fused bf16 (9) and fp32 repetition (10) ran
+// at about one rate in logits per second: the limit was the loads each SM keeps in flight (a
+// thread loads all its inputs, waits, computes, stores), not the bytes. So the vector path moves 16 logits per thread
 // in every dtype (four 16-byte fp32 vectors, or two of 8 bf16/fp16 logits with an 8-byte mask
-// load and two 16-byte count loads each) and stays within 64 registers, which keeps four
-// 256-thread blocks on each SM. (Eight 16-bit vectors per thread took 122 registers: two
-// blocks per SM, half the loads in flight, and bf16 ran at fp32's speed.)
+// load and two 16-byte count loads each) in few enough registers for 4 (fused) or 5
+// (repetition only) 256-thread blocks per SM. (32 bf16 logits per thread took 122 registers:
+// 2 blocks per SM, a compute phase twice as long, and bf16 ran at fp32's element rate.)
 #pragma once
+#include <cstring>
+
 #include "common/penalty_math.h"
 #include "cuda/device_utils.cuh"
 
@@ -80,15 +83,18 @@ SPECOPS_HD void penalty_thread(const PenaltyParams& p, const Coord& c) {
     const int32_t* crow = FUSED ? p.output_counts + r * p.counts_stride : nullptr;
     const bool* orow = FUSED ? nullptr : p.output_mask + r * p.output_stride;
 
-    // Every load of the thread first, then the arithmetic, then the stores.
-    Vec<T, VEC> logit[UNROLL];
+    // Every load of the thread first, then the arithmetic, then the stores. Vector logits stay
+    // in the 32-bit words they were loaded as until used: 16-bit halves unpacked right after a
+    // load would make the next loads wait for it.
+    using Raw = typename std::conditional<VEC == 1, Vec<T, 1>, Vec<uint32_t, 4>>::type;
+    Raw logit[UNROLL];
     Flags<VEC> seen[UNROLL];  // FUSED: in the prompt; else in the prompt or the output
     Vec<int32_t, VEC> count[UNROLL];  // FUSED only
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int e = (g0 + u * step) * VEC;
       if (e >= vocab) continue;  // VEC > 1 only when VEC divides vocab
-      logit[u] = load_vec<T, VEC>(lrow + e);
+      logit[u] = *reinterpret_cast<const Raw*>(lrow + e);
       seen[u] = read_prompt ? load_flags<VEC>(prow + e) : no_flags<VEC>();
       if constexpr (FUSED) {
         count[u] = load_vec<int32_t, VEC>(crow + e);
@@ -102,10 +108,12 @@ SPECOPS_HD void penalty_thread(const PenaltyParams& p, const Coord& c) {
     for (int u = 0; u < UNROLL; ++u) {
       const int e = (g0 + u * step) * VEC;
       if (e >= vocab) continue;
-      Vec<T, VEC> out;
+      Vec<T, VEC> in, out;
+      static_assert(sizeof(in) == sizeof(Raw), "16 bytes, or one logit");
+      std::memcpy(&in, &logit[u], sizeof(in));
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float x = to_float(logit[u].v[j]);
+        const float x = to_float(in.v[j]);
         const float y = FUSED ? penalize(x, seen[u][j], count[u].v[j], rep, freq, pres)
                               : repetition_penalize(x, seen[u][j], rep);
         out.v[j] = from_float<T>(y);
