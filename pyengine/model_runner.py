@@ -155,17 +155,15 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         apply_batch_bitmask(logits, mask)
         t1 = self._now()
-        tokens, logprobs = self.sampler.sample(logits, inputs.sample_rows, inputs.sample_positions)
-        want = [i for i, r in enumerate(inputs.sample_reqs) if r.sampling_params.logprobs is not None]
-        lp = to_logprobs(logprobs, want, [inputs.sample_reqs[i].sampling_params.logprobs for i in want]) \
-            if want else []
+        tokens, logprobs = self.sampler.sample_to_host(logits, inputs.sample_rows, inputs.sample_positions,
+                                                       [r.sampling_params.logprobs for r in inputs.sample_reqs])
         t2 = self._now()
         self.time_forward += t1 - t0
         self.time_sample += t2 - t1
-        for req, tok in zip(inputs.sample_reqs, tokens.tolist()):
+        for req, tok, entry in zip(inputs.sample_reqs, tokens, logprobs):
             out.sampled[req.request_id] = [tok]
-        for i, entry in zip(want, lp):
-            out.logprobs[inputs.sample_reqs[i].request_id] = [entry]
+            if entry is not None:
+                out.logprobs[req.request_id] = [entry]
         return out
 
     def _build_bitmask(self, inputs: StepInputs):

@@ -38,6 +38,8 @@ class _CapturedStep:
     graph: torch.cuda.CUDAGraph
     logits: torch.Tensor  # [N, V] static input: the step's logits are copied here
     keys: torch.Tensor  # [2, N] int64 static input: token positions, then generator keys
+    keys_host: torch.Tensor  # [2, N] int64 pinned staging buffer of `keys`
+    keys_copied: torch.cuda.Event  # recorded after the last copy out of keys_host
     outputs: object  # what the body returned while capturing: static tensors, rewritten by each replay
 
 
@@ -95,13 +97,17 @@ class SteadyStepGraph:
     @staticmethod
     def _load(cap: _CapturedStep, logits: torch.Tensor, keys_host: list[list[int]]) -> None:
         cap.logits.copy_(logits)
-        cap.keys.copy_(torch.tensor(keys_host, dtype=torch.int64, pin_memory=True), non_blocking=True)
+        cap.keys_copied.synchronize()  # the previous step's copy has left the staging buffer
+        cap.keys_host.numpy()[:] = keys_host
+        cap.keys.copy_(cap.keys_host, non_blocking=True)
+        cap.keys_copied.record()
 
     def _capture(self, key, logits, keys_host, body):
         self._captured = None  # frees the previous graph's pool before the new one allocates
         n = logits.shape[0]
         cap = _CapturedStep(key, torch.cuda.CUDAGraph(), torch.empty_like(logits),
-                            torch.empty((2, n), dtype=torch.int64, device=logits.device), None)
+                            torch.empty((2, n), dtype=torch.int64, device=logits.device),
+                            torch.empty((2, n), dtype=torch.int64, pin_memory=True), torch.cuda.Event(), None)
         self._load(cap, logits, keys_host)
         main = torch.cuda.current_stream(logits.device)
         side = torch.cuda.Stream(logits.device)

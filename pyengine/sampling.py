@@ -207,11 +207,12 @@ class BatchSampler:
 
     def _draw_steady(self, logits: torch.Tensor, both: torch.Tensor, batch_md: SamplingMetadata,
                      lrows: LogitsRows, history) -> tuple[torch.Tensor, LogprobsTensors | None]:
-        """Sampler + penalty counts of a steady step (eager, or recorded into the graph)."""
+        """Sampler + penalty counts of a steady step (eager, or recorded into the graph), and the
+        step's tokens and logprobs packed for one readback."""
         out = self.sampler(logits, self._steady_metadata(batch_md, [], lrows, history, both))
         if self.output_counts is not None:
             token_bincount_update_(self.output_counts, lrows.req_index_tensor(self.device), out.sampled_token_ids)
-        return out.sampled_token_ids, out.logprobs
+        return out.sampled_token_ids, out.logprobs, pack_readback(out.sampled_token_ids, out.logprobs)
 
     def _forget_device_caches(self) -> None:
         """After a failed capture: device tensors built during it hold nothing; rebuild them."""
@@ -232,6 +233,26 @@ class BatchSampler:
         """Run the specops Sampler on the rows that sample this step: one token each ([N] int64,
         -1 where the logits were invalid: NaN, +inf or all -inf) and, when a row asked for them,
         raw logprobs of every row."""
+        return self._draw(logits, rows, positions)[:2]
+
+    def sample_to_host(
+        self,
+        logits: torch.Tensor,  # [N, vocab] fp32 raw logits of the sampling rows (modified in place)
+        rows: list[int],  # persistent-batch row of each logits row
+        positions: list[int],  # sequence position of the token each row samples
+        num_logprobs: list[int | None],  # per row: top-n logprobs wanted, None = none
+    ) -> tuple[list[int], list[Logprob | None]]:
+        """`sample`, read back in one device-to-host copy: the tokens and each row's Logprob entry."""
+        tokens, lp, packed = self._draw(logits, rows, positions)
+        want = [i for i, n in enumerate(num_logprobs) if n is not None]
+        if not want:
+            return tokens.tolist(), [None] * len(rows)
+        if packed is None:
+            packed = pack_readback(tokens, lp)
+        return unpack_readback(packed.tolist(), lp.token_ids.shape[1], num_logprobs)
+
+    def _draw(self, logits: torch.Tensor, rows: list[int], positions: list[int]):
+        """(tokens [N] int64, logprobs or None, packed readback or None) of `sample`."""
         batch_md = self._batch_metadata()
         steady = rows == self._identity  # every row samples (steady decoding)
         if self._plain_greedy:
@@ -241,7 +262,7 @@ class BatchSampler:
                          else to_device(rows, torch.int64, self.device))
                 token_bincount_update_(self.output_counts, index, tokens)
             self._advance()
-            return tokens, None
+            return tokens, None, None
         reqs = self._reqs if steady else [self._reqs[r] for r in rows]
         lrows = LogitsRows(list(rows), [len(r.output_token_ids) for r in reqs],
                            _device_index=self._identity_index if steady else {})
@@ -256,7 +277,7 @@ class BatchSampler:
             out = self.graph.run(self._graph_key(logits, lrows, history), logits, keys, body)
             if out is None and graphs_on and not self.graph.enabled:  # the capture failed: start over eagerly
                 self._forget_device_caches()
-                return self.sample(logits, rows, positions)
+                return self._draw(logits, rows, positions)
             if out is None:
                 out = body(logits, to_device(keys, torch.int64, self.device))
             self._advance()
@@ -268,7 +289,7 @@ class BatchSampler:
         if self.output_counts is not None:
             token_bincount_update_(self.output_counts, lrows.req_index_tensor(self.device), tokens)
         self._advance()
-        return tokens, out.logprobs
+        return tokens, out.logprobs, None
 
     def _advance(self) -> None:
         self._host_step += 1
@@ -367,6 +388,36 @@ def _final_row(row: int, moved) -> int:
         if src == row:
             row = dst
     return row
+
+
+def pack_readback(
+    tokens: torch.Tensor,  # [N] int64
+    lp: LogprobsTensors | None,  # token_ids [N, k] int64, ranks [N] int64, logprobs [N, k] fp32
+) -> torch.Tensor | None:  # [N, 2k + 2] float64: token, token_ids, rank, logprobs (None without lp)
+    """A step's tokens and logprobs in one float64 tensor, for one device-to-host copy.
+
+    float64 holds the ids and ranks exactly (they are below 2**53) and the fp32 logprobs
+    exactly. In a captured steady step the packing is part of the graph.
+    """
+    if lp is None:
+        return None
+    return torch.cat([tokens.unsqueeze(1).double(), lp.token_ids.double(), lp.ranks.unsqueeze(1).double(),
+                      lp.logprobs.double()], dim=1)
+
+
+def unpack_readback(rows: list[list[float]], k: int,
+                    num_logprobs: list[int | None]) -> tuple[list[int], list[Logprob | None]]:
+    """Tokens and Logprob entries (None where a row wants none) from `pack_readback(...).tolist()`."""
+    tokens, entries = [], []
+    for r, n in zip(rows, num_logprobs):
+        tokens.append(int(r[0]))
+        if n is None:
+            entries.append(None)
+            continue
+        ids, rank, vals = r[1:k + 1], r[k + 1], r[k + 2:]
+        entries.append(Logprob(int(ids[0]), vals[0], int(rank),
+                               {int(t): v for t, v in zip(ids[1:n + 1], vals[1:n + 1])}))
+    return tokens, entries
 
 
 def to_logprobs(lp: LogprobsTensors, want: list[int], num_top: list[int]) -> list[Logprob]:

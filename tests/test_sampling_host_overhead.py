@@ -194,3 +194,30 @@ def test_to_logprobs(device):
             assert list(entry.top) == i[1:k + 1]
             assert all(a == b or (a != a and b != b) for a, b in zip(entry.top.values(), v[1:k + 1]))
             assert type(entry.token_id) is int and type(entry.rank) is int
+
+
+def test_packed_readback_equals_to_logprobs():
+    """One float64 readback gives the same tokens and Logprob entries as the per-field copies."""
+    from specops.engine.sampling import pack_readback, to_logprobs, unpack_readback
+    from specops.sampling.logprobs import LogprobsTensors
+
+    g = torch.Generator().manual_seed(3)
+    n_rows, k = 7, 4
+    tokens = torch.randint(0, 151936, (n_rows,), generator=g)
+    tokens[2] = -1  # an invalid row
+    ids = torch.randint(0, 151936, (n_rows, k), generator=g)
+    ids[2] = -1
+    vals = torch.randn(n_rows, k, generator=g) * 30
+    vals[2] = float("nan")
+    lp = LogprobsTensors(ids, vals, torch.randint(1, 151936, (n_rows,), generator=g))
+    num = [None, 0, 3, 1, None, 2, 3]
+    got_tokens, got = unpack_readback(pack_readback(tokens, lp).tolist(), k, num)
+    want = [i for i, n in enumerate(num) if n is not None]
+    ref = to_logprobs(lp, want, [num[i] for i in want])
+    assert got_tokens == tokens.tolist()
+    assert [got[i] is None for i in range(n_rows)] == [n is None for n in num]
+    for i, entry in zip(want, ref):
+        a = got[i]
+        assert (a.token_id, a.rank, list(a.top)) == (entry.token_id, entry.rank, list(entry.top))
+        assert a.logprob == entry.logprob or (a.logprob != a.logprob and entry.logprob != entry.logprob)
+        assert all(a.top[t] == v or (v != v) for t, v in entry.top.items())
