@@ -17,7 +17,7 @@ cudaError_t launch_apply_token_bitmask(const BitmaskParams& p, FloatType dtype, 
   const dim3 grid(static_cast<unsigned>(cfg.grid_x), static_cast<unsigned>(cfg.grid_y));
   with_float_type(dtype, [&](auto t) {
     using T = typename decltype(t)::type;
-    with_vec_unroll<T, kBitmaskVecUnroll>(cfg, [&](auto vec, auto unroll) {
+    with_vec_unroll<T>(cfg, [&](auto vec, auto unroll) {
       apply_token_bitmask_kernel<T, decltype(vec)::value, decltype(unroll)::value><<<grid, cfg.block, 0, stream>>>(p);
     });
   });

@@ -16,24 +16,15 @@
 
 namespace specops {
 
-// 16-byte chunks per thread on the vector path at large batches. A thread waits twice before
-// its last store (for its bitmask words, then for the logits of its mixed sectors), so with
-// grammar-like masks an SM writes about what its resident threads hold per two memory
-// latencies: at 4 chunks (64 bytes) per thread the H200 run of bench_ops wrote 2.5 TB/s where
-// a plain fill writes 4.6. 8 chunks double that, still within 64 registers.
-constexpr int kBitmaskVecUnroll = 8;
-
 // Vector path (16-byte chunks) where every row starts 16-byte aligned, else one logit per
-// access. Small batches (one access per thread) get narrower blocks, so that a single row
-// still spreads over the SMs; unrolled blocks are always kBlock wide (bitmask_thread relies on it).
+// access. Small batches get narrower blocks, so that a single row still spreads over the SMs.
 inline LaunchConfig bitmask_config(const BitmaskParams& p, FloatType dtype, int num_sms) {
   const int esz = float_size(dtype);
   const bool one_row = p.valid_rows <= 1;  // only row 0 is touched: the row stride never matters
   const bool vectorised = aligned(p.logits, one_row ? 16 : p.logits_stride * esz, 16);
-  LaunchConfig cfg = vectorised ? row_chunk_config(p.n, p.vocab, 16 / esz, kBitmaskVecUnroll, num_sms)
-                                : row_chunk_config(p.n, p.vocab, 1, kUnroll, num_sms);
+  LaunchConfig cfg = row_chunk_config(p.n, p.vocab, vectorised ? 16 / esz : 1, kUnroll, num_sms);
   const int64_t chunks = ceil_div(p.vocab, cfg.vec);
-  while (!cfg.empty() && cfg.unroll == 1 && cfg.block > 64 && cfg.grid_x * cfg.grid_y < num_sms) {
+  while (!cfg.empty() && cfg.block > 64 && cfg.grid_x * cfg.grid_y < num_sms) {
     cfg.block /= 2;
     cfg.grid_x = ceil_div(chunks, int64_t{cfg.block} * cfg.unroll);
   }
@@ -83,81 +74,46 @@ SPECOPS_HD void mask_logits(T* lrow, const int32_t* brow, int vocab, int g0, int
 }
 
 // 16-byte chunks g0, g0 + step, ... (UNROLL of them) of one 16-byte aligned row, each
-// planned with the other half of its 32-byte sector (see the top of this file), in three
-// steps: the bitmask words; the loads of the chunks to select; the stores, -inf fills first
-// (they wait for no load) and then the selected chunks. The two halves of a sector always
-// get the same plan, so they are stored by the same instruction.
+// planned with the other half of its 32-byte sector (see the top of this file). All bitmask
+// words are loaded first, then all the logits that must be read, then everything is stored.
 template <typename T, int VEC, int UNROLL>
 SPECOPS_HD void mask_chunks(T* lrow, const int32_t* brow, int vocab, int g0, int step) {
   using Chunk = Vec<uint32_t, 4>;
   constexpr uint32_t kAll = (1u << VEC) - 1u;
-  // Chunk u starts at logit e0 + u * span, and span is a multiple of 32: the bits of every
-  // chunk (and of every partner) sit at one shift, in words u * span / 32 apart.
-  const int e0 = g0 * VEC, span = step * VEC;
+  enum Plan { kSkip, kFill, kSelect, kTail };
   // The sector partner of chunk g is g + 1 or g - 1: which, depends on the row's address.
   const int odd = static_cast<int>((reinterpret_cast<uintptr_t>(lrow) >> 4) & 1);
-  const int pe0 = ((g0 + odd) & 1) ? e0 - VEC : e0 + VEC;
-  const int own_w0 = e0 >> 5, other_w0 = pe0 >> 5;  // words of chunk 0 and of its partner
-  static_assert(UNROLL * VEC <= 64, "the chunks' bits are kept in one 64-bit word");
-  uint32_t mine[UNROLL], other[UNROLL];
-  // Every bitmask load first, none behind a branch or a bounds check where the thread's
-  // chunks and partners all lie inside the row (all threads but those at a row's ends).
-  if (pe0 >= 0 && e0 + (UNROLL - 1) * span + 2 * VEC <= vocab) {
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      mine[u] = static_cast<uint32_t>(brow[own_w0 + u * (span >> 5)]);
-      other[u] = static_cast<uint32_t>(brow[other_w0 + u * (span >> 5)]);
-    }
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      mine[u] = (mine[u] >> (e0 & 31)) & kAll;
-      other[u] = (other[u] >> (pe0 & 31)) & kAll;
-    }
-  } else {
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      const int e = e0 + u * span, pe = pe0 + u * span, w = u * (span >> 5);
-      mine[u] = e < vocab ? (static_cast<uint32_t>(brow[own_w0 + w]) >> (e0 & 31)) & kAll : kAll;
-      // A partner outside the row is no partner: the chunk is then its sector's only part.
-      other[u] = pe >= 0 && pe < vocab ? (static_cast<uint32_t>(brow[other_w0 + w]) >> (pe0 & 31)) & kAll : mine[u];
-    }
-  }
-  // Bits u * VEC ..: the bits of chunk u (kept for the selects, in one or two registers).
-  using Bits = typename std::conditional<(UNROLL * VEC > 32), uint64_t, uint32_t>::type;
-  Bits own = 0;
-  uint32_t fill = 0, select = 0;  // bit u: the plan of chunk u (neither: skip it)
-  bool tail = false;              // the row's last chunk, cut by the vocab, is this thread's
+  uint32_t own[UNROLL], other[UNROLL];
 #pragma unroll
   for (int u = 0; u < UNROLL; ++u) {
-    const int e = e0 + u * span;
-    own |= static_cast<Bits>(mine[u]) << (u * VEC);
-    if (e >= vocab || (mine[u] == kAll && other[u] == kAll)) continue;  // nothing to write
-    if (e + VEC > vocab) tail = true;                                 // per logit, below
-    else if (mine[u] == 0 && other[u] == 0) fill |= 1u << u;          // the whole sector becomes -inf
-    else select |= 1u << u;                                           // read, select, write back (all of it)
+    const int g = g0 + u * step, e = g * VEC, pe = ((g + odd) & 1) ? e - VEC : e + VEC;
+    own[u] = e < vocab ? bits_at<VEC>(brow, e) : kAll;
+    other[u] = pe >= 0 && pe < vocab ? bits_at<VEC>(brow, pe) : kAll;  // past the row: nothing to merge with
   }
+  Plan plan[UNROLL];
   Chunk v[UNROLL];
 #pragma unroll
-  for (int u = 0; u < UNROLL; ++u)
-    if ((select >> u) & 1u) v[u] = load_vec<uint32_t, 4>(reinterpret_cast<const uint32_t*>(lrow + e0 + u * span));
-  const uint32_t w = neg_inf_word<T>();
-#pragma unroll
-  for (int u = 0; u < UNROLL; ++u)
-    if ((fill >> u) & 1u) store_vec<uint32_t, 4>(reinterpret_cast<uint32_t*>(lrow + e0 + u * span), Chunk{{w, w, w, w}});
+  for (int u = 0; u < UNROLL; ++u) {
+    const int e = (g0 + u * step) * VEC;
+    if (e >= vocab || (own[u] == kAll && other[u] == kAll)) plan[u] = kSkip;
+    else if (e + VEC > vocab) plan[u] = kTail;  // the row's last chunk, cut by the vocab: per logit
+    else if (own[u] == 0) plan[u] = kFill;      // -inf, whatever the partner needs
+    else plan[u] = kSelect;                     // read, select, write back (all of it if own is all ones)
+    if (plan[u] == kSelect) v[u] = load_vec<uint32_t, 4>(reinterpret_cast<const uint32_t*>(lrow + e));
+  }
 #pragma unroll
   for (int u = 0; u < UNROLL; ++u) {
-    if (!((select >> u) & 1u)) continue;
-    const uint32_t bits = static_cast<uint32_t>(own >> (u * VEC)) & kAll;
+    const int e = (g0 + u * step) * VEC;
+    if (plan[u] == kSkip) continue;
+    if (plan[u] == kTail) {
+      for (int j = 0; j < VEC && e + j < vocab; ++j)
+        if (!((own[u] >> j) & 1u)) lrow[e + j] = from_float<T>(-INFINITY);
+      continue;
+    }
     Chunk out;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) out.v[k] = select_word<T>(v[u].v[k], bits, k);
-    store_vec<uint32_t, 4>(reinterpret_cast<uint32_t*>(lrow + e0 + u * span), out);
-  }
-  if (tail) {
-    const int e = vocab / VEC * VEC;
-    const uint32_t bits = bits_at<VEC>(brow, e);
-    for (int j = 0; e + j < vocab; ++j)
-      if (!((bits >> j) & 1u)) lrow[e + j] = from_float<T>(-INFINITY);
+    for (int k = 0; k < 4; ++k) out.v[k] = plan[u] == kFill ? neg_inf_word<T>() : select_word<T>(v[u].v[k], own[u], k);
+    store_vec<uint32_t, 4>(reinterpret_cast<uint32_t*>(lrow + e), out);
   }
 }
 
@@ -165,11 +121,9 @@ SPECOPS_HD void mask_chunks(T* lrow, const int32_t* brow, int vocab, int g0, int
 // it visits, rows visited with stride gridDim.y.
 template <typename T, int VEC, int UNROLL>
 SPECOPS_HD void bitmask_thread(const BitmaskParams& p, const Coord& c) {
-  // Offsets within a row fit in int (the launcher checks vocab < 2^31 - 2^20), and unrolled
-  // blocks are always kBlock wide, so a thread's accesses sit at constant distances from its
-  // first one: both keep the unrolled body within 64 registers (see the kernel's launch bounds).
-  const int step = UNROLL > 1 ? kBlock : static_cast<int>(c.bdim);
-  const int g0 = static_cast<int>(c.bx * step * UNROLL + c.tx);
+  // Offsets within a row fit in int (the launcher checks vocab < 2^31 - 2^20), which keeps
+  // the unrolled body within 64 registers (see the kernel's launch bounds).
+  const int g0 = static_cast<int>(c.bx * c.bdim * UNROLL + c.tx), step = static_cast<int>(c.bdim);
   const int vocab = static_cast<int>(p.vocab);
   for (int64_t i = c.by; i < p.n; i += c.gy) {
     const int64_t r = p.indices == nullptr ? i : load_index(p.indices, p.indices_int64, i);
