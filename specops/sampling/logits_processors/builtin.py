@@ -112,16 +112,15 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
         bias = getattr(params, "logit_bias", None)
         if not bias:
             return None
-        toks, vals = [], []
+        merged: dict[int, float] = {}  # keys that name the same id ("5" and 5) add up
         for tok, val in bias.items():
             tok = int(tok)
             if not 0 <= tok < self.vocab_size:
                 raise ValueError(f"logit_bias token id must be in [0, {self.vocab_size}), got {tok}")
             if not math.isfinite(float(val)):
                 raise ValueError(f"logit_bias values must be finite, got {val} for token {tok}")
-            toks.append(tok)
-            vals.append(float(val))
-        return (toks, vals)
+            merged[tok] = merged.get(tok, 0.0) + float(val)
+        return (list(merged), list(merged.values()))
 
     def is_active(self) -> bool:
         return bool(self.state)
@@ -151,7 +150,8 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
                            to_device(vals, logits.dtype, dev))
         _, index, vals = self._cache
         if index is not None:
-            logits.index_put_((index[0], index[1]), vals, accumulate=True)
+            # Every (row, token) pair occurs once: gather, add, scatter (no sort, unlike accumulate=True).
+            logits.index_put_((index[0], index[1]), logits[index[0], index[1]] + vals)
         return logits
 
 
