@@ -122,6 +122,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be None or a positive int, got {value!r}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if not isinstance(self.sampler_cuda_graphs, bool):
+            raise ValueError(f"sampler_cuda_graphs must be a bool, got {self.sampler_cuda_graphs!r}")
         if self.dtype not in (None, "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         self._validate_spec()
