@@ -95,6 +95,15 @@ def llama3_8b_shapes_config(num_layers: int = 4) -> ModelConfig:
         eos_token_ids=[EOS_ID], architecture="LlamaForCausalLM")
 
 
+def smollm2_135m_shapes_config() -> ModelConfig:
+    """The default model's shapes (SmolLM2-135M-Instruct: hidden 576, 30 layers, 9 heads, 3 KV
+    heads, head_dim 64, FFN 1536, vocab 49152, tied head), for timing where its file is absent."""
+    return ModelConfig(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
+        num_kv_heads=3, head_dim=64, rope_theta=100000.0, rms_norm_eps=1e-5, max_position_embeddings=8192,
+        tie_word_embeddings=True, bos_token_id=BOS_ID, eos_token_ids=[EOS_ID], architecture="LlamaForCausalLM")
+
+
 def random_hf_tensors(config: ModelConfig, dtype: torch.dtype = torch.float32, seed: int = 0,
                       device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
     """Random weights under HF tensor names, scaled so activations stay O(1) and logits spread.
