@@ -254,8 +254,9 @@ def main() -> int:
         path = write_results("sampling_quick", rows, notes=NOTES)
         print(f"wrote {path} in {time.time() - t0:.0f} s")
         return 0
-    # bf16 at V=151936 comes last: two runs on the H200 (2026-11-29) ran out of time inside its
-    # batch-8 case (cause unknown); the flat and plain rows come before it.
+    # bf16 at V=151936 comes last: two runs on the H200 (2026-11-29) ran out of their 170 s share
+    # inside its batch-8 case, after 16 cases of about 10 s each (Triton compiles included); the
+    # flat and plain rows come before it.
     combos = [(d, V) for d in DTYPES for V in VOCABS]
     last = [c for c in combos if c == ("bf16", 151936)]
     for dname, V in [c for c in combos if c not in last]:
