@@ -17,7 +17,8 @@ every later one run eagerly.
 The capture calls `CUDAGraph.capture_begin` on a side stream rather than the
 `torch.cuda.graph` context manager. The context manager synchronises the device and runs
 `gc.collect()` and `empty_cache()` first, which would cost milliseconds each time the batch
-changes.
+changes. Each capture has its own memory pool; a dropped graph's pool stays reserved until
+the caching allocator frees it (on `empty_cache()` or under memory pressure).
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ class SteadyStepGraph:
         cap.keys_copied.record()
 
     def _capture(self, key, logits, keys_host, body):
-        self._captured = None  # frees the previous graph's pool before the new one allocates
+        self._captured = None  # drop the previous graph before the new one allocates
         n = logits.shape[0]
         cap = _CapturedStep(key, torch.cuda.CUDAGraph(), torch.empty_like(logits),
                             torch.empty((2, n), dtype=torch.int64, device=logits.device),
@@ -112,21 +113,28 @@ class SteadyStepGraph:
         main = torch.cuda.current_stream(logits.device)
         side = torch.cuda.Stream(logits.device)
         side.wait_stream(main)
+        error = None
         try:
             with torch.cuda.stream(side):
-                cap.graph.capture_begin()
+                # thread_local: CUDA calls of other threads (grammar workers) do not break the capture
+                cap.graph.capture_begin(capture_error_mode="thread_local")
                 try:
                     cap.outputs = body(cap.logits, cap.keys)
-                finally:
+                except Exception as exc:  # noqa: BLE001 - reported below, after the capture ends
+                    error = exc
+                try:
                     cap.graph.capture_end()
-        except Exception as exc:  # noqa: BLE001 - any failure: sample eagerly from now on
+                except Exception as exc:  # noqa: BLE001
+                    error = error or exc
+        except Exception as exc:  # noqa: BLE001
+            error = error or exc
+        main.wait_stream(side)
+        if error is not None:  # any failure: sample eagerly from now on
             self.enabled = False
             self.reset()
-            warnings.warn(f"capturing the steady sampling step failed ({type(exc).__name__}: {exc}); "
+            warnings.warn(f"capturing the steady sampling step failed ({type(error).__name__}: {error}); "
                           "sampling runs eagerly from now on", RuntimeWarning, stacklevel=3)
-            main.wait_stream(side)
             return None
-        main.wait_stream(side)
         self._captured = cap
         self.num_captures += 1
         cap.graph.replay()  # capturing ran nothing: this step's work happens now

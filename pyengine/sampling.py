@@ -11,7 +11,10 @@ grow with the length of the outputs).
 The metadata is rebuilt only when the batch changed, from each request's parameters checked
 once (`RowParams`), with two copies to the device. In a steady step (every row samples) only
 the generator keys change: they are built on the host and sent with one pinned, asynchronous
-copy; nothing on the hot path waits for the device until the caller reads the tokens.
+copy; nothing on the hot path waits for the device until the caller reads the tokens. On
+CUDA the steady step is captured once and replayed from a CUDA graph (`SteadyStepGraph`,
+pyengine/sampler_graph.py); `sample_to_host` reads a step's tokens and logprobs back in one
+copy. A step over other rows (prompt chunks, speculative verification) drops the graph.
 
 Each step, `sample` gathers the metadata of the rows that sample (`expand`: rows that
 are mid-prompt have no logits) and calls the specops `Sampler`: allowed tokens, bad words,
@@ -205,8 +208,8 @@ class BatchSampler:
         banned = min_tokens.banned_rows(lrows, len(lrows)) if min_tokens is not None else []
         return (self._md_version, tuple(logits.shape), logits.dtype, tuple(r for r, _ in banned))
 
-    def _draw_steady(self, logits: torch.Tensor, both: torch.Tensor, batch_md: SamplingMetadata,
-                     lrows: LogitsRows, history) -> tuple[torch.Tensor, LogprobsTensors | None]:
+    def _draw_steady(self, logits: torch.Tensor, both: torch.Tensor, batch_md: SamplingMetadata, lrows: LogitsRows,
+                     history) -> tuple[torch.Tensor, LogprobsTensors | None, torch.Tensor | None]:
         """Sampler + penalty counts of a steady step (eager, or recorded into the graph), and the
         step's tokens and logprobs packed for one readback."""
         out = self.sampler(logits, self._steady_metadata(batch_md, [], lrows, history, both))
@@ -226,32 +229,36 @@ class BatchSampler:
 
     def sample(
         self,
-        logits: torch.Tensor,  # [N, vocab] fp32 raw logits of the sampling rows (modified in place)
+        logits: torch.Tensor,  # [N, vocab] fp32 raw logits of the sampling rows (may be modified in place)
         rows: list[int],  # persistent-batch row of each logits row
         positions: list[int],  # sequence position of the token each row samples
     ) -> tuple[torch.Tensor, LogprobsTensors | None]:
         """Run the specops Sampler on the rows that sample this step: one token each ([N] int64,
         -1 where the logits were invalid: NaN, +inf or all -inf) and, when a row asked for them,
-        raw logprobs of every row."""
+        raw logprobs of every row.
+
+        On a replayed steady step (CUDA) the returned tensors belong to the graph and the next
+        call overwrites them: read or clone them before sampling again.
+        """
         return self._draw(logits, rows, positions)[:2]
 
     def sample_to_host(
         self,
-        logits: torch.Tensor,  # [N, vocab] fp32 raw logits of the sampling rows (modified in place)
+        logits: torch.Tensor,  # [N, vocab] fp32 raw logits of the sampling rows (may be modified in place)
         rows: list[int],  # persistent-batch row of each logits row
         positions: list[int],  # sequence position of the token each row samples
         num_logprobs: list[int | None],  # per row: top-n logprobs wanted, None = none
     ) -> tuple[list[int], list[Logprob | None]]:
         """`sample`, read back in one device-to-host copy: the tokens and each row's Logprob entry."""
         tokens, lp, packed = self._draw(logits, rows, positions)
-        want = [i for i, n in enumerate(num_logprobs) if n is not None]
-        if not want:
+        if all(n is None for n in num_logprobs):
             return tokens.tolist(), [None] * len(rows)
         if packed is None:
             packed = pack_readback(tokens, lp)
         return unpack_readback(packed.tolist(), lp.token_ids.shape[1], num_logprobs)
 
-    def _draw(self, logits: torch.Tensor, rows: list[int], positions: list[int]):
+    def _draw(self, logits: torch.Tensor, rows: list[int],
+              positions: list[int]) -> tuple[torch.Tensor, LogprobsTensors | None, torch.Tensor | None]:
         """(tokens [N] int64, logprobs or None, packed readback or None) of `sample`."""
         batch_md = self._batch_metadata()
         steady = rows == self._identity  # every row samples (steady decoding)
@@ -282,6 +289,9 @@ class BatchSampler:
                 out = body(logits, to_device(keys, torch.int64, self.device))
             self._advance()
             return out
+        # Other rows than the steady step's: processors rebuild their cached index tensors for
+        # them, which frees the ones a captured graph reads. Drop the graph first.
+        self.graph.reset()
         self.step.fill_(self._host_step)
         md = batch_md.expand(rows, position_offsets=positions, rows=lrows, output_token_ids=history)
         out = self.sampler(logits, md)
@@ -313,6 +323,7 @@ class BatchSampler:
         tokens (the -1 placeholders after them are ignored by token_bincount_update_).
         """
         batch_md = self._batch_metadata()
+        self.graph.reset()  # the processors see one row per draft: see the same line in `_draw`
         if self._plain_greedy:
             out = greedy_verify(_checked_argmax(logits), spec)
         else:

@@ -20,7 +20,7 @@ The reference engine lives in ``specops.engine`` (``LLM``, ``SamplingParams``).
 # torch first: importing the extension before torch lets the dynamic linker resolve libtorch
 # and its CUDA libraries without torch's own loading order, which on the CUDA image ended in
 # "free(): invalid pointer" at the first model built in a fresh process (`specops generate`).
-import torch  # noqa: F401,E402
+import torch  # noqa: F401
 
 try:
     from specops import _C  # noqa: F401  (registers torch.ops.specops.*)

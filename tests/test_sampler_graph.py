@@ -69,10 +69,10 @@ ALL = dict(temperature=0.8, top_k=20, top_p=0.9, min_p=0.02, repetition_penalty=
            presence_penalty=0.1, logit_bias={5: 1.0, 7: -1.0}, logprobs=2, ignore_eos=True)
 
 
-def run_engine(lm, graphs: bool):
+def run_engine(lm, graphs: bool, **config):
     """Six requests with every parameter on, finishing at different steps (the batch changes), and
     min_tokens that stop banning mid-way; every step's tokens and logprobs."""
-    eng = LLMEngine(EngineConfig(max_model_len=128, max_num_seqs=8, sampler_cuda_graphs=graphs), loaded=lm)
+    eng = LLMEngine(EngineConfig(max_model_len=128, max_num_seqs=8, sampler_cuda_graphs=graphs, **config), loaded=lm)
     rng = random.Random(0)
     for i in range(6):
         sp = SamplingParams(**ALL, seed=100 + i if i % 2 else None, min_tokens=3 * i, max_tokens=12 + 3 * i)
@@ -95,4 +95,15 @@ def test_engine_with_graphs_samples_what_eager_samples(tiny_checkpoint):  # noqa
     assert s_eager.graph.num_replays == 0
     assert s_graph.graph.num_captures >= 2 and s_graph.graph.num_replays >= 10, \
         (s_graph.graph.num_captures, s_graph.graph.num_replays)
+    assert graphed == eager
+
+
+@cuda_only
+def test_spec_decoding_steps_between_graph_replays(tiny_checkpoint):  # noqa: F811
+    """Verification steps give the processors other rows (one per draft), which rebuilds their
+    cached tensors: the graph must be dropped, never replayed on freed memory."""
+    lm = load_model(tiny_checkpoint, device="cuda", dtype=torch.float32)
+    spec = dict(spec_method="ngram", num_spec_tokens=3)
+    eager, _ = run_engine(lm, graphs=False, **spec)
+    graphed, s_graph = run_engine(lm, graphs=True, **spec)
     assert graphed == eager

@@ -145,6 +145,16 @@ def test_logit_bias_cache_follows_the_batch(device):
     assert torch.equal(proc.apply(logits[:3].clone(), rows), reference_bias(logits[:3], proc.state, rows))
 
 
+def test_logit_bias_merges_duplicate_ids_and_checks_the_sum():
+    from types import SimpleNamespace
+    proc = LogitBiasLogitsProcessor(4, V, "cpu")
+    proc.update_state(BatchUpdate(1, added=[(0, SimpleNamespace(logit_bias={5: 1.5, "5": 2.0, 7: -1.0}), [], [])]))
+    x = proc.apply(torch.zeros(1, V), LogitsRows([0], [0]))
+    assert x[0, 5] == 3.5 and x[0, 7] == -1.0 and int((x != 0).sum()) == 2
+    with pytest.raises(ValueError, match="float32"):
+        proc.update_state(BatchUpdate(2, added=[(1, SimpleNamespace(logit_bias={3: 3e38, "3": 3e38}), [], [])]))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_min_tokens_cache_follows_progress(device):
     proc = MinTokensLogitsProcessor(8, V, device, eos_token_ids=[2])

@@ -127,7 +127,7 @@ class Sampler:
             logprobs = compute_logprobs(self.logprobs_mode, metadata.max_num_logprobs, result.tokens,
                                         raw_logits=processed.raw_logits, processed_logits=processed.logits,
                                         inv_temperature=processed.inv_temperature, result=result,
-                                        backend="torch" if self.backend == "torch" else "auto")
+                                        backend=self.backend)
         return SamplerOutput(result.tokens, logprobs, result)
 
     # ---- steps 1-7: processing ----------------------------------------------------------

@@ -16,6 +16,9 @@ import torch
 from .interface import BatchUpdate, LogitsProcessor, LogitsRows, MoveDirectionality, process_dict_updates, to_device
 
 
+_FP32_MAX = float(torch.finfo(torch.float32).max)
+
+
 def _rows_or_identity(rows: LogitsRows | None, num_rows: int) -> LogitsRows:
     return rows if rows is not None else LogitsRows.identity(num_rows)
 
@@ -120,6 +123,10 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
             if not math.isfinite(float(val)):
                 raise ValueError(f"logit_bias values must be finite, got {val} for token {tok}")
             merged[tok] = merged.get(tok, 0.0) + float(val)
+        for tok, val in merged.items():
+            if not abs(val) <= _FP32_MAX:
+                raise ValueError(f"logit_bias for token {tok} must fit in float32 (|bias| <= {_FP32_MAX:.4g}), "
+                                 f"got {val}")
         return (list(merged), list(merged.values()))
 
     def is_active(self) -> bool:
