@@ -432,14 +432,10 @@ def unpack_readback(rows: list[list[float]], k: int,
 
 
 def to_logprobs(lp: LogprobsTensors, want: list[int], num_top: list[int]) -> list[Logprob]:
-    """Per-row Logprob entries (sampled token, its logprob and rank, top-n) for rows `want`.
-
-    Two device-to-host copies: ids with ranks, then logprobs (no gather when every row wants them).
-    """
-    ids, vals, ranks = lp.token_ids, lp.logprobs, lp.ranks
-    if want != list(range(ids.shape[0])):
-        idx = to_device(want, torch.int64, ids.device)
-        ids, vals, ranks = ids[idx], vals[idx], ranks[idx]
-    k = ids.shape[1]
-    ints, vals = torch.cat([ids, ranks.unsqueeze(1)], dim=1).tolist(), vals.tolist()  # [rows, k + 1], [rows, k]
-    return [Logprob(i[0], v[0], i[k], dict(zip(i[1:n + 1], v[1:n + 1]))) for i, v, n in zip(ints, vals, num_top)]
+    """Per-row Logprob entries (sampled token, its logprob and rank, top-n) for rows `want`,
+    in one device-to-host copy (no gather when every row wants them)."""
+    if want != list(range(lp.token_ids.shape[0])):
+        idx = to_device(want, torch.int64, lp.token_ids.device)
+        lp = LogprobsTensors(lp.token_ids[idx], lp.logprobs[idx], lp.ranks[idx])
+    packed = pack_readback(lp.token_ids[:, 0], lp)
+    return unpack_readback(packed.tolist(), lp.token_ids.shape[1], num_top)[1]

@@ -208,6 +208,7 @@ def test_to_logprobs(device):
 
 def test_packed_readback_equals_to_logprobs():
     """One float64 readback gives the same tokens and Logprob entries as the per-field copies."""
+    from specops.engine.request import Logprob
     from specops.engine.sampling import pack_readback, to_logprobs, unpack_readback
     from specops.sampling.logprobs import LogprobsTensors
 
@@ -223,11 +224,12 @@ def test_packed_readback_equals_to_logprobs():
     num = [None, 0, 3, 1, None, 2, 3]
     got_tokens, got = unpack_readback(pack_readback(tokens, lp).tolist(), k, num)
     want = [i for i, n in enumerate(num) if n is not None]
-    ref = to_logprobs(lp, want, [num[i] for i in want])
+    ref = [Logprob(int(ids[i, 0]), float(vals[i, 0]), int(lp.ranks[i]),
+                   {int(t): float(v) for t, v in zip(ids[i, 1:num[i] + 1], vals[i, 1:num[i] + 1])}) for i in want]
+    gathered = to_logprobs(lp, want, [num[i] for i in want])
     assert got_tokens == tokens.tolist()
     assert [got[i] is None for i in range(n_rows)] == [n is None for n in num]
-    for i, entry in zip(want, ref):
-        a = got[i]
+    for a, entry in [(got[i], e) for i, e in zip(want, ref)] + list(zip(gathered, ref)):
         assert (a.token_id, a.rank, list(a.top)) == (entry.token_id, entry.rank, list(entry.top))
         assert a.logprob == entry.logprob or (a.logprob != a.logprob and entry.logprob != entry.logprob)
-        assert all(a.top[t] == v or (v != v) for t, v in entry.top.items())
+        assert all(a.top[t] == v or (v != v and a.top[t] != a.top[t]) for t, v in entry.top.items())
