@@ -3,9 +3,11 @@
 
 namespace specops {
 
-// At most 64 registers: 4 blocks (1024 threads, 64 KB of logits in flight) per SM.
+// At most 32 registers: 8 blocks (2048 threads, the most an SM holds) per SM, each thread with
+// kBitmaskUnroll chunks. Measured on the H200 (grammar masks, fp32 V=128256 B=512): 87.6 us,
+// against 105.6 with 4 chunks and 4 blocks per SM; 4 chunks within 32 registers spill.
 template <typename T, int VEC, int UNROLL>
-__global__ void __launch_bounds__(kBlock, 4) apply_token_bitmask_kernel(const BitmaskParams p) {
+__global__ void __launch_bounds__(kBlock, 8) apply_token_bitmask_kernel(const BitmaskParams p) {
   bitmask_thread<T, VEC, UNROLL>(p, Coord::here());
 }
 
@@ -17,7 +19,7 @@ cudaError_t launch_apply_token_bitmask(const BitmaskParams& p, FloatType dtype, 
   const dim3 grid(static_cast<unsigned>(cfg.grid_x), static_cast<unsigned>(cfg.grid_y));
   with_float_type(dtype, [&](auto t) {
     using T = typename decltype(t)::type;
-    with_vec_unroll<T>(cfg, [&](auto vec, auto unroll) {
+    with_vec_unroll<T, kBitmaskUnroll>(cfg, [&](auto vec, auto unroll) {
       apply_token_bitmask_kernel<T, decltype(vec)::value, decltype(unroll)::value><<<grid, cfg.block, 0, stream>>>(p);
     });
   });

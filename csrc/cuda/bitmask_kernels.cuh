@@ -16,13 +16,16 @@
 
 namespace specops {
 
+constexpr int kBitmaskUnroll = 2;  // 16-byte chunks per thread on the vector path (see bitmask.cu)
+
 // Vector path (16-byte chunks) where every row starts 16-byte aligned, else one logit per
 // access. Small batches get narrower blocks, so that a single row still spreads over the SMs.
 inline LaunchConfig bitmask_config(const BitmaskParams& p, FloatType dtype, int num_sms) {
   const int esz = float_size(dtype);
   const bool one_row = p.valid_rows <= 1;  // only row 0 is touched: the row stride never matters
   const bool vectorised = aligned(p.logits, one_row ? 16 : p.logits_stride * esz, 16);
-  LaunchConfig cfg = row_chunk_config(p.n, p.vocab, vectorised ? 16 / esz : 1, kUnroll, num_sms);
+  LaunchConfig cfg = row_chunk_config(p.n, p.vocab, vectorised ? 16 / esz : 1,
+                                     vectorised ? kBitmaskUnroll : kUnroll, num_sms);
   const int64_t chunks = ceil_div(p.vocab, cfg.vec);
   while (!cfg.empty() && cfg.block > 64 && cfg.grid_x * cfg.grid_y < num_sms) {
     cfg.block /= 2;

@@ -115,7 +115,7 @@ void test_bitmask(int64_t logits_rows, int64_t cols, int64_t pad, int64_t bitmas
   const FloatType ft = sizeof(T) == 4 ? FloatType::kFloat32
                        : std::is_same<T, __half>::value ? FloatType::kFloat16 : FloatType::kBFloat16;
   const LaunchConfig cfg = bitmask_config(p, ft, num_sms);
-  with_vec_unroll<T>(cfg, [&](auto vec, auto unroll) {
+  with_vec_unroll<T, kBitmaskUnroll>(cfg, [&](auto vec, auto unroll) {
     run_grid(cfg, [&](const Coord& c) { bitmask_thread<T, decltype(vec)::value, decltype(unroll)::value>(p, c); });
   });
 
