@@ -28,6 +28,7 @@ step already read back. Otherwise nothing is kept.
 
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, field
 
@@ -101,6 +102,8 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.block_size = block_size
         self.kv_caches = model.make_kv_caches(num_blocks, block_size)
+        # whether compute_logits can write into the sampler graph's input (saves a copy)
+        self._logits_out = "out" in inspect.signature(model.compute_logits).parameters
         max_blocks = -(-(max_model_len + num_lookahead_tokens) // block_size)
         self.input_batch = InputBatch(max_num_reqs, max_blocks)
         self.sampler = BatchSampler(max_num_reqs, vocab_size, self.device, seed, eos_token_ids, logits_processors,
@@ -152,7 +155,9 @@ class ModelRunner:
         mask = self._build_bitmask(inputs)  # host work while the device runs the forward
         if inputs.spec is not None:
             return self._execute_spec(hidden, inputs, t0, mask)
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        rows = hidden[inputs.logits_indices]
+        buf = self.sampler.logits_buffer(rows.shape[0]) if self._logits_out else None
+        logits = self.model.compute_logits(rows) if buf is None else self.model.compute_logits(rows, out=buf)
         apply_batch_bitmask(logits, mask)
         t1 = self._now()
         tokens, logprobs = self.sampler.sample_to_host(logits, inputs.sample_rows, inputs.sample_positions,

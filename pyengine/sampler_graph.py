@@ -3,8 +3,14 @@
 In steady decoding every row of the persistent batch samples, and from one step to the
 next only the logits and the generator keys change: the sampler issues the same device
 work on the same tensors. `SteadyStepGraph` captures that work once and replays it, so the
-host cost of a step falls from dozens of eager ops and eight Triton launches to two copies
-and one graph launch.
+host cost of a step falls from dozens of eager ops and eight Triton launches to one graph
+launch:
+
+- the caller may compute the logits straight into the graph's input (`input_buffer`);
+  other logits are copied there;
+- the keys (token positions and generator keys) grow by one per steady step, so the graph
+  adds one to its key tensor at its end. The host keeps what the device then holds and
+  copies the step's keys only when they differ (a skipped step, a counter wrapping).
 
 The caller names the work with a key, and the key must change whenever the sampler would
 issue different work: another batch, other parameters, a processor whose device tensors
@@ -41,6 +47,7 @@ class _CapturedStep:
     keys: torch.Tensor  # [2, N] int64 static input: token positions, then generator keys
     keys_host: torch.Tensor  # [2, N] int64 pinned staging buffer of `keys`
     keys_copied: torch.cuda.Event  # recorded after the last copy out of keys_host
+    keys_on_device: list[list[int]] | None  # what `keys` holds for the next replay (host mirror)
     outputs: object  # what the body returned while capturing: static tensors, rewritten by each replay
 
 
@@ -65,6 +72,14 @@ class SteadyStepGraph:
         self._captured: _CapturedStep | None = None
         self._key: Hashable = None
         self._seen = 0  # consecutive steps with self._key
+
+    def input_buffer(self, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor | None:
+        """The captured step's logits input when it has this shape and dtype (compute the next
+        step's logits into it to save a copy), else None."""
+        cap = self._captured
+        if cap is None or tuple(cap.logits.shape) != tuple(shape) or cap.logits.dtype != dtype:
+            return None
+        return cap.logits
 
     def reset(self) -> None:
         """Forget the captured step and free its memory."""
@@ -97,18 +112,22 @@ class SteadyStepGraph:
 
     @staticmethod
     def _load(cap: _CapturedStep, logits: torch.Tensor, keys_host: list[list[int]]) -> None:
-        cap.logits.copy_(logits)
-        cap.keys_copied.synchronize()  # the previous step's copy has left the staging buffer
-        cap.keys_host.numpy()[:] = keys_host
-        cap.keys.copy_(cap.keys_host, non_blocking=True)
-        cap.keys_copied.record()
+        """Put the step's logits and keys where the graph reads them, copying only what differs."""
+        if logits.data_ptr() != cap.logits.data_ptr():
+            cap.logits.copy_(logits)
+        if keys_host != cap.keys_on_device:
+            cap.keys_copied.synchronize()  # the previous copy has left the staging buffer
+            cap.keys_host.numpy()[:] = keys_host
+            cap.keys.copy_(cap.keys_host, non_blocking=True)
+            cap.keys_copied.record()
+        cap.keys_on_device = [[k + 1 for k in row] for row in keys_host]  # the graph adds one
 
     def _capture(self, key, logits, keys_host, body):
         self._captured = None  # drop the previous graph before the new one allocates
         n = logits.shape[0]
         cap = _CapturedStep(key, torch.cuda.CUDAGraph(), torch.empty_like(logits),
                             torch.empty((2, n), dtype=torch.int64, device=logits.device),
-                            torch.empty((2, n), dtype=torch.int64, pin_memory=True), torch.cuda.Event(), None)
+                            torch.empty((2, n), dtype=torch.int64, pin_memory=True), torch.cuda.Event(), None, None)
         self._load(cap, logits, keys_host)
         main = torch.cuda.current_stream(logits.device)
         side = torch.cuda.Stream(logits.device)
@@ -120,6 +139,7 @@ class SteadyStepGraph:
                 cap.graph.capture_begin(capture_error_mode="thread_local")
                 try:
                     cap.outputs = body(cap.logits, cap.keys)
+                    cap.keys.add_(1)  # the next steady step's keys (see _load)
                 except Exception as exc:  # noqa: BLE001 - reported below, after the capture ends
                     error = exc
                 try:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import copy
 from dataclasses import replace
 
+import numpy as np
 import torch
 
 from specops import rng
@@ -242,6 +243,11 @@ class BatchSampler:
         """
         return self._draw(logits, rows, positions)[:2]
 
+    def logits_buffer(self, num_rows: int) -> torch.Tensor | None:
+        """[num_rows, vocab] fp32: where to compute the next step's logits so that a replayed
+        sampler graph reads them without a copy; None: anywhere."""
+        return self.graph.input_buffer((num_rows, self.vocab_size), torch.float32)
+
     def sample_to_host(
         self,
         logits: torch.Tensor,  # [N, vocab] fp32 raw logits of the sampling rows (may be modified in place)
@@ -255,7 +261,7 @@ class BatchSampler:
             return tokens.tolist(), [None] * len(rows)
         if packed is None:
             packed = pack_readback(tokens, lp)
-        return unpack_readback(packed.tolist(), lp.token_ids.shape[1], num_logprobs)
+        return unpack_readback(packed.cpu().numpy(), num_logprobs)
 
     def _draw(self, logits: torch.Tensor, rows: list[int],
               positions: list[int]) -> tuple[torch.Tensor, LogprobsTensors | None, torch.Tensor | None]:
@@ -416,19 +422,20 @@ def pack_readback(
                       lp.logprobs.double()], dim=1)
 
 
-def unpack_readback(rows: list[list[float]], k: int,
+def unpack_readback(packed: np.ndarray,  # [N, 2k + 2] float64 on the host, from pack_readback
                     num_logprobs: list[int | None]) -> tuple[list[int], list[Logprob | None]]:
-    """Tokens and Logprob entries (None where a row wants none) from `pack_readback(...).tolist()`."""
-    tokens, entries = [], []
-    for r, n in zip(rows, num_logprobs):
-        tokens.append(int(r[0]))
-        if n is None:
-            entries.append(None)
-            continue
-        ids, rank, vals = r[1:k + 1], r[k + 1], r[k + 2:]
-        entries.append(Logprob(int(ids[0]), vals[0], int(rank),
-                               {int(t): v for t, v in zip(ids[1:n + 1], vals[1:n + 1])}))
-    return tokens, entries
+    """Tokens and Logprob entries (None where a row wants none) of a packed readback.
+
+    The ids and ranks become Python ints in one conversion, the logprobs Python floats in
+    another; the loop only builds the entries.
+    """
+    k = (packed.shape[1] - 2) // 2
+    ints = packed[:, :k + 2].astype(np.int64).tolist()  # token, k ids, rank
+    vals = packed[:, k + 2:].tolist()  # k logprobs
+    entries = [None if n is None else
+               Logprob(r[1], v[0], r[k + 1], {r[2]: v[1]} if n == 1 else dict(zip(r[2:n + 2], v[1:n + 1])))
+               for r, v, n in zip(ints, vals, num_logprobs)]
+    return [r[0] for r in ints], entries
 
 
 def to_logprobs(lp: LogprobsTensors, want: list[int], num_top: list[int]) -> list[Logprob]:
@@ -438,4 +445,4 @@ def to_logprobs(lp: LogprobsTensors, want: list[int], num_top: list[int]) -> lis
         idx = to_device(want, torch.int64, lp.token_ids.device)
         lp = LogprobsTensors(lp.token_ids[idx], lp.logprobs[idx], lp.ranks[idx])
     packed = pack_readback(lp.token_ids[:, 0], lp)
-    return unpack_readback(packed.tolist(), lp.token_ids.shape[1], num_top)[1]
+    return unpack_readback(packed.cpu().numpy(), num_top)[1]

@@ -48,6 +48,50 @@ def test_replay_follows_inputs_and_keys():
 
 
 @cuda_only
+def test_keys_grow_inside_the_graph_and_logits_can_be_computed_in_place():
+    """The graph adds one to its keys: keys that grew by one since the last step are not
+    copied again, any other keys are; logits written into `input_buffer` need no copy."""
+    g = SteadyStepGraph()
+
+    def body(x, keys):  # [N, V], [2, N]
+        return x.sum(dim=1) + keys[0].float() * 1000 + keys[1].float()
+
+    uploads = []
+    copy = torch.Tensor.copy_
+
+    def counting_copy(dst, src, *args, **kwargs):
+        if src.device.type == "cpu" and dst.is_cuda:
+            uploads.append(src.shape)
+        return copy(dst, src, *args, **kwargs)
+
+    torch.Tensor.copy_ = counting_copy
+    try:
+        pos = 100
+        for step in range(10):
+            pos += 5 if step == 7 else 1  # one jump: its keys must be copied
+            keys = [[pos] * 4, [pos - 90 + i for i in range(4)]]
+            buf = g.input_buffer((4, 33), torch.float32)
+            x = torch.randn(4, 33, device="cuda")
+            if buf is not None:
+                buf.copy_(x)  # as the model runner's compute_logits(out=...)
+            uploads.clear()
+            out = g.run("a", x if buf is None else buf, keys, body)
+            if out is None:
+                out = body(x, torch.tensor(keys, device="cuda"))
+            want = x.sum(dim=1) + torch.tensor(keys[0], device="cuda").float() * 1000 \
+                + torch.tensor(keys[1], device="cuda").float()
+            assert torch.allclose(out, want), step
+            replayed_in_place = buf is not None
+            if replayed_in_place:
+                assert uploads == ([(2, 4)] if step == 7 else []), (step, uploads)
+        assert g.num_captures == 1
+        assert g.input_buffer((5, 33), torch.float32) is None
+        assert g.input_buffer((4, 33), torch.float16) is None
+    finally:
+        torch.Tensor.copy_ = copy
+
+
+@cuda_only
 def test_failed_capture_falls_back_to_eager():
     g = SteadyStepGraph()
 

@@ -222,7 +222,7 @@ def test_packed_readback_equals_to_logprobs():
     vals[2] = float("nan")
     lp = LogprobsTensors(ids, vals, torch.randint(1, 151936, (n_rows,), generator=g))
     num = [None, 0, 3, 1, None, 2, 3]
-    got_tokens, got = unpack_readback(pack_readback(tokens, lp).tolist(), k, num)
+    got_tokens, got = unpack_readback(pack_readback(tokens, lp).numpy(), num)
     want = [i for i, n in enumerate(num) if n is not None]
     ref = [Logprob(int(ids[i, 0]), float(vals[i, 0]), int(lp.ranks[i]),
                    {int(t): float(v) for t, v in zip(ids[i, 1:num[i] + 1], vals[i, 1:num[i] + 1])}) for i in want]

@@ -4,7 +4,8 @@ The interface the engine uses:
 
 - ``load_model(path=None, device="cpu", dtype=None) -> LoadedModel`` (model, tokenizer, config)
 - ``model.forward(input_ids [T], positions [T], attn: AttnMetadata) -> hidden [T, H]``,
-  ``model.compute_logits(hidden [N, H]) -> [N, vocab] fp32``,
+  ``model.compute_logits(hidden [N, H], out=None) -> [N, vocab] fp32`` (``out`` optional: the engine
+  passes one only to models whose method takes it),
   ``model.make_kv_caches(num_blocks, block_size) -> list of [2, num_blocks, block_size, kv_heads, head_dim]``
 - ``reference_forward(model, token_ids) -> [len, vocab]``: non-paged ground truth for tests.
 """

@@ -235,10 +235,12 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(x)
 
     @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, vocab] fp32
-        """Project hidden states [N, hidden] to fp32 logits [N, vocab]."""
+    def compute_logits(self, hidden: torch.Tensor,  # [N, hidden]
+                       out: torch.Tensor | None = None) -> torch.Tensor:  # [N, vocab] fp32
+        """Project hidden states to fp32 logits, written into `out` when given (no extra copy)."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        logits = F.linear(hidden, weight)
+        return logits.float() if out is None else out.copy_(logits)
 
     def make_kv_caches(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
         """Zeroed per-layer caches, each [2, num_blocks, block_size, num_kv_heads, head_dim] in the model dtype."""
