@@ -43,7 +43,7 @@ STEADY_STEPS_BEFORE_CAPTURE = 2
 class _CapturedStep:
     key: Hashable
     graph: torch.cuda.CUDAGraph
-    logits: torch.Tensor  # [N, V] static input: the step's logits are copied here
+    logits: torch.Tensor  # [N, V] static input: the step's logits, computed or copied here
     keys: torch.Tensor  # [2, N] int64 static input: token positions, then generator keys
     keys_host: torch.Tensor  # [2, N] int64 pinned staging buffer of `keys`
     keys_copied: torch.cuda.Event  # recorded after the last copy out of keys_host
