@@ -169,6 +169,19 @@ def test_invalid_drafts_are_rejected(device):
             assert out.tolist() == [[2, -1], [2, -1], [2, 3]], (greedy, backend)
 
 
+
+def test_int64_draft_ids_past_int32_are_rejected(device):
+    # 2**32 + 2 and -(2**32) + 2 wrap to the likely token 2 in 32 bits; 2**31 to a negative id
+    logits = torch.full((4, 5), -20.0, device=device)
+    logits[:, 2] = 20.0
+    drafts = torch.tensor([2**32 + 2, -(2**32) + 2, 2**31, 2], dtype=torch.int64, device=device)
+    cu = torch.tensor([1, 2, 3, 4], device=device)
+    bonus = torch.tensor([0, 1, 3, 4], device=device)
+    for greedy in (True, False):
+        for backend in ("triton", "torch"):
+            out = rejection_sample(logits, drafts, cu, 1, bonus, is_greedy=greedy, backend=backend)
+            assert out.tolist() == [[2, -1], [2, -1], [2, -1], [2, 4]], (greedy, backend)
+
 # ---- greedy speculation == step-by-step greedy decoding --------------------------------------
 
 class TrigramModel:

@@ -211,6 +211,10 @@ def rejection_sample(
     if fuse_recover is None:
         fuse_recover = False
     fuse = bool(fuse_recover) and draft_probs is None and is_greedy is not True
+    if draft_token_ids.dtype == torch.int64:
+        # The kernels read draft ids as int32: an id outside [0, V) becomes -1 or V here (one
+        # elementwise op on [T]), so that an id past 2**31 cannot wrap into the vocabulary.
+        draft_token_ids = draft_token_ids.clamp(-1, vocab)
     args = dict(target_rows=dense(target_rows), draft_token_ids=dense(draft_token_ids),
                 draft_probs=draft_probs, cu_num_draft_tokens=dense(cu_num_draft_tokens),
                 temperature=dense(temperature), inv_temperature=dense(inv_temperature), threshold=dense(threshold),
