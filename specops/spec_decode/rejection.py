@@ -218,10 +218,10 @@ def rejection_sample(
                 engine_seed=engine_seed)
     is_greedy = dense(is_greedy)
     chunk = chunk_size(vocab)
-    rec_j, rec_ms = rejection_sample_pass(out, logits, bonus_token_ids=dense(bonus_token_ids),
-                                          is_greedy=is_greedy, fuse_race=fuse, chunk=chunk, **args)
+    pass1 = rejection_sample_pass(out, logits, bonus_token_ids=dense(bonus_token_ids),
+                                  is_greedy=is_greedy, fuse_race=fuse, chunk=chunk, **args)
     if not fuse and is_greedy is not True:
-        rejection_recover_pass(out, logits, rec_j=rec_j, rec_ms=rec_ms, chunk=chunk, **args)
+        rejection_recover_pass(out, logits, pass1=pass1, chunk=chunk, **args)
     return out
 
 
