@@ -1,7 +1,10 @@
 """Plain torch reference of rejection sampling (float64, a loop over requests).
 
-It draws with the same counter-based noise as the Triton kernels (specops.rng), so for
-the same inputs it emits the same tokens except on float ties far below test sizes.
+It draws with the same counter-based noise as the Triton kernels (specops.rng) and the
+same two-level race for recovered tokens (chunks of chunk_size(V) by their residual mass
+in float64, the kernels in fp32; then the tokens of one chunk), so for the same inputs it
+emits the same tokens except on float near-ties (of two chunk keys, or two token keys)
+far below test sizes.
 It is also the CPU path of ``specops.spec_decode.rejection_sample``.
 """
 

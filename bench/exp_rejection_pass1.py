@@ -1,0 +1,120 @@
+"""Experiment: the geometry of rejection sampling's pass 1 (_rejection_sample_kernel) on one GPU.
+
+Times pass 1 alone at V = 128256, B = 128, K in {1, 8}, fp32 target logits (randn * 2,
+80% good drafts, as bench_rejection.py), no draft probs unless --probs, for chunk 4096 /
+8192 / 16384, block (entries per load) <= chunk, num_warps 4 / 8 and, where a chunk takes
+several blocks, the prefetching loop (block i + 1 loaded before block i is reduced: the
+same reductions in the same order). Prints the kernel's median device time (from the
+profiler; the finalize launch is not counted), the ratio to the floor B * K * V * 4 bytes
+/ 4.2e12 B/s, and whether the chunk partials are bit-identical to the same (chunk, block,
+warps) without prefetch and the output to the default geometry's.
+
+Every geometry here is a function of V only, so any of them keeps batch invariance; a
+different chunk changes the recovered-token draw (chunk_size in rejection_sample.py and
+the torch reference follow it), a different block or warp count only the float rounding
+of the partials. Run from the repo root on the GPU machine (< 90 s):
+
+    python bench/exp_rejection_pass1.py [--probs]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from specops.triton_kernels.rejection_sample import chunk_size, rejection_sample_pass  # noqa: E402
+
+VOCAB = 128256
+BATCH = 128
+KS = (1, 8)
+TEMP = 0.8
+BANDWIDTH = 4.2e12
+# (chunk, block): a whole chunk per load up to 8192 entries, or half of it
+GEOMETRIES = [(4096, 4096), (4096, 2048), (8192, 8192), (8192, 4096), (16384, 8192), (16384, 4096)]
+WARPS = (4, 8)
+
+
+def make_inputs(vocab, batch, k, with_probs, device, seed=0):
+    """bench_rejection.Case's inputs: [K target rows, 1 bonus row] per request."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    n = batch * k
+    logits = torch.randn(batch * (k + 1), vocab, device=device, generator=g) * 2
+    target_rows = (torch.arange(batch, device=device)[:, None] * (k + 1)
+                   + torch.arange(k, device=device)[None, :]).flatten()
+    good = torch.rand(n, device=device, generator=g) < 0.8
+    drafts = torch.randint(0, vocab, (n,), device=device, generator=g)
+    logits[target_rows[good], drafts[good]] += 15.0
+    q = None
+    if with_probs:
+        ql = torch.randn(n, vocab, device=device, generator=g) * 2
+        ql[torch.arange(n, device=device)[good], drafts[good]] += 15.0
+        q = torch.softmax(ql, dim=1)
+    return dict(logits=logits, target_rows=target_rows, draft_token_ids=drafts, draft_probs=q,
+                cu_num_draft_tokens=torch.arange(1, batch + 1, device=device) * k,
+                bonus_token_ids=torch.randint(0, vocab, (batch,), device=device, generator=g),
+                temperature=torch.full((batch,), TEMP, device=device), inv_temperature=None, threshold=None,
+                is_greedy=False, seeds=None, has_seed=None, positions=None,
+                step=torch.tensor([3], dtype=torch.int64, device=device), engine_seed=0), batch, k
+
+
+def run_pass1(inputs, batch, k, chunk, block, warps, prefetch):
+    out = torch.empty(batch, k + 1, dtype=torch.int32, device=inputs["logits"].device)
+    res = rejection_sample_pass(out, fuse_race=False, chunk=chunk, block=block, num_warps=warps,
+                                prefetch=prefetch, **inputs)
+    return out, res
+
+
+def kernel_us(fn, name="_rejection_sample_kernel", iters=20) -> float:
+    """Median device time of the kernel `name` over `iters` calls of fn, from the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    times = sorted(e.device_time for e in prof.events() if name in e.name and e.device_time > 0)
+    return times[len(times) // 2] if times else float("nan")
+
+
+def main() -> None:
+    if not torch.cuda.is_available():
+        print("exp_rejection_pass1 needs CUDA: nothing to do")
+        return
+    with_probs = "--probs" in sys.argv
+    t0 = time.time()
+    print(f"{torch.cuda.get_device_name()}, V={VOCAB}, B={BATCH}, draft probs: {with_probs}, "
+          f"default chunk {chunk_size(VOCAB)}")
+    print(f"{'K':>2} {'chunk':>6} {'block':>6} {'warps':>5} {'prefetch':>8} {'us':>8} {'x floor':>8} "
+          f"{'floor us':>8}  bit-identical")
+    for k in KS:
+        inputs, batch, k = make_inputs(VOCAB, BATCH, k, with_probs, "cuda")
+        floor = batch * k * VOCAB * 4 / BANDWIDTH * 1e6
+        default_out, _ = run_pass1(inputs, batch, k, chunk_size(VOCAB), None, None, False)
+        for chunk, block in GEOMETRIES:
+            for warps in WARPS:
+                plain = None
+                for prefetch in ((False, True) if chunk > block else (False,)):
+                    def fn(chunk=chunk, block=block, warps=warps, prefetch=prefetch):
+                        return run_pass1(inputs, batch, k, chunk, block, warps, prefetch)
+                    out, res = fn()
+                    written = [0, 1] if with_probs else [0, 2]   # l_x, then q(x) or x's chunk sum without x
+                    parts = torch.cat([res.part_m, res.part_s, res.part_x.view(-1, 3)[:, written].flatten()])
+                    same = [f"out={'yes' if torch.equal(out, default_out) else 'NO'}"]
+                    if prefetch:
+                        same.append(f"partials vs no prefetch={'yes' if torch.equal(parts, plain) else 'NO'}")
+                    plain = parts
+                    us = kernel_us(fn)
+                    print(f"{k:>2} {chunk:>6} {block:>6} {warps:>5} {str(prefetch):>8} {us:8.1f} {us / floor:8.2f} "
+                          f"{floor:8.1f}  {', '.join(same)}", flush=True)
+    print(f"done in {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
