@@ -116,6 +116,20 @@ def test_recovered_tokens_match_reference(device, draft_probs, fuse):
     assert torch.unique(out[:, 0].long() // 128).numel() == 3   # tokens of every chunk were emitted
 
 
+@pytest.mark.parametrize("draft_probs", [False, True])
+def test_kernel_geometry_gives_the_same_tokens(device, draft_probs, monkeypatch):
+    # several blocks per chunk in pass 1 (with the prefetching loop) and in the token race
+    import functools
+
+    import specops.spec_decode.rejection as rejection_module
+    for name, knobs in [("rejection_sample_pass", dict(block=32, prefetch=True, race_block=32, race_warps=4)),
+                        ("rejection_recover_pass", dict(race_block=32, race_warps=4))]:
+        monkeypatch.setattr(rejection_module, name, functools.partial(getattr(rejection_module, name), **knobs))
+    args, kw = make_case([1] * 24 + [2] * 4, 300, device=device, draft_probs=draft_probs, greedy="mixed",
+                         correct_frac=0.2, scale=0.7)
+    check_same(args, kw)
+
+
 @pytest.mark.parametrize("fuse", [True, False])
 def test_fused_and_second_pass_recovery_agree(device, fuse):
     # without draft probs, the recovered token is raced in pass 1 (fused) or in pass 2

@@ -1,18 +1,17 @@
-"""Rejection sampling, pass 2: the recovered token of each request's first rejected random row.
+"""Rejection sampling with draft probs, pass 2: the recovered token of each request's first
+rejected random row.
 
 Pass 1 (rejection_sample.py) leaves, per request, the target row j of its first rejection
-(-1 when none or when it already wrote the token), the row's softmax max and sum, and the
-chunk partials of every row. The token is drawn by the two-level race of
-rejection_sample.py's docstring:
+(-1 when none), the row's softmax max and sum, and the chunk partials of every row. The
+token is drawn by the two-level race of rejection_sample.py's docstring (without draft
+probs the finalize kernel of pass 1 draws it and this pass is not launched):
 
-- without draft probs (or with a draft id outside the vocabulary): from p with the draft
-  removed (p itself for an invalid id). The chunk masses are pass 1's partials, so one
-  program per request races the chunks, then the tokens of the chosen chunk only;
-- with draft probs and a valid draft: from the residual r_t = max(0, p_t - q_t). A first
-  launch, grid (num_reqs, NUM_SPLITS), sums r over each chunk of the rejected row (target
-  logits and draft probs read once, no noise); then the same one-program race with keys
-  r_t / E_t. If every r_t is 0 (only rounding can cause it), p decides, as above but
-  without removing the draft.
+- with a valid draft, from the residual r_t = max(0, p_t - q_t): a first launch, grid
+  (num_reqs, NUM_SPLITS), sums r over each chunk of the rejected row (target logits and
+  draft probs read once, no noise); then one program per request races the chunks by
+  those sums and the tokens of the chosen chunk with keys r_t / E_t;
+- if every r_t is 0 (only rounding can cause it) or the draft id is outside the
+  vocabulary, from p: chunks by pass 1's partials, tokens by x_t / T - log E_t.
 
 A row without any mass emits token 0 (as torch.argmax of the all -inf keys of the reference).
 """
@@ -21,10 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-from specops.triton_kernels.rejection_sample import (_INT_MAX, _chunk_log_mass, _merge_block_max, _pick_word,
-                                                    _race_chunks, _request_keys, _row_key, _row_scale,
-                                                    _scaled_block, _target_row, temp_mode_of)
-from specops.triton_kernels.rng import STREAM_RECOVER, exponential, random_words
+from specops.triton_kernels.rejection_sample import (Pass1Result, _chunk_log_mass, _race_chunk_tokens, _race_chunks,
+                                                    _request_keys, _row_key, _row_scale, _scaled_block, _target_row,
+                                                    temp_mode_of)
 
 
 @triton.jit
@@ -73,7 +71,7 @@ def _recover_race_kernel(
     logits_ptr, logits_stride,                # [num_logits, V]
     target_rows_ptr,                          # [T] int (HAS_TARGET_ROWS)
     draft_ids_ptr,                            # [T] int
-    draft_probs_ptr, draft_probs_stride,      # [T, V] (HAS_DRAFT_PROBS)
+    draft_probs_ptr, draft_probs_stride,      # [T, V]
     cu_ptr,                                   # [num_reqs] inclusive cumulative drafts
     temp_ptr,                                 # TEMP_MODE 1: [num_reqs] T; 2: [T] 1/T (fp32)
     threshold_ptr,                            # [T] fp32 (HAS_THRESHOLD)
@@ -81,11 +79,11 @@ def _recover_race_kernel(
     step_ptr, engine_seed,                    # [1] int64, int
     rec_j_ptr, rec_ms_ptr,                    # [num_reqs] int32, [num_reqs, 2] fp32 from pass 1
     part_m_ptr, part_s_ptr, part_x_ptr,       # [T * NUM_SPLITS] x 2, [T * 3] fp32 from pass 1
-    part_res_ptr,                             # [num_reqs * NUM_SPLITS] fp32 (HAS_DRAFT_PROBS)
+    part_res_ptr,                             # [num_reqs * NUM_SPLITS] fp32 from _residual_mass_kernel
     vocab_size,
     NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
-    HAS_TARGET_ROWS: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, TEMP_MODE: tl.constexpr,
-    HAS_THRESHOLD: tl.constexpr, HAS_SEEDS: tl.constexpr,
+    HAS_TARGET_ROWS: tl.constexpr, TEMP_MODE: tl.constexpr, HAS_THRESHOLD: tl.constexpr,
+    HAS_SEEDS: tl.constexpr,
 ):
     """One program per request: level 1 over the chunks of its rejected row, level 2 over
     the tokens of the chosen chunk; writes the token into the output row."""
@@ -100,50 +98,25 @@ def _recover_race_kernel(
                                                      HAS_SEEDS)
         seed_r, pos_r = _row_key(seeded, seed, position, engine_seed.to(tl.int64), step, i.to(tl.int64), j)
 
-        # level 1: chunk masses of p (without the draft for n-gram drafts) or of the residual
+        # level 1: the chunk masses of the residual, or of p when the residual has none
         cc = tl.arange(0, SPLIT_BLOCK)
-        if HAS_DRAFT_PROBS:
-            x_chunk = tl.full([], -1, tl.int32)
-        else:
-            x_chunk = tl.where(valid, x // CHUNK, -1)
-        log_mass = _chunk_log_mass(part_m_ptr, part_s_ptr, part_x_ptr, j, x_chunk, cc, NUM_SPLITS)
-        use_res = tl.full([], False, tl.int1)
-        if HAS_DRAFT_PROBS:
-            res = tl.load(part_res_ptr + req * NUM_SPLITS + cc, mask=cc < tl.where(valid, NUM_SPLITS, 0), other=0.0)
-            use_res = tl.max(res, 0) > 0.0
-            log_mass = tl.where(use_res, tl.where(res > 0.0, tl.log(tl.where(res > 0.0, res, 1.0)), float("-inf")), log_mass)
-        c, best = _race_chunks(log_mass, cc, seed_r, pos_r)
+        res = tl.load(part_res_ptr + req * NUM_SPLITS + cc, mask=cc < tl.where(valid, NUM_SPLITS, 0), other=0.0)
+        use_res = tl.max(res, 0) > 0.0
+        log_res = tl.where(res > 0.0, tl.log(tl.where(res > 0.0, res, 1.0)), float("-inf"))
+        log_p = _chunk_log_mass(part_m_ptr, part_s_ptr, part_x_ptr, j, tl.full([], -1, tl.int32), cc, NUM_SPLITS)
+        c, best = _race_chunks(tl.where(use_res, log_res, log_p), cc, seed_r, pos_r)
 
         # level 2: the per-token race within chunk c
-        row_ptr = _target_row(logits_ptr, logits_stride, target_rows_ptr, j, HAS_TARGET_ROWS)
-        q_ptr = draft_probs_ptr + j.to(tl.int64) * draft_probs_stride
-        inv_t, thr = _row_scale(temp_ptr, threshold_ptr, req, j, False, TEMP_MODE, HAS_THRESHOLD)
-        row_max = tl.load(rec_ms_ptr + req * 2)
-        row_sum = tl.load(rec_ms_ptr + req * 2 + 1)
-        if HAS_DRAFT_PROBS:
-            excluded = tl.full([], -1, tl.int32)
-        else:
-            excluded = x
-        kk = tl.arange(0, BLOCK // 4)
-        ww = tl.arange(0, 4)[None, :]
-        kb = tl.full([], float("-inf"), tl.float32)
-        kbi = tl.full([], 0, tl.int32)
-        chunk0 = c * CHUNK
-        limit = tl.minimum(vocab_size, chunk0 + CHUNK)
+        token = tl.full([], 0, tl.int32)                            # no mass: as torch.argmax
         if best > float("-inf"):
-            for off in range(0, CHUNK, BLOCK):
-                base = chunk0 + off
-                t, mask, v = _scaled_block(row_ptr, base, kk, ww, limit, inv_t, thr, HAS_THRESHOLD)
-                w0, w1, w2, w3 = random_words(seed_r, pos_r, STREAM_RECOVER, base // 4 + kk)
-                e = exponential(_pick_word(w0, w1, w2, w3, ww))
-                key = v - tl.log(e)
-                if HAS_DRAFT_PROBS:
-                    q = tl.load(q_ptr + t, mask=t < tl.where(use_res, limit, 0), other=0.0).to(tl.float32)
-                    p = tl.exp(v - row_max) / row_sum
-                    key = tl.where(use_res, tl.maximum(p - q, 0.0) / e, key)
-                key = tl.where(mask & (t != excluded), key, float("-inf"))
-                kb, kbi = _merge_block_max(key, t, kb, kbi)
-        tl.store(out_ptr + req.to(tl.int64) * out_stride + i, kbi)   # no mass: token 0
+            row_ptr = _target_row(logits_ptr, logits_stride, target_rows_ptr, j, HAS_TARGET_ROWS)
+            q_ptr = draft_probs_ptr + j.to(tl.int64) * draft_probs_stride
+            inv_t, thr = _row_scale(temp_ptr, threshold_ptr, req, j, False, TEMP_MODE, HAS_THRESHOLD)
+            row_max = tl.load(rec_ms_ptr + req * 2)
+            row_sum = tl.load(rec_ms_ptr + req * 2 + 1)
+            token = _race_chunk_tokens(row_ptr, q_ptr, c, -1, use_res, row_max, row_sum, inv_t, thr, seed_r, pos_r,
+                                       vocab_size, CHUNK, BLOCK, True, HAS_THRESHOLD)
+        tl.store(out_ptr + req.to(tl.int64) * out_stride + i, token)
 
 
 def rejection_recover_pass(
@@ -151,7 +124,7 @@ def rejection_recover_pass(
     logits: torch.Tensor,                # [num_logits, V]
     target_rows: torch.Tensor | None,    # [T] int
     draft_token_ids: torch.Tensor,       # [T] int
-    draft_probs: torch.Tensor | None,    # [T, V]
+    draft_probs: torch.Tensor,           # [T, V]
     cu_num_draft_tokens: torch.Tensor,   # [num_reqs]
     temperature: torch.Tensor | None,    # [num_reqs] fp32 T, or None
     inv_temperature: torch.Tensor | None,  # [T] fp32 1/T per target row, or None
@@ -161,12 +134,14 @@ def rejection_recover_pass(
     positions: torch.Tensor | None,      # [num_reqs] int64
     step: torch.Tensor,                  # [1] int64
     engine_seed: int,
-    pass1,                               # rejection_sample.Pass1Result
+    pass1: Pass1Result,
     chunk: int,
     race_block: int | None = None,
     race_warps: int = 8,
 ) -> None:
     """Launch pass 2 (a program finds no work and exits when its request needs no draw).
+
+    Only with draft probs: without them the finalize kernel of pass 1 draws the tokens.
 
     ``race_block`` (tokens per step of the level-2 race, default min(chunk, 2048)) and
     ``race_warps`` change speed only.
@@ -178,21 +153,18 @@ def rejection_recover_pass(
     assert race_block >= 16 and race_block & (race_block - 1) == 0 and chunk % race_block == 0
     temp_mode, temp_arg = temp_mode_of(temperature, inv_temperature, logits)
     rows = dict(target_rows_ptr=target_rows if target_rows is not None else draft_token_ids,
-                draft_ids_ptr=draft_token_ids,
-                draft_probs_ptr=draft_probs if draft_probs is not None else logits,
-                draft_probs_stride=draft_probs.stride(0) if draft_probs is not None else 0)
-    part_res = pass1.part_m   # any fp32 tensor: not read without draft probs
-    if draft_probs is not None:
-        part_res = torch.empty(num_reqs * num_splits, dtype=torch.float32, device=logits.device)
-        block = min(chunk, 4096)   # memory bound: wide loads, no noise
-        _residual_mass_kernel[(num_reqs, num_splits)](
-            logits, logits.stride(0), **rows,
-            temp_ptr=temp_arg, threshold_ptr=threshold if threshold is not None else logits,
-            rec_j_ptr=pass1.rec_j, rec_ms_ptr=pass1.rec_ms, part_res_ptr=part_res, vocab_size=vocab,
-            NUM_SPLITS=num_splits, CHUNK=chunk, BLOCK=block,
-            HAS_TARGET_ROWS=target_rows is not None, TEMP_MODE=temp_mode, HAS_THRESHOLD=threshold is not None,
-            num_warps=8 if block >= 4096 else 4,
-        )
+                draft_ids_ptr=draft_token_ids, draft_probs_ptr=draft_probs,
+                draft_probs_stride=draft_probs.stride(0))
+    part_res = torch.empty(num_reqs * num_splits, dtype=torch.float32, device=logits.device)
+    block = min(chunk, 4096)   # memory bound: wide loads, no noise
+    _residual_mass_kernel[(num_reqs, num_splits)](
+        logits, logits.stride(0), **rows,
+        temp_ptr=temp_arg, threshold_ptr=threshold if threshold is not None else logits,
+        rec_j_ptr=pass1.rec_j, rec_ms_ptr=pass1.rec_ms, part_res_ptr=part_res, vocab_size=vocab,
+        NUM_SPLITS=num_splits, CHUNK=chunk, BLOCK=block,
+        HAS_TARGET_ROWS=target_rows is not None, TEMP_MODE=temp_mode, HAS_THRESHOLD=threshold is not None,
+        num_warps=8 if block >= 4096 else 4,
+    )
     _recover_race_kernel[(num_reqs,)](
         out, out.stride(0), logits, logits.stride(0), **rows,
         cu_ptr=cu_num_draft_tokens,
@@ -204,7 +176,6 @@ def rejection_recover_pass(
         part_m_ptr=pass1.part_m, part_s_ptr=pass1.part_s, part_x_ptr=pass1.part_x, part_res_ptr=part_res,
         vocab_size=vocab,
         NUM_SPLITS=num_splits, CHUNK=chunk, BLOCK=race_block, SPLIT_BLOCK=triton.next_power_of_2(num_splits),
-        HAS_TARGET_ROWS=target_rows is not None, HAS_DRAFT_PROBS=draft_probs is not None,
-        TEMP_MODE=temp_mode, HAS_THRESHOLD=threshold is not None, HAS_SEEDS=seeds is not None,
-        num_warps=race_warps,
+        HAS_TARGET_ROWS=target_rows is not None, TEMP_MODE=temp_mode, HAS_THRESHOLD=threshold is not None,
+        HAS_SEEDS=seeds is not None, num_warps=race_warps,
     )

@@ -28,12 +28,12 @@ because P(t) = P(chunk c) P(t | c) = (M_c / M) (w_t / M_c) with M_c the mass of 
    random_words(seed, pos, STREAM_RECOVER, t // 4).
 
 Without draft probs the chunk masses are these partials (M_c = e^{m_c} s_c up to the row's
-normaliser), so nothing re-reads the row's other chunks: with FUSE_RACE, pass 1 runs
-level 2 in every chunk and the finalize kernel runs level 1 and takes the chosen chunk's
-candidate; otherwise rejection_recover.py runs both levels for the one rejected row of
-each request (one chunk's noise). With draft probs, rejection_recover.py first sums the
-residual of each chunk of that row. The same chunks and noise, and so the same tokens,
-as specops.spec_decode.rejection_torch.
+normaliser), so nothing re-reads the row's other chunks: the finalize kernel runs level 1
+for the request's rejected row, then level 2 over the chosen chunk (one chunk read, one
+chunk's noise) or, with FUSE_RACE, takes that chunk's winner of the per-token race that
+pass 1 ran in every chunk. With draft probs, rejection_recover.py sums the residual of
+each chunk of the rejected row, then runs both levels. The same chunks and noise, and so
+the same tokens, as specops.spec_decode.rejection_torch.
 
 Per-row keys follow specops.rng.row_keys with the target rows as rows: a seeded request
 uses (seed, positions[r] + i), an unseeded one (engine_seed, ((j + 1) << 32) | step)
@@ -169,6 +169,35 @@ def _race_chunks(log_mass, cc, seed_r, pos_r):
 
 
 @triton.jit
+def _race_chunk_tokens(row_ptr, q_ptr, c, excluded, use_res, row_max, row_sum, inv_t, thr, seed_r, pos_r,
+                       vocab_size, CHUNK: tl.constexpr, BLOCK: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr,
+                       HAS_THRESHOLD: tl.constexpr):
+    """Level 2 of the recovered-token draw: the token of chunk c winning the per-token race,
+    argmax over t != excluded of x_t / T - log E_t or, with use_res (HAS_DRAFT_PROBS), of
+    max(0, p_t - q_t) / E_t (p_t = exp(x_t / T - row_max) / row_sum); lowest token on ties,
+    0 when every key is -inf. E_t: word t % 4 of random_words(seed_r, pos_r, STREAM_RECOVER, t // 4)."""
+    kk = tl.arange(0, BLOCK // 4)
+    ww = tl.arange(0, 4)[None, :]
+    kb = tl.full([], float("-inf"), tl.float32)
+    kbi = tl.full([], 0, tl.int32)
+    chunk0 = c * CHUNK
+    limit = tl.minimum(vocab_size, chunk0 + CHUNK)
+    for off in range(0, CHUNK, BLOCK):
+        base = chunk0 + off
+        t, mask, v = _scaled_block(row_ptr, base, kk, ww, limit, inv_t, thr, HAS_THRESHOLD)
+        w0, w1, w2, w3 = random_words(seed_r, pos_r, STREAM_RECOVER, base // 4 + kk)
+        e = exponential(_pick_word(w0, w1, w2, w3, ww))
+        key = v - tl.log(e)
+        if HAS_DRAFT_PROBS:
+            q = tl.load(q_ptr + t, mask=t < tl.where(use_res, limit, 0), other=0.0).to(tl.float32)
+            p = tl.exp(v - row_max) / row_sum
+            key = tl.where(use_res, tl.maximum(p - q, 0.0) / e, key)
+        key = tl.where(mask & (t != excluded), key, float("-inf"))
+        kb, kbi = _merge_block_max(key, t, kb, kbi)
+    return kbi
+
+
+@triton.jit
 def _reduce_block(t, mask, v, x, seed_r, pos_r, base, kk, ww, m, s, sx, am, kb, kbi, greedy, BLOCK: tl.constexpr,
                   GREEDY_MODE: tl.constexpr, NEED_SX: tl.constexpr, FUSE_RACE: tl.constexpr):
     """One block of pass 1 folded into the chunk's running max m / argmax am, sum of exp s,
@@ -201,9 +230,12 @@ def _finalize_request(
     out_ptr, out_stride, draft_ids_ptr, bonus_ptr,
     part_m_ptr, part_s_ptr, part_idx_ptr, part_key_ptr, part_kidx_ptr, part_x_ptr,
     rec_j_ptr, rec_ms_ptr,
+    logits_ptr, logits_stride, target_rows_ptr, temp_ptr, threshold_ptr,
     req, start, n, greedy, seeded, seed, position, engine_seed, step, vocab_size,
     MAX_K: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr, OUT_BLOCK: tl.constexpr,
     SPLIT_BLOCK: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, FUSE_RACE: tl.constexpr, GREEDY_MODE: tl.constexpr,
+    RACE: tl.constexpr, RACE_BLOCK: tl.constexpr, HAS_TARGET_ROWS: tl.constexpr, TEMP_MODE: tl.constexpr,
+    HAS_THRESHOLD: tl.constexpr,
 ):
     rr = tl.arange(0, OUT_BLOCK)          # draft index within the request = output column
     rmask = rr < n
@@ -242,18 +274,28 @@ def _finalize_request(
     first_rej = tl.min(tl.where(rmask & (accepted == 0), rr, OUT_BLOCK), 0)
     num_accepted = tl.minimum(first_rej, n)
     rejected = first_rej < n
-    if FUSE_RACE:
-        # the two-level race of the rejected row: its chunk by level 1, then that chunk's
-        # winner of the per-token race, which pass 1 already ran in every chunk
-        i_rej = tl.minimum(first_rej, n - 1)
-        j_rej = start + i_rej
-        x_rej = tl.load(draft_ids_ptr + j_rej).to(tl.int32)
-        x_chunk = tl.where((x_rej >= 0) & (x_rej < vocab_size), x_rej // CHUNK, -1)
-        log_mass = _chunk_log_mass(part_m_ptr, part_s_ptr, part_x_ptr, j_rej, x_chunk, ss, NUM_SPLITS)
-        seed_r, pos_r = _row_key(seeded, seed, position, engine_seed, step, i_rej.to(tl.int64), j_rej)
-        c, best = _race_chunks(log_mass, ss, seed_r, pos_r)
-        recovered = tl.load(part_kidx_ptr + j_rej * NUM_SPLITS + c)
-        recovered = tl.where(best == float("-inf"), 0, recovered)  # no mass: as torch.argmax
+    if RACE:
+        # no draft probs: the two-level race of the rejected random row right here (its chunk
+        # masses are pass 1's partials), level 2 over the chosen chunk's tokens, or that
+        # chunk's winner which pass 1 already found (FUSE_RACE)
+        recovered = tl.full([], 0, tl.int32)                       # no mass: as torch.argmax
+        if rejected & (greedy == 0):
+            i_rej = first_rej
+            j_rej = start + i_rej
+            x_rej = tl.load(draft_ids_ptr + j_rej).to(tl.int32)
+            x_chunk = tl.where((x_rej >= 0) & (x_rej < vocab_size), x_rej // CHUNK, -1)
+            log_mass = _chunk_log_mass(part_m_ptr, part_s_ptr, part_x_ptr, j_rej, x_chunk, ss, NUM_SPLITS)
+            seed_r, pos_r = _row_key(seeded, seed, position, engine_seed, step, i_rej.to(tl.int64), j_rej)
+            c, best = _race_chunks(log_mass, ss, seed_r, pos_r)
+            if best > float("-inf"):
+                if FUSE_RACE:
+                    recovered = tl.load(part_kidx_ptr + j_rej * NUM_SPLITS + c)
+                else:
+                    row_ptr = _target_row(logits_ptr, logits_stride, target_rows_ptr, j_rej, HAS_TARGET_ROWS)
+                    inv_t, thr = _row_scale(temp_ptr, threshold_ptr, req, j_rej, False, TEMP_MODE, HAS_THRESHOLD)
+                    recovered = _race_chunk_tokens(row_ptr, row_ptr, c, x_rej, False, 0.0, 1.0, inv_t, thr,
+                                                   seed_r, pos_r, vocab_size, CHUNK, RACE_BLOCK, False,
+                                                   HAS_THRESHOLD)
         fill = tl.where(greedy, argmax, recovered)
     else:
         fill = tl.where(greedy, argmax, -1)   # -1: rejection_recover writes it
@@ -264,9 +306,9 @@ def _finalize_request(
     row = tl.where(rr == num_accepted, tl.where(rejected, token, bonus), row)
     tl.store(out_ptr + req.to(tl.int64) * out_stride + rr, row, mask=rr < MAX_K + 1)  # width K + 1
 
-    # the one row whose recovered token rejection_recover must draw
+    # the one row whose recovered token rejection_recover must draw (with draft probs)
     rec_j = tl.where(rejected & (greedy == 0), start + first_rej, -1)
-    if FUSE_RACE:
+    if RACE:
         rec_j = tl.full([], -1, tl.int32)
     tl.store(rec_j_ptr + req, rec_j)
     tl.store(rec_ms_ptr + req * 2, tl.sum(tl.where(at_rej, m_safe, 0.0), 0))
@@ -381,13 +423,17 @@ def _rejection_finalize_kernel(
     seeds_ptr, has_seed_ptr, positions_ptr, step_ptr, engine_seed,
     part_m_ptr, part_s_ptr, part_idx_ptr, part_key_ptr, part_kidx_ptr, part_x_ptr,
     rec_j_ptr, rec_ms_ptr,
+    logits_ptr, logits_stride, target_rows_ptr, temp_ptr, threshold_ptr,   # as in pass 1 (RACE)
     num_target_rows, vocab_size,
     MAX_K: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr, OUT_BLOCK: tl.constexpr,
     SPLIT_BLOCK: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, GREEDY_MODE: tl.constexpr, HAS_SEEDS: tl.constexpr,
     FUSE_RACE: tl.constexpr,
+    RACE: tl.constexpr,                       # draw recovered tokens here (no draft probs, random rows)
+    RACE_BLOCK: tl.constexpr, HAS_TARGET_ROWS: tl.constexpr, TEMP_MODE: tl.constexpr, HAS_THRESHOLD: tl.constexpr,
 ):
     """One program per request, after every chunk partial is written (a separate launch:
-    no inter-program ordering to rely on): acceptance and the output row."""
+    no inter-program ordering to rely on): acceptance, the output row and, with RACE, the
+    recovered token."""
     req = tl.program_id(0)
     start = tl.load(cu_ptr + req - 1, mask=req > 0, other=0).to(tl.int32)
     end = tl.minimum(tl.load(cu_ptr + req).to(tl.int32), num_target_rows)
@@ -400,8 +446,10 @@ def _rejection_finalize_kernel(
             out_ptr, out_stride, draft_ids_ptr, bonus_ptr,
             part_m_ptr, part_s_ptr, part_idx_ptr, part_key_ptr, part_kidx_ptr, part_x_ptr,
             rec_j_ptr, rec_ms_ptr,
+            logits_ptr, logits_stride, target_rows_ptr, temp_ptr, threshold_ptr,
             req, start, n, greedy, seeded, seed, position, engine_seed.to(tl.int64), step, vocab_size,
-            MAX_K, NUM_SPLITS, CHUNK, OUT_BLOCK, SPLIT_BLOCK, HAS_DRAFT_PROBS, FUSE_RACE, GREEDY_MODE)
+            MAX_K, NUM_SPLITS, CHUNK, OUT_BLOCK, SPLIT_BLOCK, HAS_DRAFT_PROBS, FUSE_RACE, GREEDY_MODE,
+            RACE, RACE_BLOCK, HAS_TARGET_ROWS, TEMP_MODE, HAS_THRESHOLD)
 
 
 def temp_mode_of(temperature, inv_temperature, dummy):
@@ -453,13 +501,18 @@ def rejection_sample_pass(
     block: int | None = None,
     num_warps: int | None = None,
     prefetch: bool = False,
+    race_block: int | None = None,
+    race_warps: int = 8,
 ) -> Pass1Result:
     """Launch pass 1 and the finalize kernel; returns what the recover pass reads.
 
     Inputs are checked by specops.spec_decode.rejection; this launcher only asserts layout.
-    ``block`` (entries per load, default min(chunk, 8192)), ``num_warps`` and ``prefetch``
-    change speed only: a row's reductions are in an order fixed by (V, chunk, block), so
-    callers keep them functions of V (batch invariance).
+    Without draft probs, the finalize kernel also draws the recovered tokens (the recover
+    pass is then not needed). ``block`` (entries per load, default min(chunk, 8192)),
+    ``num_warps`` and ``prefetch`` change speed only: a row's reductions are in an order
+    fixed by (V, chunk, block), so callers keep them functions of V (batch invariance).
+    ``race_block`` (tokens per step of the level-2 race, default min(chunk, 2048)) and
+    ``race_warps`` (the finalize kernel's warps when it races) change speed only.
     """
     num_reqs, width = out.shape
     max_k = width - 1
@@ -512,15 +565,22 @@ def rejection_sample_pass(
         NEED_SX=draft_probs is None and greedy_mode != 1, PREFETCH=prefetch,
         num_warps=num_warps,
     )
+    race = draft_probs is None and greedy_mode != 1
+    race_block = min(chunk, 2048) if race_block is None else race_block
+    assert race_block >= 16 and race_block & (race_block - 1) == 0 and chunk % race_block == 0
     _rejection_finalize_kernel[(num_reqs,)](
         out, out.stride(0), draft_token_ids, bonus_token_ids, cu_num_draft_tokens,
         is_greedy if greedy_mode == 0 else dummy,
         seeds if seeds is not None else step, has_seed if has_seed is not None else step,
         positions if positions is not None else step, step, engine_seed,
         part_m, part_s, part_idx, part_key, part_kidx, part_x, rec_j, rec_ms,
+        logits, logits.stride(0), target_rows if target_rows is not None else dummy,
+        temp_arg, threshold if threshold is not None else logits,
         num_target_rows, vocab,
         MAX_K=max_k, NUM_SPLITS=num_splits, CHUNK=chunk, OUT_BLOCK=triton.next_power_of_2(max_k + 1),
         SPLIT_BLOCK=triton.next_power_of_2(num_splits), HAS_DRAFT_PROBS=draft_probs is not None,
-        GREEDY_MODE=greedy_mode, HAS_SEEDS=seeds is not None, FUSE_RACE=fuse_race, num_warps=4,
+        GREEDY_MODE=greedy_mode, HAS_SEEDS=seeds is not None, FUSE_RACE=fuse_race,
+        RACE=race, RACE_BLOCK=race_block, HAS_TARGET_ROWS=target_rows is not None, TEMP_MODE=temp_mode,
+        HAS_THRESHOLD=threshold is not None, num_warps=race_warps if race and not fuse_race else 4,
     )
     return Pass1Result(rec_j, rec_ms, part_m, part_s, part_x)

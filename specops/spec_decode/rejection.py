@@ -1,10 +1,11 @@
 """rejection_sample: verify the drafts of a batch against the target logits (checks + dispatch).
 
 The Triton path reads every target row once (pass 1: per-chunk softmax statistics,
-argmax, acceptance, output row). For requests whose first rejection is a random row,
-pass 2 draws the recovered token by a two-level race (a chunk of the row by its residual
-mass, then a token of that chunk): it reads one chunk of that row without draft probs,
-and that row with its draft probs (no noise) plus one chunk with them. Everything stays on the device:
+argmax, acceptance, output row). For requests whose first rejection is a random row, the
+recovered token is drawn by a two-level race (a chunk of the row by its residual mass,
+then a token of that chunk): without draft probs pass 1's finalize kernel does it from
+the chunk statistics and one chunk of the row; with draft probs a second pass reads that
+row and its draft probs once (the chunk residual masses, no noise), then one chunk. Everything stays on the device:
 no host sync, CUDA-graph capturable. The torch path (specops.spec_decode.rejection_torch)
 is the reference and the CPU fallback.
 """
@@ -225,7 +226,7 @@ def rejection_sample(
     chunk = chunk_size(vocab)
     pass1 = rejection_sample_pass(out, logits, bonus_token_ids=dense(bonus_token_ids),
                                   is_greedy=is_greedy, fuse_race=fuse, chunk=chunk, **args)
-    if not fuse and is_greedy is not True:
+    if draft_probs is not None and is_greedy is not True:
         rejection_recover_pass(out, logits, pass1=pass1, chunk=chunk, **args)
     return out
 
