@@ -12,9 +12,11 @@ warps) without prefetch and the output to the default geometry's.
 Every geometry here is a function of V only, so any of them keeps batch invariance; a
 different chunk changes the recovered-token draw (chunk_size in rejection_sample.py and
 the torch reference follow it), a different block or warp count only the float rounding
-of the partials. Run from the repo root on the GPU machine (< 90 s):
+of the partials. Run from the repo root on the GPU machine (< 90 s each; configurations
+past 80 s are listed as skipped, most likely ones first; --k=1 or --k=8 for one K only):
 
-    python bench/exp_rejection_pass1.py [--probs]
+    python bench/exp_rejection_pass1.py [--probs] [--k=1]
+    python bench/exp_rejection_pass1.py --race     # the finalize kernel's recovered-token race
 """
 
 from __future__ import annotations
@@ -34,9 +36,13 @@ BATCH = 128
 KS = (1, 8)
 TEMP = 0.8
 BANDWIDTH = 4.2e12
-# (chunk, block): a whole chunk per load up to 8192 entries, or half of it
-GEOMETRIES = [(4096, 4096), (4096, 2048), (8192, 8192), (8192, 4096), (16384, 8192), (16384, 4096)]
-WARPS = (4, 8)
+DEVICE = "cuda"
+# (chunk, block), most likely first: a whole chunk per load up to 8192 entries, or half of it
+GEOMETRIES = [(8192, 8192), (8192, 4096), (16384, 8192), (4096, 4096), (16384, 4096), (4096, 2048)]
+WARPS = (8, 4)
+# the recovered-token race of the finalize kernel (no draft probs): tokens per step, warps
+RACE_GEOMETRIES = [(2048, 8), (1024, 4), (1024, 8), (2048, 4), (2048, 16), (4096, 8), (4096, 16), (8192, 16)]
+BUDGET_S = 80.0   # stop starting configurations after this (compiles dominate)
 
 
 def make_inputs(vocab, batch, k, with_probs, device, seed=0):
@@ -62,10 +68,10 @@ def make_inputs(vocab, batch, k, with_probs, device, seed=0):
                 step=torch.tensor([3], dtype=torch.int64, device=device), engine_seed=0), batch, k
 
 
-def run_pass1(inputs, batch, k, chunk, block, warps, prefetch):
+def run_pass1(inputs, batch, k, chunk, block, warps, prefetch, race_block=None, race_warps=8):
     out = torch.empty(batch, k + 1, dtype=torch.int32, device=inputs["logits"].device)
     res = rejection_sample_pass(out, fuse_race=False, chunk=chunk, block=block, num_warps=warps,
-                                prefetch=prefetch, **inputs)
+                                prefetch=prefetch, race_block=race_block, race_warps=race_warps, **inputs)
     return out, res
 
 
@@ -83,36 +89,75 @@ def kernel_us(fn, name="_rejection_sample_kernel", iters=20) -> float:
     return times[len(times) // 2] if times else float("nan")
 
 
-def main() -> None:
-    if not torch.cuda.is_available():
-        print("exp_rejection_pass1 needs CUDA: nothing to do")
-        return
-    with_probs = "--probs" in sys.argv
-    t0 = time.time()
-    print(f"{torch.cuda.get_device_name()}, V={VOCAB}, B={BATCH}, draft probs: {with_probs}, "
-          f"default chunk {chunk_size(VOCAB)}")
+def pass1_table(with_probs, ks, t0) -> None:
+    print("out: the output equals the default geometry's (without draft probs a different chunk draws\n"
+          "other recovered tokens, so NO is expected there; with the same chunk, NO means an acceptance\n"
+          "decision flipped on the rounding of the partials)")
     print(f"{'K':>2} {'chunk':>6} {'block':>6} {'warps':>5} {'prefetch':>8} {'us':>8} {'x floor':>8} "
           f"{'floor us':>8}  bit-identical")
-    for k in KS:
-        inputs, batch, k = make_inputs(VOCAB, BATCH, k, with_probs, "cuda")
+    for k in ks:
+        inputs, batch, k = make_inputs(VOCAB, BATCH, k, with_probs, DEVICE)
         floor = batch * k * VOCAB * 4 / BANDWIDTH * 1e6
         default_out, _ = run_pass1(inputs, batch, k, chunk_size(VOCAB), None, None, False)
         for chunk, block in GEOMETRIES:
             for warps in WARPS:
                 plain = None
                 for prefetch in ((False, True) if chunk > block else (False,)):
+                    if time.time() - t0 > BUDGET_S:
+                        print(f"{k:>2} {chunk:>6} {block:>6} {warps:>5} {str(prefetch):>8}  skipped (time budget)")
+                        continue
+
                     def fn(chunk=chunk, block=block, warps=warps, prefetch=prefetch):
                         return run_pass1(inputs, batch, k, chunk, block, warps, prefetch)
                     out, res = fn()
                     written = [0, 1] if with_probs else [0, 2]   # l_x, then q(x) or x's chunk sum without x
                     parts = torch.cat([res.part_m, res.part_s, res.part_x.view(-1, 3)[:, written].flatten()])
                     same = [f"out={'yes' if torch.equal(out, default_out) else 'NO'}"]
-                    if prefetch:
+                    if prefetch and plain is not None:
                         same.append(f"partials vs no prefetch={'yes' if torch.equal(parts, plain) else 'NO'}")
                     plain = parts
                     us = kernel_us(fn)
                     print(f"{k:>2} {chunk:>6} {block:>6} {warps:>5} {str(prefetch):>8} {us:8.1f} {us / floor:8.2f} "
                           f"{floor:8.1f}  {', '.join(same)}", flush=True)
+
+
+def race_table(ks, t0) -> None:
+    """The finalize kernel (acceptance + the recovered-token race of one chunk per request),
+    no draft probs, at the default pass-1 geometry."""
+    print(f"{'K':>2} {'race block':>10} {'warps':>5} {'finalize us':>11}  same tokens")
+    for k in ks:
+        inputs, batch, k = make_inputs(VOCAB, BATCH, k, False, DEVICE)
+        chunk = chunk_size(VOCAB)
+        ref, _ = run_pass1(inputs, batch, k, chunk, None, None, False)
+        print(f"   ({int(((ref >= 0).sum(1) < k + 1).sum())} of {batch} requests draw a recovered token)")
+        for race_block, race_warps in RACE_GEOMETRIES:
+            if race_block > chunk:
+                continue
+            if time.time() - t0 > BUDGET_S:
+                print(f"{k:>2} {race_block:>10} {race_warps:>5}  skipped (time budget)")
+                continue
+
+            def fn(race_block=race_block, race_warps=race_warps):
+                return run_pass1(inputs, batch, k, chunk, None, None, False, race_block, race_warps)
+            out, _ = fn()
+            us = kernel_us(fn, name="_rejection_finalize_kernel")
+            print(f"{k:>2} {race_block:>10} {race_warps:>5} {us:11.1f}  {'yes' if torch.equal(out, ref) else 'NO'}",
+                  flush=True)
+
+
+def main() -> None:
+    if not torch.cuda.is_available():
+        print("exp_rejection_pass1 needs CUDA: nothing to do")
+        return
+    with_probs = "--probs" in sys.argv
+    ks = tuple(int(a.split("=")[1]) for a in sys.argv[1:] if a.startswith("--k=")) or KS
+    t0 = time.time()
+    print(f"{torch.cuda.get_device_name()}, V={VOCAB}, B={BATCH}, draft probs: {with_probs}, "
+          f"default chunk {chunk_size(VOCAB)}")
+    if "--race" in sys.argv:
+        race_table(ks, t0)
+    else:
+        pass1_table(with_probs, ks, t0)
     print(f"done in {time.time() - t0:.0f} s")
 
 
