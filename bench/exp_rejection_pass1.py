@@ -16,7 +16,8 @@ of the partials. Run from the repo root on the GPU machine (< 90 s each; configu
 past 80 s are listed as skipped, most likely ones first; --k=1 or --k=8 for one K only):
 
     python bench/exp_rejection_pass1.py [--probs] [--k=1]
-    python bench/exp_rejection_pass1.py --race     # the finalize kernel's recovered-token race
+    python bench/exp_rejection_pass1.py --race       # the finalize kernel's recovered-token race
+    python bench/exp_rejection_pass1.py --breakdown  # every kernel of rejection_sample at issue 4's shapes
 """
 
 from __future__ import annotations
@@ -145,6 +146,47 @@ def race_table(ks, t0) -> None:
                   flush=True)
 
 
+def breakdown_table(t0) -> None:
+    """Device time per kernel of one rejection_sample call (default geometry) at the shapes of
+    issue 4's table, and the floor: target rows once + the draft-prob rows of rejected requests."""
+    from collections import defaultdict
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from specops.spec_decode import rejection_sample
+    print(f"{'K':>2} {'B':>4} {'probs':>5}  {'total us':>8} {'floor us':>8} {'x floor':>7}  per kernel (us)")
+    for k, batch, with_probs in [(1, 128, False), (1, 128, True), (4, 128, False), (8, 128, False),
+                                 (8, 128, True), (8, 32, False)]:
+        if time.time() - t0 > BUDGET_S:
+            print(f"{k:>2} {batch:>4} {str(with_probs):>5}  skipped (time budget)")
+            continue
+        a, batch, k = make_inputs(VOCAB, batch, k, with_probs, DEVICE)
+
+        def fn(a=a, k=k):
+            return rejection_sample(a["logits"], a["draft_token_ids"], a["cu_num_draft_tokens"], k,
+                                    a["bonus_token_ids"], target_rows=a["target_rows"], draft_probs=a["draft_probs"],
+                                    temperature=a["temperature"], step=a["step"])
+        out = fn()
+        rejected = int(((out >= 0).sum(1) < k + 1).sum())
+        floor = (batch * k + (rejected if with_probs else 0)) * VOCAB * 4 / BANDWIDTH * 1e6
+        iters = 20
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(iters):
+                fn()
+            torch.cuda.synchronize()
+        per = defaultdict(float)
+        for e in prof.events():
+            if e.device_time > 0 and "kernel" in e.name.lower():
+                per[e.name] += e.device_time / iters
+        total = sum(per.values())
+        parts = ", ".join(f"{name} {us:.1f}" for name, us in sorted(per.items(), key=lambda kv: -kv[1]))
+        print(f"{k:>2} {batch:>4} {str(with_probs):>5}  {total:8.1f} {floor:8.1f} {total / floor:7.2f}  {parts}",
+              flush=True)
+
+
 def main() -> None:
     if not torch.cuda.is_available():
         print("exp_rejection_pass1 needs CUDA: nothing to do")
@@ -154,7 +196,9 @@ def main() -> None:
     t0 = time.time()
     print(f"{torch.cuda.get_device_name()}, V={VOCAB}, B={BATCH}, draft probs: {with_probs}, "
           f"default chunk {chunk_size(VOCAB)}")
-    if "--race" in sys.argv:
+    if "--breakdown" in sys.argv:
+        breakdown_table(t0)
+    elif "--race" in sys.argv:
         race_table(ks, t0)
     else:
         pass1_table(with_probs, ks, t0)
