@@ -257,8 +257,15 @@ def _finalize_request(
         row_sum = tl.zeros_like(m_safe)
     else:
         # random rows: p(x) from the combined softmax statistics
-        ps = tl.load(part_s_ptr + poff, mask=m2, other=0.0)
-        row_sum = tl.where(rmask, tl.sum(ps * tl.exp(pm - m_safe[:, None]), 1), 1.0)
+        # the chunks' sums added in chunk order, one column at a time: a tl.sum over the
+        # [OUT_BLOCK, SPLIT_BLOCK] tile would add them in an order set by the compiler's layout
+        # of that tile, which may change with OUT_BLOCK (the batch's max_spec_len)
+        row_sum = tl.zeros_like(m_safe)
+        for k in tl.static_range(NUM_SPLITS):
+            pm_k = tl.load(part_m_ptr + jj * NUM_SPLITS + k, mask=rmask, other=float("-inf"))
+            ps_k = tl.load(part_s_ptr + jj * NUM_SPLITS + k, mask=rmask, other=0.0)
+            row_sum = row_sum + ps_k * tl.exp(pm_k - m_safe)
+        row_sum = tl.where(rmask, row_sum, 1.0)
         lx = tl.load(part_x_ptr + jj * 3, mask=rmask, other=float("-inf"))
         p_x = tl.exp(lx - m_safe) / row_sum
         if HAS_DRAFT_PROBS:
@@ -285,8 +292,10 @@ def _finalize_request(
             x_rej = tl.load(draft_ids_ptr + j_rej).to(tl.int32)
             x_chunk = tl.where((x_rej >= 0) & (x_rej < vocab_size), x_rej // CHUNK, -1)
             log_mass = _chunk_log_mass(part_m_ptr, part_s_ptr, part_x_ptr, j_rej, x_chunk, ss, NUM_SPLITS)
-            seed_r, pos_r = _row_key(seeded, seed, position, engine_seed, step, i_rej.to(tl.int64), j_rej)
-            c, best = _race_chunks(log_mass, ss, seed_r, pos_r)
+            # scalar keys of the rejected row (seed_r / pos_r above are [OUT_BLOCK]: a runtime if
+            # may not change a live variable's shape)
+            seed_j, pos_j = _row_key(seeded, seed, position, engine_seed, step, i_rej.to(tl.int64), j_rej)
+            c, best = _race_chunks(log_mass, ss, seed_j, pos_j)
             if best > float("-inf"):
                 if FUSE_RACE:
                     recovered = tl.load(part_kidx_ptr + j_rej * NUM_SPLITS + c)
@@ -294,7 +303,7 @@ def _finalize_request(
                     row_ptr = _target_row(logits_ptr, logits_stride, target_rows_ptr, j_rej, HAS_TARGET_ROWS)
                     inv_t, thr = _row_scale(temp_ptr, threshold_ptr, req, j_rej, False, TEMP_MODE, HAS_THRESHOLD)
                     recovered = _race_chunk_tokens(row_ptr, row_ptr, c, x_rej, False, 0.0, 1.0, inv_t, thr,
-                                                   seed_r, pos_r, vocab_size, CHUNK, RACE_BLOCK, False,
+                                                   seed_j, pos_j, vocab_size, CHUNK, RACE_BLOCK, False,
                                                    HAS_THRESHOLD)
         fill = tl.where(greedy, argmax, recovered)
     else:
