@@ -12,8 +12,9 @@ Implementations
   request that has a rejection (the only q rows the verification needs) + q(x) gathers.
 - specops-pipeline: the bonus rows sampled by specops.sampling.sample (the Sampler's fused
   kernels on a strided view, no copy) + the kernels. Floor: as above + the bonus rows.
-- specops-fused / specops-2pass (no draft probs): the recovered-token race forced into pass
-  1 or into pass 2 (same tokens; the default, `fuse_recover=None`, is the second pass).
+- specops-fused / specops-2pass (no draft probs): the token level of the recovered-token
+  race run in every chunk during pass 1, or in the one chosen chunk of the rejected row by
+  the finalize kernel (same tokens; the default, `fuse_recover=None`, is the latter).
 - flashinfer-kernel: flashinfer.sampling.chain_speculative_sampling on probabilities
   prepared outside the timing (draft probs, or one-hot draft probs for n-gram drafts).
 - flashinfer-pipeline: what a user runs from logits: softmax(target logits / T) (FlashInfer's

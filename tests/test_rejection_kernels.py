@@ -100,6 +100,36 @@ def test_triton_matches_reference(device, vocab, drafts, draft_probs):
     assert (out[:, 0] >= 0).all()
 
 
+@pytest.mark.parametrize("draft_probs, fuse", [(False, False), (False, True), (True, False)])
+def test_recovered_tokens_match_reference(device, draft_probs, fuse):
+    # most rows rejected on flat rows of 3 chunks, so that the chunk race decides often; on
+    # every other row the draft holds about half the mass (then its chunk's mass without it
+    # matters)
+    args, kw = make_case([1] * 48 + [2] * 8, 300, device=device, draft_probs=draft_probs, greedy=False,
+                         correct_frac=0.0, scale=0.5, invalid=True)
+    logits, drafts = args[0], args[1]
+    rows = torch.arange(0, drafts.shape[0], 2, device=device)
+    ok = (drafts[rows] >= 0) & (drafts[rows] < 300)
+    rows = rows[ok]
+    logits[rows, drafts[rows]] += 6.0
+    out = check_same(args, kw, fuse_recover=fuse)
+    assert torch.unique(out[:, 0].long() // 128).numel() == 3   # tokens of every chunk were emitted
+
+
+@pytest.mark.parametrize("draft_probs", [False, True])
+def test_kernel_geometry_gives_the_same_tokens(device, draft_probs, monkeypatch):
+    # several blocks per chunk in pass 1 (with the prefetching loop) and in the token race
+    import functools
+
+    import specops.spec_decode.rejection as rejection_module
+    for name, knobs in [("rejection_sample_pass", dict(block=32, prefetch=True, race_block=32, race_warps=4)),
+                        ("rejection_recover_pass", dict(race_block=32, race_warps=4))]:
+        monkeypatch.setattr(rejection_module, name, functools.partial(getattr(rejection_module, name), **knobs))
+    args, kw = make_case([1] * 24 + [2] * 4, 300, device=device, draft_probs=draft_probs, greedy="mixed",
+                         correct_frac=0.2, scale=0.7)
+    check_same(args, kw)
+
+
 @pytest.mark.parametrize("fuse", [True, False])
 def test_fused_and_second_pass_recovery_agree(device, fuse):
     # without draft probs, the recovered token is raced in pass 1 (fused) or in pass 2

@@ -142,3 +142,46 @@ def test_emitted_sequences_follow_target(backend, k, with_probs, seeded):
     # power: the same sequences are far from the draft-free law at temperature 1
     p1 = model.p(1.0)
     assert not chi2_ok(counts, (p1[0][:, None, None] * p1[:, :, None] * p1[None, :, :]).flatten())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("with_probs", [False, True])
+def test_recovered_token_follows_residual_over_chunks(backend, with_probs):
+    """The recovered token (a race over the chunks of the row, then over the tokens of one
+    chunk) follows the residual exactly, at V = 300: 3 chunks of chunk_size(300) = 128."""
+    from specops.triton_kernels.rejection_sample import chunk_size
+
+    vocab, n, x = 300, 40000, 5
+    chunk = chunk_size(vocab)
+    assert (vocab + chunk - 1) // chunk == 3
+    g = torch.Generator().manual_seed(21)
+    logits = torch.randn(vocab, generator=g)
+    logits[x] = 6.0                                   # the draft holds about half of chunk 0's mass
+    p = torch.softmax(logits.double(), 0)
+    in_chunk = torch.arange(vocab) // chunk
+    if with_probs:
+        q = torch.softmax(torch.randn(vocab, generator=g).double() + 3.0 * (in_chunk == 1), 0)
+        drafts = torch.multinomial(q.float(), n, replacement=True, generator=g)
+        residual = torch.clamp(p - q, min=0.0)
+        kw = dict(draft_probs=q.float().repeat(n, 1).to(DEVICE))
+    else:
+        drafts = torch.full((n,), x, dtype=torch.int64)
+        residual = p.clone()
+        residual[x] = 0.0
+        kw = {}
+    residual /= residual.sum()
+    bonus = torch.full((n,), -7, dtype=torch.int64, device=DEVICE)
+    out = run(backend, logits.repeat(n, 1).to(DEVICE), drafts.to(DEVICE), 1, n, bonus,
+              seeds=torch.arange(n, device=DEVICE) * 104729 + 3,
+              has_seed=torch.ones(n, dtype=torch.bool, device=DEVICE),
+              positions=torch.full((n,), 17, dtype=torch.int64, device=DEVICE), **kw).cpu()
+    rejected = out[:, 1] == -1                        # K = 1: [recovered, -1] or [draft, bonus]
+    assert int(rejected.sum()) > 10000
+    counts = torch.bincount(out[rejected, 0].long(), minlength=vocab)
+    assert chi2_ok(counts, residual)
+    # power: the right tokens within each chunk, but chunks weighted by a wrong mass (p's own
+    # chunk masses: with x left in, without draft probs; ignoring q, with them)
+    chunk_w = torch.zeros(3, dtype=torch.float64).index_add_(0, in_chunk, p)
+    chunk_r = torch.zeros(3, dtype=torch.float64).index_add_(0, in_chunk, residual)
+    wrong = residual / chunk_r[in_chunk] * (chunk_w / chunk_w.sum())[in_chunk]
+    assert not chi2_ok(counts, wrong)

@@ -3,11 +3,12 @@
 Grid (num_reqs * MAX_K, NUM_SPLITS): program (r, i, c) reads chunk c (CHUNK vocabulary
 entries) of the target row of draft i of request r and writes chunk partials: the max
 and argmax of the scaled logits x = l * (1/T) (tokens below the row's optional threshold,
-e.g. top-k / top-p / min-p, count as -inf), the sum of exp relative to that max and, when
-FUSE_RACE, the chunk's best recovered-token candidate. A second launch, one program per
-request, combines the partials of all its rows, decides acceptance and writes the
-request's whole output row [K + 1] (a separate launch rather than "the last program to
-finish": no ordering between programs to rely on).
+e.g. top-k / top-p / min-p, count as -inf), the sum of exp relative to that max, for the
+chunk holding a valid draft token without draft probs the same sum without that token
+(summed directly: no cancellation) and, when FUSE_RACE, the chunk's best recovered-token
+candidate. A second launch, one program per request, combines the partials of all its
+rows, decides acceptance and writes the request's whole output row [K + 1] (a separate
+launch rather than "the last program to finish": no ordering between programs to rely on).
 
 - greedy rows accept draft x while x == argmax of the row; the first mismatch writes the
   argmax and stops;
@@ -16,23 +17,39 @@ finish": no ordering between programs to rely on).
 - a draft id outside [0, V) is rejected unconditionally;
 - every draft accepted: the bonus token is appended.
 
-The recovered token of a random row is an exponential race over the row. Without draft
-probs it is argmax_{t != x} (x_t - log E_t) (p with x removed); it is computed here
-when FUSE_RACE, else by rejection_recover.py over the one rejected row, which also
-handles the residual max(0, p - q) with draft probs. E_t is Exp(1) from word t % 4 of
-random_words(seed, pos, STREAM_RECOVER, t // 4).
+The recovered token of a random row is drawn from the residual w (without draft probs:
+p with x removed; with them: max(0, p - q)) by a two-level exponential race, exact
+because P(t) = P(chunk c) P(t | c) = (M_c / M) (w_t / M_c) with M_c the mass of chunk c:
+
+1. chunk c = argmax_c log(M_c) - log(E_c), E_c Exp(1) from word c % 4 of
+   random_words(seed, pos, STREAM_RECOVER_CHUNK, c // 4) (a stream no per-token draw uses);
+2. within chunk c only, the per-token race: argmax_{t in c, t != x} (x_t - log E_t), or
+   argmax_{t in c} w_t / E_t with draft probs, E_t Exp(1) from word t % 4 of
+   random_words(seed, pos, STREAM_RECOVER, t // 4).
+
+Without draft probs the chunk masses are these partials (M_c = e^{m_c} s_c up to the row's
+normaliser), so nothing re-reads the row's other chunks: the finalize kernel runs level 1
+for the request's rejected row, then level 2 over the chosen chunk (one chunk read, one
+chunk's noise) or, with FUSE_RACE, takes that chunk's winner of the per-token race that
+pass 1 ran in every chunk. With draft probs, rejection_recover.py sums the residual of
+each chunk of the rejected row, then runs both levels. The same chunks and noise, and so
+the same tokens, as specops.spec_decode.rejection_torch.
 
 Per-row keys follow specops.rng.row_keys with the target rows as rows: a seeded request
 uses (seed, positions[r] + i), an unseeded one (engine_seed, ((j + 1) << 32) | step)
-with j the global target row. CHUNK depends on the vocabulary only, so every row is
-reduced in the same order whatever the batch: seeded requests are batch invariant.
+with j the global target row. CHUNK depends on the vocabulary only (chunk_size), so every
+row is reduced and raced in the same order whatever the batch: seeded requests are batch
+invariant.
 """
+
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from specops.triton_kernels.rng import STREAM_ACCEPT, STREAM_RECOVER, exponential, random_words, uniform_open
+from specops.triton_kernels.rng import (STREAM_ACCEPT, STREAM_RECOVER, STREAM_RECOVER_CHUNK, exponential, random_words,
+                                        uniform_open)
 
 _INT_MAX = tl.constexpr(2147483647)
 
@@ -124,13 +141,101 @@ def _pick_word(w0, w1, w2, w3, sel):
 
 
 @triton.jit
+def _chunk_log_mass(part_m_ptr, part_s_ptr, part_x_ptr, j, x_chunk, cc, NUM_SPLITS: tl.constexpr):
+    """log of the mass of each chunk cc [SPLIT_BLOCK] of target row j, up to a constant of the
+    row: m_c + log(s_c) from the partials of pass 1, with the sum without the draft token in
+    chunk x_chunk (-1: none excluded); -inf for an empty chunk or past the last one."""
+    cmask = cc < NUM_SPLITS
+    off = j * NUM_SPLITS + cc
+    pm = tl.load(part_m_ptr + off, mask=cmask, other=float("-inf"))
+    ps = tl.load(part_s_ptr + off, mask=cmask, other=0.0)
+    sx = tl.load(part_x_ptr + j * 3 + 2, mask=x_chunk >= 0, other=0.0)
+    ps = tl.where(cc == x_chunk, sx, ps)
+    return tl.where(ps > 0.0, pm + tl.log(tl.where(ps > 0.0, ps, 1.0)), float("-inf"))
+
+
+@triton.jit
+def _race_chunks(log_mass, cc, seed_r, pos_r):
+    """Level 1 of the recovered-token draw: the chunk argmax_c log(M_c) - log(E_c) over chunks
+    cc [SPLIT_BLOCK] (lowest on ties), E_c = Exp(1) from word c % 4 of
+    random_words(seed_r, pos_r, STREAM_RECOVER_CHUNK, c // 4). Returns (chunk, its key);
+    the key is -inf when no chunk has mass."""
+    w0, w1, w2, w3 = random_words(seed_r, pos_r, STREAM_RECOVER_CHUNK, cc // 4)
+    w = cc % 4
+    word = tl.where(w == 0, w0, tl.where(w == 1, w1, tl.where(w == 2, w2, w3)))
+    key = log_mass - tl.log(exponential(word))
+    best = tl.max(key, 0)
+    return tl.min(tl.where(key == best, cc, _INT_MAX), 0), best
+
+
+@triton.jit
+def _race_chunk_tokens(row_ptr, q_ptr, c, excluded, use_res, row_max, row_sum, inv_t, thr, seed_r, pos_r,
+                       vocab_size, CHUNK: tl.constexpr, BLOCK: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr,
+                       HAS_THRESHOLD: tl.constexpr):
+    """Level 2 of the recovered-token draw: the token of chunk c winning the per-token race,
+    argmax over t != excluded of x_t / T - log E_t or, with use_res (HAS_DRAFT_PROBS), of
+    max(0, p_t - q_t) / E_t (p_t = exp(x_t / T - row_max) / row_sum); lowest token on ties,
+    0 when every key is -inf. E_t: word t % 4 of random_words(seed_r, pos_r, STREAM_RECOVER, t // 4)."""
+    kk = tl.arange(0, BLOCK // 4)
+    ww = tl.arange(0, 4)[None, :]
+    kb = tl.full([], float("-inf"), tl.float32)
+    kbi = tl.full([], 0, tl.int32)
+    chunk0 = c * CHUNK
+    limit = tl.minimum(vocab_size, chunk0 + CHUNK)
+    for off in range(0, CHUNK, BLOCK):
+        base = chunk0 + off
+        t, mask, v = _scaled_block(row_ptr, base, kk, ww, limit, inv_t, thr, HAS_THRESHOLD)
+        w0, w1, w2, w3 = random_words(seed_r, pos_r, STREAM_RECOVER, base // 4 + kk)
+        e = exponential(_pick_word(w0, w1, w2, w3, ww))
+        key = v - tl.log(e)
+        if HAS_DRAFT_PROBS:
+            q = tl.load(q_ptr + t, mask=t < tl.where(use_res, limit, 0), other=0.0).to(tl.float32)
+            p = tl.exp(v - row_max) / row_sum
+            key = tl.where(use_res, tl.maximum(p - q, 0.0) / e, key)
+        key = tl.where(mask & (t != excluded), key, float("-inf"))
+        kb, kbi = _merge_block_max(key, t, kb, kbi)
+    return kbi
+
+
+@triton.jit
+def _reduce_block(t, mask, v, x, seed_r, pos_r, base, kk, ww, m, s, sx, am, kb, kbi, greedy, BLOCK: tl.constexpr,
+                  GREEDY_MODE: tl.constexpr, NEED_SX: tl.constexpr, FUSE_RACE: tl.constexpr):
+    """One block of pass 1 folded into the chunk's running max m / argmax am, sum of exp s,
+    sum sx without the draft token x (NEED_SX; computed directly, never as s - e_x) and,
+    with FUSE_RACE, the best race key kb / token kbi over t != x."""
+    m_new, am = _merge_block_max(v, t, m, am)
+    if GREEDY_MODE != 1:
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        scale = tl.exp(m - m_safe)
+        e = tl.exp(v - m_safe)
+        bs = tl.sum(tl.sum(e, 1), 0)
+        s = s * scale + bs
+        if NEED_SX:
+            if (x >= base) & (x < base + BLOCK):
+                bsx = tl.sum(tl.sum(tl.where(t != x, e, 0.0), 1), 0)
+            else:
+                bsx = bs
+            sx = sx * scale + bsx
+    if FUSE_RACE:
+        if not greedy:
+            w0, w1, w2, w3 = random_words(seed_r, pos_r, STREAM_RECOVER, base // 4 + kk)
+            key = v - tl.log(exponential(_pick_word(w0, w1, w2, w3, ww)))
+            key = tl.where(mask & (t != x), key, float("-inf"))
+            kb, kbi = _merge_block_max(key, t, kb, kbi)
+    return m_new, s, sx, am, kb, kbi
+
+
+@triton.jit
 def _finalize_request(
     out_ptr, out_stride, draft_ids_ptr, bonus_ptr,
     part_m_ptr, part_s_ptr, part_idx_ptr, part_key_ptr, part_kidx_ptr, part_x_ptr,
     rec_j_ptr, rec_ms_ptr,
+    logits_ptr, logits_stride, target_rows_ptr, temp_ptr, threshold_ptr,
     req, start, n, greedy, seeded, seed, position, engine_seed, step, vocab_size,
-    MAX_K: tl.constexpr, NUM_SPLITS: tl.constexpr, OUT_BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
-    HAS_DRAFT_PROBS: tl.constexpr, FUSE_RACE: tl.constexpr, GREEDY_MODE: tl.constexpr,
+    MAX_K: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr, OUT_BLOCK: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, FUSE_RACE: tl.constexpr, GREEDY_MODE: tl.constexpr,
+    RACE: tl.constexpr, RACE_BLOCK: tl.constexpr, HAS_TARGET_ROWS: tl.constexpr, TEMP_MODE: tl.constexpr,
+    HAS_THRESHOLD: tl.constexpr,
 ):
     rr = tl.arange(0, OUT_BLOCK)          # draft index within the request = output column
     rmask = rr < n
@@ -152,12 +257,19 @@ def _finalize_request(
         row_sum = tl.zeros_like(m_safe)
     else:
         # random rows: p(x) from the combined softmax statistics
-        ps = tl.load(part_s_ptr + poff, mask=m2, other=0.0)
-        row_sum = tl.where(rmask, tl.sum(ps * tl.exp(pm - m_safe[:, None]), 1), 1.0)
-        lx = tl.load(part_x_ptr + jj * 2, mask=rmask, other=float("-inf"))
+        # the chunks' sums added in chunk order, one column at a time: a tl.sum over the
+        # [OUT_BLOCK, SPLIT_BLOCK] tile would add them in an order set by the compiler's layout
+        # of that tile, which may change with OUT_BLOCK (the batch's max_spec_len)
+        row_sum = tl.zeros_like(m_safe)
+        for k in tl.static_range(NUM_SPLITS):
+            pm_k = tl.load(part_m_ptr + jj * NUM_SPLITS + k, mask=rmask, other=float("-inf"))
+            ps_k = tl.load(part_s_ptr + jj * NUM_SPLITS + k, mask=rmask, other=0.0)
+            row_sum = row_sum + ps_k * tl.exp(pm_k - m_safe)
+        row_sum = tl.where(rmask, row_sum, 1.0)
+        lx = tl.load(part_x_ptr + jj * 3, mask=rmask, other=float("-inf"))
         p_x = tl.exp(lx - m_safe) / row_sum
         if HAS_DRAFT_PROBS:
-            q_x = tl.load(part_x_ptr + jj * 2 + 1, mask=rmask, other=1.0)
+            q_x = tl.load(part_x_ptr + jj * 3 + 1, mask=rmask, other=1.0)
         else:
             q_x = 1.0
         seed_r, pos_r = _row_key(seeded, seed, position, engine_seed, step, rr.to(tl.int64), jj)
@@ -169,12 +281,30 @@ def _finalize_request(
     first_rej = tl.min(tl.where(rmask & (accepted == 0), rr, OUT_BLOCK), 0)
     num_accepted = tl.minimum(first_rej, n)
     rejected = first_rej < n
-    if FUSE_RACE:
-        pk = tl.load(part_key_ptr + poff, mask=m2, other=float("-inf"))
-        best = tl.max(pk, 1)
-        pkidx = tl.load(part_kidx_ptr + poff, mask=m2, other=_INT_MAX)
-        recovered = tl.min(tl.where(pk == best[:, None], pkidx, _INT_MAX), 1)
-        recovered = tl.where(best == float("-inf"), 0, recovered)  # no candidate: as torch.argmax
+    if RACE:
+        # no draft probs: the two-level race of the rejected random row right here (its chunk
+        # masses are pass 1's partials), level 2 over the chosen chunk's tokens, or that
+        # chunk's winner which pass 1 already found (FUSE_RACE)
+        recovered = tl.full([], 0, tl.int32)                       # no mass: as torch.argmax
+        if rejected & (greedy == 0):
+            i_rej = first_rej
+            j_rej = start + i_rej
+            x_rej = tl.load(draft_ids_ptr + j_rej).to(tl.int32)
+            x_chunk = tl.where((x_rej >= 0) & (x_rej < vocab_size), x_rej // CHUNK, -1)
+            log_mass = _chunk_log_mass(part_m_ptr, part_s_ptr, part_x_ptr, j_rej, x_chunk, ss, NUM_SPLITS)
+            # scalar keys of the rejected row (seed_r / pos_r above are [OUT_BLOCK]: a runtime if
+            # may not change a live variable's shape)
+            seed_j, pos_j = _row_key(seeded, seed, position, engine_seed, step, i_rej.to(tl.int64), j_rej)
+            c, best = _race_chunks(log_mass, ss, seed_j, pos_j)
+            if best > float("-inf"):
+                if FUSE_RACE:
+                    recovered = tl.load(part_kidx_ptr + j_rej * NUM_SPLITS + c)
+                else:
+                    row_ptr = _target_row(logits_ptr, logits_stride, target_rows_ptr, j_rej, HAS_TARGET_ROWS)
+                    inv_t, thr = _row_scale(temp_ptr, threshold_ptr, req, j_rej, False, TEMP_MODE, HAS_THRESHOLD)
+                    recovered = _race_chunk_tokens(row_ptr, row_ptr, c, x_rej, False, 0.0, 1.0, inv_t, thr,
+                                                   seed_j, pos_j, vocab_size, CHUNK, RACE_BLOCK, False,
+                                                   HAS_THRESHOLD)
         fill = tl.where(greedy, argmax, recovered)
     else:
         fill = tl.where(greedy, argmax, -1)   # -1: rejection_recover writes it
@@ -185,9 +315,9 @@ def _finalize_request(
     row = tl.where(rr == num_accepted, tl.where(rejected, token, bonus), row)
     tl.store(out_ptr + req.to(tl.int64) * out_stride + rr, row, mask=rr < MAX_K + 1)  # width K + 1
 
-    # the one row whose recovered token rejection_recover must draw
+    # the one row whose recovered token rejection_recover must draw (with draft probs)
     rec_j = tl.where(rejected & (greedy == 0), start + first_rej, -1)
-    if FUSE_RACE:
+    if RACE:
         rec_j = tl.full([], -1, tl.int32)
     tl.store(rec_j_ptr + req, rec_j)
     tl.store(rec_ms_ptr + req * 2, tl.sum(tl.where(at_rej, m_safe, 0.0), 0))
@@ -210,7 +340,7 @@ def _rejection_sample_kernel(
     step_ptr, engine_seed,                    # [1] int64, int
     part_m_ptr, part_s_ptr, part_idx_ptr,     # [T * NUM_SPLITS]
     part_key_ptr, part_kidx_ptr,              # [T * NUM_SPLITS] (FUSE_RACE)
-    part_x_ptr,                               # [T, 2] fp32: l_x / T, q(x)
+    part_x_ptr,                               # [T, 3] fp32: l_x / T, q(x), s of x's chunk without x
     rec_j_ptr, rec_ms_ptr,                    # [num_reqs] int32, [num_reqs, 2] fp32
     num_target_rows, vocab_size,
     MAX_K: tl.constexpr, GRID_K: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr,
@@ -220,6 +350,8 @@ def _rejection_sample_kernel(
     HAS_THRESHOLD: tl.constexpr,
     GREEDY_MODE: tl.constexpr,                # 0: per-request flags, 1: all greedy, 2: all random
     HAS_SEEDS: tl.constexpr, FUSE_RACE: tl.constexpr,
+    NEED_SX: tl.constexpr,                    # sums without the draft token (n-gram drafts, random rows)
+    PREFETCH: tl.constexpr,                   # load the next block before reducing this one
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -244,24 +376,27 @@ def _rejection_sample_kernel(
         ww = tl.arange(0, 4)[None, :]
         m = tl.full([], float("-inf"), tl.float32)
         s = tl.full([], 0.0, tl.float32)
+        sx = tl.full([], 0.0, tl.float32)
         am = tl.full([], 0, tl.int32)
         kb = tl.full([], float("-inf"), tl.float32)
         kbi = tl.full([], 0, tl.int32)
         chunk0 = split * CHUNK
-        for off in range(0, CHUNK, BLOCK):
-            base = chunk0 + off
-            t, mask, v = _scaled_block(row_ptr, base, kk, ww, vocab_size, inv_t, thr, HAS_THRESHOLD)
-            m_new, am = _merge_block_max(v, t, m, am)
-            if GREEDY_MODE != 1:
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                s = s * tl.exp(m - m_safe) + tl.sum(tl.sum(tl.exp(v - m_safe), 1), 0)
-            m = m_new
-            if FUSE_RACE:
-                if not greedy:
-                    w0, w1, w2, w3 = random_words(seed_r, pos_r, STREAM_RECOVER, base // 4 + kk)
-                    key = v - tl.log(exponential(_pick_word(w0, w1, w2, w3, ww)))
-                    key = tl.where(mask & (t != x), key, float("-inf"))
-                    kb, kbi = _merge_block_max(key, t, kb, kbi)
+        limit = tl.minimum(vocab_size, chunk0 + CHUNK)   # t < limit: in the vocabulary and the chunk
+        if PREFETCH:
+            # load block i + 1 before reducing block i: the same reductions in the same order
+            t, mask, v = _scaled_block(row_ptr, chunk0, kk, ww, limit, inv_t, thr, HAS_THRESHOLD)
+            for off in range(0, CHUNK, BLOCK):
+                base = chunk0 + off
+                tn, maskn, vn = _scaled_block(row_ptr, base + BLOCK, kk, ww, limit, inv_t, thr, HAS_THRESHOLD)
+                m, s, sx, am, kb, kbi = _reduce_block(t, mask, v, x, seed_r, pos_r, base, kk, ww, m, s, sx, am, kb,
+                                                      kbi, greedy, BLOCK, GREEDY_MODE, NEED_SX, FUSE_RACE)
+                t, mask, v = tn, maskn, vn
+        else:
+            for off in range(0, CHUNK, BLOCK):
+                base = chunk0 + off
+                t, mask, v = _scaled_block(row_ptr, base, kk, ww, limit, inv_t, thr, HAS_THRESHOLD)
+                m, s, sx, am, kb, kbi = _reduce_block(t, mask, v, x, seed_r, pos_r, base, kk, ww, m, s, sx, am, kb,
+                                                      kbi, greedy, BLOCK, GREEDY_MODE, NEED_SX, FUSE_RACE)
         p = j * NUM_SPLITS + split
         tl.store(part_m_ptr + p, m)
         tl.store(part_s_ptr + p, s)
@@ -274,10 +409,13 @@ def _rejection_sample_kernel(
             lx = tl.load(row_ptr + xc).to(tl.float32) * inv_t
             if HAS_THRESHOLD:
                 lx = tl.where(lx >= thr, lx, float("-inf"))
-            tl.store(part_x_ptr + j * 2, lx)
+            tl.store(part_x_ptr + j * 3, lx)
             if HAS_DRAFT_PROBS:
                 q_x = tl.load(draft_probs_ptr + j.to(tl.int64) * draft_probs_stride + xc).to(tl.float32)
-                tl.store(part_x_ptr + j * 2 + 1, q_x)
+                tl.store(part_x_ptr + j * 3 + 1, q_x)
+        if NEED_SX:
+            if (x >= 0) & (x < vocab_size) & (x // CHUNK == split):
+                tl.store(part_x_ptr + j * 3 + 2, sx)
     else:
         if (i == 0) & (split == 0):
             # a request without drafts: its output is the bonus token
@@ -294,12 +432,17 @@ def _rejection_finalize_kernel(
     seeds_ptr, has_seed_ptr, positions_ptr, step_ptr, engine_seed,
     part_m_ptr, part_s_ptr, part_idx_ptr, part_key_ptr, part_kidx_ptr, part_x_ptr,
     rec_j_ptr, rec_ms_ptr,
+    logits_ptr, logits_stride, target_rows_ptr, temp_ptr, threshold_ptr,   # as in pass 1 (RACE)
     num_target_rows, vocab_size,
-    MAX_K: tl.constexpr, NUM_SPLITS: tl.constexpr, OUT_BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
-    HAS_DRAFT_PROBS: tl.constexpr, GREEDY_MODE: tl.constexpr, HAS_SEEDS: tl.constexpr, FUSE_RACE: tl.constexpr,
+    MAX_K: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr, OUT_BLOCK: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, GREEDY_MODE: tl.constexpr, HAS_SEEDS: tl.constexpr,
+    FUSE_RACE: tl.constexpr,
+    RACE: tl.constexpr,                       # draw recovered tokens here (no draft probs, random rows)
+    RACE_BLOCK: tl.constexpr, HAS_TARGET_ROWS: tl.constexpr, TEMP_MODE: tl.constexpr, HAS_THRESHOLD: tl.constexpr,
 ):
     """One program per request, after every chunk partial is written (a separate launch:
-    no inter-program ordering to rely on): acceptance and the output row."""
+    no inter-program ordering to rely on): acceptance, the output row and, with RACE, the
+    recovered token."""
     req = tl.program_id(0)
     start = tl.load(cu_ptr + req - 1, mask=req > 0, other=0).to(tl.int32)
     end = tl.minimum(tl.load(cu_ptr + req).to(tl.int32), num_target_rows)
@@ -312,8 +455,10 @@ def _rejection_finalize_kernel(
             out_ptr, out_stride, draft_ids_ptr, bonus_ptr,
             part_m_ptr, part_s_ptr, part_idx_ptr, part_key_ptr, part_kidx_ptr, part_x_ptr,
             rec_j_ptr, rec_ms_ptr,
+            logits_ptr, logits_stride, target_rows_ptr, temp_ptr, threshold_ptr,
             req, start, n, greedy, seeded, seed, position, engine_seed.to(tl.int64), step, vocab_size,
-            MAX_K, NUM_SPLITS, OUT_BLOCK, SPLIT_BLOCK, HAS_DRAFT_PROBS, FUSE_RACE, GREEDY_MODE)
+            MAX_K, NUM_SPLITS, CHUNK, OUT_BLOCK, SPLIT_BLOCK, HAS_DRAFT_PROBS, FUSE_RACE, GREEDY_MODE,
+            RACE, RACE_BLOCK, HAS_TARGET_ROWS, TEMP_MODE, HAS_THRESHOLD)
 
 
 def temp_mode_of(temperature, inv_temperature, dummy):
@@ -323,6 +468,15 @@ def temp_mode_of(temperature, inv_temperature, dummy):
     if inv_temperature is not None:
         return 2, inv_temperature
     return 0, dummy
+
+
+class Pass1Result(NamedTuple):
+    """What pass 1 leaves for the recover pass (rejection_recover.py)."""
+    rec_j: torch.Tensor    # [num_reqs] int32 target row of the request's recovered-token draw, or -1
+    rec_ms: torch.Tensor   # [num_reqs, 2] fp32 max and sum of exp of that row (softmax statistics)
+    part_m: torch.Tensor   # [T * num_chunks] fp32 chunk max of each target row's scaled logits
+    part_s: torch.Tensor   # [T * num_chunks] fp32 chunk sum of exp(x - chunk max)
+    part_x: torch.Tensor   # [T * 3] fp32 per row: l_x / T, q(x), sum of x's chunk without x
 
 
 def chunk_size(vocab: int) -> int:
@@ -353,10 +507,21 @@ def rejection_sample_pass(
     engine_seed: int,
     fuse_race: bool,
     chunk: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch pass 1; returns (rec_j [num_reqs] int32, rec_ms [num_reqs, 2] fp32) for pass 2.
+    block: int | None = None,
+    num_warps: int | None = None,
+    prefetch: bool = False,
+    race_block: int | None = None,
+    race_warps: int = 8,
+) -> Pass1Result:
+    """Launch pass 1 and the finalize kernel; returns what the recover pass reads.
 
     Inputs are checked by specops.spec_decode.rejection; this launcher only asserts layout.
+    Without draft probs, the finalize kernel also draws the recovered tokens (the recover
+    pass is then not needed). ``block`` (entries per load, default min(chunk, 8192)),
+    ``num_warps`` and ``prefetch`` change speed only: a row's reductions are in an order
+    fixed by (V, chunk, block), so callers keep them functions of V (batch invariance).
+    ``race_block`` (tokens per step of the level-2 race, default min(chunk, 2048)) and
+    ``race_warps`` (the finalize kernel's warps when it races) change speed only.
     """
     num_reqs, width = out.shape
     max_k = width - 1
@@ -370,14 +535,17 @@ def rejection_sample_pass(
     # A whole chunk per load (32 fp32 per thread at 8192): one max / argmax / sum reduction
     # per program. The same block with or without FUSE_RACE, so that both modes reduce every
     # row in the same order (same tokens).
-    block = min(chunk, 8192)
+    block = min(chunk, 8192) if block is None else block
+    assert block >= 16 and block & (block - 1) == 0 and chunk % block == 0
+    if num_warps is None:
+        num_warps = 8 if block >= 4096 else 4
     nt = max(num_target_rows, 1)
-    ws_f = torch.empty(3 * nt * num_splits + 2 * nt + 2 * num_reqs, dtype=torch.float32, device=dev)
+    ws_f = torch.empty(3 * nt * num_splits + 3 * nt + 2 * num_reqs, dtype=torch.float32, device=dev)
     ws_i = torch.empty(2 * nt * num_splits + num_reqs, dtype=torch.int32, device=dev)
     f = nt * num_splits
     part_m, part_s, part_key = ws_f[:f], ws_f[f:2 * f], ws_f[2 * f:3 * f]
-    part_x = ws_f[3 * f:3 * f + 2 * nt]
-    rec_ms = ws_f[3 * f + 2 * nt:].view(num_reqs, 2)
+    part_x = ws_f[3 * f:3 * f + 3 * nt]
+    rec_ms = ws_f[3 * f + 3 * nt:].view(num_reqs, 2)
     part_idx, part_kidx, rec_j = ws_i[:f], ws_i[f:2 * f], ws_i[2 * f:]
     temp_mode, temp_arg = temp_mode_of(temperature, inv_temperature, logits)
     greedy_mode = 0 if isinstance(is_greedy, torch.Tensor) else (1 if is_greedy else 2)
@@ -403,17 +571,25 @@ def rejection_sample_pass(
         HAS_TARGET_ROWS=target_rows is not None, HAS_DRAFT_PROBS=draft_probs is not None,
         TEMP_MODE=temp_mode, HAS_THRESHOLD=threshold is not None, GREEDY_MODE=greedy_mode,
         HAS_SEEDS=seeds is not None, FUSE_RACE=fuse_race,
-        num_warps=8 if block >= 4096 else 4,
+        NEED_SX=draft_probs is None and greedy_mode != 1, PREFETCH=prefetch,
+        num_warps=num_warps,
     )
+    race = draft_probs is None and greedy_mode != 1
+    race_block = min(chunk, 2048) if race_block is None else race_block
+    assert race_block >= 16 and race_block & (race_block - 1) == 0 and chunk % race_block == 0
     _rejection_finalize_kernel[(num_reqs,)](
         out, out.stride(0), draft_token_ids, bonus_token_ids, cu_num_draft_tokens,
         is_greedy if greedy_mode == 0 else dummy,
         seeds if seeds is not None else step, has_seed if has_seed is not None else step,
         positions if positions is not None else step, step, engine_seed,
         part_m, part_s, part_idx, part_key, part_kidx, part_x, rec_j, rec_ms,
+        logits, logits.stride(0), target_rows if target_rows is not None else dummy,
+        temp_arg, threshold if threshold is not None else logits,
         num_target_rows, vocab,
-        MAX_K=max_k, NUM_SPLITS=num_splits, OUT_BLOCK=triton.next_power_of_2(max_k + 1),
+        MAX_K=max_k, NUM_SPLITS=num_splits, CHUNK=chunk, OUT_BLOCK=triton.next_power_of_2(max_k + 1),
         SPLIT_BLOCK=triton.next_power_of_2(num_splits), HAS_DRAFT_PROBS=draft_probs is not None,
-        GREEDY_MODE=greedy_mode, HAS_SEEDS=seeds is not None, FUSE_RACE=fuse_race, num_warps=4,
+        GREEDY_MODE=greedy_mode, HAS_SEEDS=seeds is not None, FUSE_RACE=fuse_race,
+        RACE=race, RACE_BLOCK=race_block, HAS_TARGET_ROWS=target_rows is not None, TEMP_MODE=temp_mode,
+        HAS_THRESHOLD=threshold is not None, num_warps=race_warps if race and not fuse_race else 4,
     )
-    return rec_j, rec_ms
+    return Pass1Result(rec_j, rec_ms, part_m, part_s, part_x)

@@ -6,7 +6,7 @@ specops keys it by the request's seed and builds the counter from
     c0 = index     (vocabulary index // 4, or 0 for per-row draws; the 4 words
                     of one call serve 4 consecutive vocabulary entries)
     c1 = position  low 32 bits  (token position in the request's sequence)
-    c2 = stream    (STREAM_SAMPLE, STREAM_ACCEPT, STREAM_RECOVER, ...)
+    c2 = stream    (STREAM_SAMPLE, STREAM_ACCEPT, STREAM_RECOVER, STREAM_RECOVER_CHUNK, ...)
     c3 = position  high 32 bits (0 for seeded requests; the Sampler puts a per-row lane
                     there for unseeded rows, see specops.rng)
 
@@ -24,6 +24,9 @@ import triton.language as tl
 STREAM_SAMPLE = tl.constexpr(0)   # exponential noise of the Sampler (and bonus tokens)
 STREAM_ACCEPT = tl.constexpr(1)   # per-draft-position acceptance uniforms (rejection sampling)
 STREAM_RECOVER = tl.constexpr(2)  # exponential noise for recovered tokens (rejection sampling)
+# chunk-level noise of the recovered-token draw: chunk c uses word c % 4 of index c // 4.
+# Streams 3 and 4 are taken by pyengine (STREAM_DRAFT, STREAM_SYNTHETIC).
+STREAM_RECOVER_CHUNK = tl.constexpr(5)
 
 
 @triton.jit

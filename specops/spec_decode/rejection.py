@@ -1,8 +1,11 @@
 """rejection_sample: verify the drafts of a batch against the target logits (checks + dispatch).
 
-The Triton path reads every target row once (pass 1: softmax statistics, argmax,
-acceptance, output row) and, for requests whose first rejection is a random row, that
-one row again to draw the recovered token (pass 2). Everything stays on the device:
+The Triton path reads every target row once (pass 1: per-chunk softmax statistics,
+argmax, acceptance, output row). For requests whose first rejection is a random row, the
+recovered token is drawn by a two-level race (a chunk of the row by its residual mass,
+then a token of that chunk): without draft probs pass 1's finalize kernel does it from
+the chunk statistics and one chunk of the row; with draft probs a second pass reads that
+row and its draft probs once (the chunk residual masses, no noise), then one chunk. Everything stays on the device:
 no host sync, CUDA-graph capturable. The torch path (specops.spec_decode.rejection_torch)
 is the reference and the CPU fallback.
 """
@@ -53,14 +56,17 @@ def rejection_sample(
     - random requests accept when p(x) >= u * q(x) (q = ``draft_probs``, or q(x) = 1 for
       drafts without probabilities, i.e. accept with probability p(x)); the first
       rejection emits a recovered token drawn from normalise(max(0, p - q)) (for one-hot
-      q: p without x) by an exponential race;
+      q: p without x) by an exponential race over the chunks of the row (weighted by their
+      residual mass), then over the tokens of the chosen chunk (exact: see
+      specops.triton_kernels.rejection_sample);
     - a draft id outside [0, V) (e.g. -1 padding) is always rejected; the token emitted
       there is drawn from p (greedy: the argmax);
     - when every draft is accepted, ``bonus_token_ids[r]`` is appended.
 
     The output row is the emitted tokens followed by -1. Uniforms come from
-    (seed, position + i, STREAM_ACCEPT), recovered noise from STREAM_RECOVER (see
-    specops.rng); a seeded request's output depends only on its own inputs.
+    (seed, position + i, STREAM_ACCEPT), recovered noise from STREAM_RECOVER_CHUNK (chunks)
+    and STREAM_RECOVER (tokens) (see specops.rng); chunks are a function of V only
+    (chunk_size), so a seeded request's output depends only on its own inputs.
 
     Parameters
     ----------
@@ -98,9 +104,9 @@ def rejection_sample(
     backend : {"auto", "triton", "torch"}
         "auto": Triton on CUDA, torch elsewhere. "triton" on CPU needs TRITON_INTERPRET=1.
     fuse_recover : bool, optional
-        Without draft probs, draw recovered-token candidates during the first pass (noise
-        on every random row, no second read) instead of re-reading the one rejected row of
-        each request. Same tokens either way; None (default) re-reads.
+        Without draft probs, run the token level of the race in every chunk of every random
+        row during the first pass (noise for every token) instead of in one chunk of the
+        rejected row in pass 2. Same tokens either way; None (default): pass 2.
 
     Returns
     -------
@@ -222,10 +228,10 @@ def rejection_sample(
                 engine_seed=engine_seed)
     is_greedy = dense(is_greedy)
     chunk = chunk_size(vocab)
-    rec_j, rec_ms = rejection_sample_pass(out, logits, bonus_token_ids=dense(bonus_token_ids),
-                                          is_greedy=is_greedy, fuse_race=fuse, chunk=chunk, **args)
-    if not fuse and is_greedy is not True:
-        rejection_recover_pass(out, logits, rec_j=rec_j, rec_ms=rec_ms, chunk=chunk, **args)
+    pass1 = rejection_sample_pass(out, logits, bonus_token_ids=dense(bonus_token_ids),
+                                  is_greedy=is_greedy, fuse_race=fuse, chunk=chunk, **args)
+    if draft_probs is not None and is_greedy is not True:
+        rejection_recover_pass(out, logits, pass1=pass1, chunk=chunk, **args)
     return out
 
 

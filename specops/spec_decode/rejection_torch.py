@@ -1,7 +1,10 @@
 """Plain torch reference of rejection sampling (float64, a loop over requests).
 
-It draws with the same counter-based noise as the Triton kernels (specops.rng), so for
-the same inputs it emits the same tokens except on float ties far below test sizes.
+It draws with the same counter-based noise as the Triton kernels (specops.rng) and the
+same two-level race for recovered tokens (chunks of chunk_size(V) by their residual mass
+in float64, the kernels in fp32; then the tokens of one chunk), so for the same inputs it
+emits the same tokens except on float near-ties (of two chunk keys, or two token keys)
+far below test sizes.
 It is also the CPU path of ``specops.spec_decode.rejection_sample``.
 """
 
@@ -10,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from specops import rng
+from specops.triton_kernels.rejection_sample import chunk_size
 
 
 def row_keys_for_drafts(
@@ -38,6 +42,29 @@ def row_keys_for_drafts(
     step = torch.zeros((), dtype=torch.int64, device=device) if step is None else step.reshape(())
     return rng.row_keys(seeds.long()[req], has_seed.bool()[req], positions.long()[req] + within,
                         engine_seed, step)
+
+
+def two_level_race(
+    mass: torch.Tensor,         # [T, V] float64 >= 0, the distribution to draw from (unnormalised)
+    key: torch.Tensor,          # [T, V] float64 per-token race keys: argmax over a set draws from mass
+    chunk: int,
+    chunk_noise: torch.Tensor,  # [T, num_chunks] float64 Exp(1), num_chunks = ceil(V / chunk)
+) -> torch.Tensor:              # [T] int64
+    """Token argmax of ``key`` within the chunk argmax_c log(M_c) - log(E_c), M_c = chunk c's mass.
+
+    The chunk race picks c with probability M_c / sum(M); the token race within c picks t
+    with probability mass_t / M_c (``key`` is an exponential race of ``mass``), so t is
+    drawn with probability mass_t / sum(M): exactly the one-level race over the row, with
+    noise for one chunk only. A row without mass picks chunk 0 (where its keys, all -inf,
+    give token 0, as torch.argmax of the one-level race does).
+    """
+    rows, vocab = mass.shape
+    num_chunks = chunk_noise.shape[1]
+    padded = torch.nn.functional.pad(mass, (0, num_chunks * chunk - vocab))
+    chunk_mass = padded.view(rows, num_chunks, chunk).sum(dim=2)                      # [T, num_chunks]
+    best = torch.argmax(torch.log(chunk_mass) - torch.log(chunk_noise), dim=1)        # [T]
+    in_best = torch.arange(vocab, device=mass.device)[None, :] // chunk == best[:, None]
+    return torch.argmax(torch.where(in_best, key, float("-inf")), dim=1)
 
 
 def rejection_sample_torch(
@@ -110,16 +137,23 @@ def rejection_sample_torch(
     target_argmax = torch.argmax(rows, dim=1)          # greedy rows: unscaled, unmasked
     accepted = torch.where(greedy, valid & (x == target_argmax), valid & (p_x > 0) & (p_x >= u * q_x))
 
-    # the token each row emits if it is its request's first rejection
+    # the token each row emits if it is its request's first rejection: a two-level race
     noise = rng.vocab_noise(row_seeds, row_pos, rng.STREAM_RECOVER, vocab).double()   # [T, V] Exp(1)
+    chunk = chunk_size(vocab)
+    chunk_noise = rng.vocab_noise(row_seeds, row_pos, rng.STREAM_RECOVER_CHUNK,
+                                  (vocab + chunk - 1) // chunk).double()             # [T, num_chunks]
     plain_key = scaled - torch.log(noise)               # race over p
+    plain_mass = p
     if draft_probs is None:                             # one-hot q: p without the draft
-        plain_key = plain_key.scatter(1, xc, torch.where(valid[:, None], float("-inf"), plain_key.gather(1, xc)))
-    recovered = torch.argmax(plain_key, dim=1)
+        drop = torch.zeros_like(p, dtype=torch.bool).scatter(1, xc, valid[:, None])
+        plain_key = plain_key.masked_fill(drop, float("-inf"))
+        plain_mass = p.masked_fill(drop, 0.0)
+    recovered = two_level_race(plain_mass, plain_key, chunk, chunk_noise)
     if draft_probs is not None:
         residual = torch.clamp(p - draft_probs.double(), min=0.0)
         use_residual = valid & (residual.max(dim=1).values > 0)
-        recovered = torch.where(use_residual, torch.argmax(residual / noise, dim=1), recovered)
+        recovered = torch.where(use_residual, two_level_race(residual, residual / noise, chunk, chunk_noise),
+                                recovered)
     emitted = torch.where(accepted, x, torch.where(greedy, target_argmax, recovered))
 
     # a row is emitted when no earlier row of its request was rejected

@@ -1,0 +1,209 @@
+"""Experiment: the geometry of rejection sampling's pass 1 (_rejection_sample_kernel) on one GPU.
+
+Times pass 1 alone at V = 128256, B = 128, K in {1, 8}, fp32 target logits (randn * 2,
+80% good drafts, as bench_rejection.py), no draft probs unless --probs, for chunk 4096 /
+8192 / 16384, block (entries per load) <= chunk, num_warps 4 / 8 and, where a chunk takes
+several blocks, the prefetching loop (block i + 1 loaded before block i is reduced: the
+same reductions in the same order). Prints the kernel's median device time (from the
+profiler; the finalize launch is not counted), the ratio to the floor B * K * V * 4 bytes
+/ 4.2e12 B/s, and whether the chunk partials are bit-identical to the same (chunk, block,
+warps) without prefetch and the output to the default geometry's.
+
+Every geometry here is a function of V only, so any of them keeps batch invariance; a
+different chunk changes the recovered-token draw (chunk_size in rejection_sample.py and
+the torch reference follow it), a different block or warp count only the float rounding
+of the partials. Run from the repo root on the GPU machine (< 90 s each; configurations
+past 80 s are listed as skipped, most likely ones first; --k=1 or --k=8 for one K only):
+
+    python bench/exp_rejection_pass1.py [--probs] [--k=1]
+    python bench/exp_rejection_pass1.py --race       # the finalize kernel's recovered-token race
+    python bench/exp_rejection_pass1.py --breakdown  # every kernel of rejection_sample at issue 4's shapes
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from specops.triton_kernels.rejection_sample import chunk_size, rejection_sample_pass  # noqa: E402
+
+VOCAB = 128256
+BATCH = 128
+KS = (1, 8)
+TEMP = 0.8
+BANDWIDTH = 4.2e12
+DEVICE = "cuda"
+# (chunk, block), most likely first: a whole chunk per load up to 8192 entries, or half of it
+GEOMETRIES = [(8192, 8192), (8192, 4096), (16384, 8192), (4096, 4096), (16384, 4096), (4096, 2048)]
+WARPS = (8, 4)
+# the recovered-token race of the finalize kernel (no draft probs): tokens per step, warps
+RACE_GEOMETRIES = [(2048, 8), (1024, 4), (1024, 8), (2048, 4), (2048, 16), (4096, 8), (4096, 16), (8192, 16)]
+BUDGET_S = 80.0   # stop starting configurations after this (compiles dominate)
+
+
+def make_inputs(vocab, batch, k, with_probs, device, seed=0):
+    """bench_rejection.Case's inputs: [K target rows, 1 bonus row] per request."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    n = batch * k
+    logits = torch.randn(batch * (k + 1), vocab, device=device, generator=g) * 2
+    target_rows = (torch.arange(batch, device=device)[:, None] * (k + 1)
+                   + torch.arange(k, device=device)[None, :]).flatten()
+    good = torch.rand(n, device=device, generator=g) < 0.8
+    drafts = torch.randint(0, vocab, (n,), device=device, generator=g)
+    logits[target_rows[good], drafts[good]] += 15.0
+    q = None
+    if with_probs:
+        ql = torch.randn(n, vocab, device=device, generator=g) * 2
+        ql[torch.arange(n, device=device)[good], drafts[good]] += 15.0
+        q = torch.softmax(ql, dim=1)
+    return dict(logits=logits, target_rows=target_rows, draft_token_ids=drafts, draft_probs=q,
+                cu_num_draft_tokens=torch.arange(1, batch + 1, device=device) * k,
+                bonus_token_ids=torch.randint(0, vocab, (batch,), device=device, generator=g),
+                temperature=torch.full((batch,), TEMP, device=device), inv_temperature=None, threshold=None,
+                is_greedy=False, seeds=None, has_seed=None, positions=None,
+                step=torch.tensor([3], dtype=torch.int64, device=device), engine_seed=0), batch, k
+
+
+def run_pass1(inputs, batch, k, chunk, block, warps, prefetch, race_block=None, race_warps=8):
+    out = torch.empty(batch, k + 1, dtype=torch.int32, device=inputs["logits"].device)
+    res = rejection_sample_pass(out, fuse_race=False, chunk=chunk, block=block, num_warps=warps,
+                                prefetch=prefetch, race_block=race_block, race_warps=race_warps, **inputs)
+    return out, res
+
+
+def kernel_us(fn, name="_rejection_sample_kernel", iters=20) -> float:
+    """Median device time of the kernel `name` over `iters` calls of fn, from the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    times = sorted(e.device_time for e in prof.events() if name in e.name and e.device_time > 0)
+    return times[len(times) // 2] if times else float("nan")
+
+
+def pass1_table(with_probs, ks, t0) -> None:
+    print("out: the output equals the default geometry's (without draft probs a different chunk draws\n"
+          "other recovered tokens, so NO is expected there; with the same chunk, NO means an acceptance\n"
+          "decision flipped on the rounding of the partials)")
+    print(f"{'K':>2} {'chunk':>6} {'block':>6} {'warps':>5} {'prefetch':>8} {'us':>8} {'x floor':>8} "
+          f"{'floor us':>8}  bit-identical")
+    for k in ks:
+        inputs, batch, k = make_inputs(VOCAB, BATCH, k, with_probs, DEVICE)
+        floor = batch * k * VOCAB * 4 / BANDWIDTH * 1e6
+        default_out, _ = run_pass1(inputs, batch, k, chunk_size(VOCAB), None, None, False)
+        for chunk, block in GEOMETRIES:
+            for warps in WARPS:
+                plain = None
+                for prefetch in ((False, True) if chunk > block else (False,)):
+                    if time.time() - t0 > BUDGET_S:
+                        print(f"{k:>2} {chunk:>6} {block:>6} {warps:>5} {str(prefetch):>8}  skipped (time budget)")
+                        continue
+
+                    def fn(chunk=chunk, block=block, warps=warps, prefetch=prefetch):
+                        return run_pass1(inputs, batch, k, chunk, block, warps, prefetch)
+                    out, res = fn()
+                    written = [0, 1] if with_probs else [0, 2]   # l_x, then q(x) or x's chunk sum without x
+                    parts = torch.cat([res.part_m, res.part_s, res.part_x.view(-1, 3)[:, written].flatten()])
+                    same = [f"out={'yes' if torch.equal(out, default_out) else 'NO'}"]
+                    if prefetch and plain is not None:
+                        same.append(f"partials vs no prefetch={'yes' if torch.equal(parts, plain) else 'NO'}")
+                    plain = parts
+                    us = kernel_us(fn)
+                    print(f"{k:>2} {chunk:>6} {block:>6} {warps:>5} {str(prefetch):>8} {us:8.1f} {us / floor:8.2f} "
+                          f"{floor:8.1f}  {', '.join(same)}", flush=True)
+
+
+def race_table(ks, t0) -> None:
+    """The finalize kernel (acceptance + the recovered-token race of one chunk per request),
+    no draft probs, at the default pass-1 geometry."""
+    print(f"{'K':>2} {'race block':>10} {'warps':>5} {'finalize us':>11}  same tokens")
+    for k in ks:
+        inputs, batch, k = make_inputs(VOCAB, BATCH, k, False, DEVICE)
+        chunk = chunk_size(VOCAB)
+        ref, _ = run_pass1(inputs, batch, k, chunk, None, None, False)
+        print(f"   ({int(((ref >= 0).sum(1) < k + 1).sum())} of {batch} requests draw a recovered token)")
+        for race_block, race_warps in RACE_GEOMETRIES:
+            if race_block > chunk:
+                continue
+            if time.time() - t0 > BUDGET_S:
+                print(f"{k:>2} {race_block:>10} {race_warps:>5}  skipped (time budget)")
+                continue
+
+            def fn(race_block=race_block, race_warps=race_warps):
+                return run_pass1(inputs, batch, k, chunk, None, None, False, race_block, race_warps)
+            out, _ = fn()
+            us = kernel_us(fn, name="_rejection_finalize_kernel")
+            print(f"{k:>2} {race_block:>10} {race_warps:>5} {us:11.1f}  {'yes' if torch.equal(out, ref) else 'NO'}",
+                  flush=True)
+
+
+def breakdown_table(t0) -> None:
+    """Device time per kernel of one rejection_sample call (default geometry) at the shapes of
+    issue 4's table, and the floor: target rows once + the draft-prob rows of rejected requests."""
+    from collections import defaultdict
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from specops.spec_decode import rejection_sample
+    print(f"{'K':>2} {'B':>4} {'probs':>5}  {'total us':>8} {'floor us':>8} {'x floor':>7}  per kernel (us)")
+    for k, batch, with_probs in [(1, 128, False), (1, 128, True), (4, 128, False), (8, 128, False),
+                                 (8, 128, True), (8, 32, False)]:
+        if time.time() - t0 > BUDGET_S:
+            print(f"{k:>2} {batch:>4} {str(with_probs):>5}  skipped (time budget)")
+            continue
+        a, batch, k = make_inputs(VOCAB, batch, k, with_probs, DEVICE)
+
+        def fn(a=a, k=k):
+            return rejection_sample(a["logits"], a["draft_token_ids"], a["cu_num_draft_tokens"], k,
+                                    a["bonus_token_ids"], target_rows=a["target_rows"], draft_probs=a["draft_probs"],
+                                    temperature=a["temperature"], step=a["step"])
+        out = fn()
+        rejected = int(((out >= 0).sum(1) < k + 1).sum())
+        floor = (batch * k + (rejected if with_probs else 0)) * VOCAB * 4 / BANDWIDTH * 1e6
+        iters = 20
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(iters):
+                fn()
+            torch.cuda.synchronize()
+        per = defaultdict(float)
+        for e in prof.events():
+            if e.device_time > 0 and "kernel" in e.name.lower():
+                per[e.name] += e.device_time / iters
+        total = sum(per.values())
+        parts = ", ".join(f"{name} {us:.1f}" for name, us in sorted(per.items(), key=lambda kv: -kv[1]))
+        print(f"{k:>2} {batch:>4} {str(with_probs):>5}  {total:8.1f} {floor:8.1f} {total / floor:7.2f}  {parts}",
+              flush=True)
+
+
+def main() -> None:
+    if not torch.cuda.is_available():
+        print("exp_rejection_pass1 needs CUDA: nothing to do")
+        return
+    with_probs = "--probs" in sys.argv
+    ks = tuple(int(a.split("=")[1]) for a in sys.argv[1:] if a.startswith("--k=")) or KS
+    t0 = time.time()
+    print(f"{torch.cuda.get_device_name()}, V={VOCAB}, B={BATCH}, draft probs: {with_probs}, "
+          f"default chunk {chunk_size(VOCAB)}")
+    if "--breakdown" in sys.argv:
+        breakdown_table(t0)
+    elif "--race" in sys.argv:
+        race_table(ks, t0)
+    else:
+        pass1_table(with_probs, ks, t0)
+    print(f"done in {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
