@@ -10,7 +10,8 @@ without it (kmax=0, today's plan / refine / collect / finish: must be equal), to
 select=False (the exact single-program search) and the torch reference (fp64 top-p boundary:
 at most a near-tie may differ); then µs of `sample(..., backend="triton")` with and without
 the direct path (bench.common.time_us: CUDA-graph replay). At B = 32 a per-kernel breakdown
-(torch.profiler) of both, for "engine".
+(torch.profiler) of both, for each parameter set. The first run compiles the changed kernels
+(about half a minute); a second run measures only.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ def main() -> int:
         for B in BATCHES:
             run_case(name, B, mix)
     kernel_breakdown(ENGINE)
+    kernel_breakdown(MIX)
     return 0
 
 
