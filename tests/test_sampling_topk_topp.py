@@ -464,6 +464,37 @@ def test_every_search_path_is_taken_and_exact():
     assert final.count(COLLECT) >= 10 and FALLBACK in final, final
 
 
+class _PoisonedTorch:
+    """torch, except that `empty` / `empty_like` fill what they return with garbage (NaN,
+    huge integers): a kernel that reads a workspace slot or output no kernel wrote then
+    gives a different answer (on CUDA the caching allocator hands out stale memory)."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def _poison(t):
+        if t.dtype.is_floating_point:
+            return t.fill_(float("nan"))
+        return t.fill_({torch.int16: -12345, torch.int32: 987654321}.get(t.dtype, -(2**62) + 12345))
+
+    def empty(self, *a, **kw):
+        return self._poison(torch.empty(*a, **kw))
+
+    def empty_like(self, *a, **kw):
+        return self._poison(torch.empty_like(*a, **kw))
+
+
+def assert_same_with_poisoned_workspaces(monkeypatch, a, *args, **kw):
+    """`sample(*args, backend="triton", **kw)` with poisoned workspaces equals `a`, bit for bit."""
+    from specops.triton_kernels import sampling_topk_topp
+    with monkeypatch.context() as mp:
+        mp.setattr(sampling_topk_topp, "torch", _PoisonedTorch())
+        b = sample(*args, backend="triton", **kw)
+    for x, y in zip((a.tokens, a.threshold, a.row_max, a.log_norm), (b.tokens, b.threshold, b.row_max, b.log_norm)):
+        torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
+
+
 # ---- the small top-k path (rows with 1 <= top_k <= kmax decided from their top tiles) -------
 
 def _modes():
@@ -520,7 +551,7 @@ def _direct_rows(g: torch.Generator, V: int, kmax: int):
 
 @pytest.mark.skipif(CUDA, reason="interpreter test")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_direct_top_k_path_is_taken_and_exact(dtype):
+def test_direct_top_k_path_is_taken_and_exact(dtype, monkeypatch):
     g = fresh_gen()
     V, kmax = 1500, 12
     kw = dict(tile=16, cap=64, num_chunks=3, kmax=kmax)
@@ -531,6 +562,7 @@ def test_direct_top_k_path_is_taken_and_exact(dtype):
     a = sample(logits, *args, backend="triton", paths=paths, **kw)
     b = sample(logits, *args, backend="torch")
     assert_same_draw(a, b, logits, inv, seeds, pos, p)
+    assert_same_with_poisoned_workspaces(monkeypatch, a, logits, *args, **kw)   # no unwritten slot is read
     planned, mode = paths["planned"].tolist(), paths["mode"].tolist()
     M = _modes()
     D = M["DIRECT"]
@@ -574,7 +606,7 @@ def test_direct_top_k_candidate_overflow_falls_back():
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_direct_top_k_matches_plan_and_reference(dtype):
+def test_cuda_direct_top_k_matches_plan_and_reference(dtype, monkeypatch):
     # the engine benchmark's rows (T 0.8, top-k 50, top-p 0.9, min-p 0.02) and k = 1 / 128 / 129
     g = fresh_gen()
     R, V = 64, 128256
@@ -592,6 +624,7 @@ def test_cuda_direct_top_k_matches_plan_and_reference(dtype):
     b = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")
     c = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", kmax=0)
     assert_same_draw(a, b, logits, inv, seeds, pos, p)
+    assert_same_with_poisoned_workspaces(monkeypatch, a, logits, inv, k, p, mp, seeds, pos)
     d = (paths["mode"] == _modes()["DIRECT"]).cpu()
     assert bool(d[:2].all()) and not bool(d[2]) and int(d.sum()) >= R - 4, paths["mode"].tolist()
     assert torch.equal(a.tokens.cpu()[d], c.tokens.cpu()[d])
