@@ -7,7 +7,7 @@
 - The fused Triton passes (interpreter on CPU at small shapes, compiled on CUDA at full
   shapes) against the reference: same thresholds, same tokens (up to float near-ties of
   the noise argmax, which are checked to be ties), every path reached (direct, candidate,
-  bisection fallback, tiny candidate capacity).
+  bisection fallback, tiny candidate capacity, the small top-k path from the top tiles).
 - Seeded rows repeat and do not depend on the batch; invalid rows give -1.
 """
 
@@ -455,10 +455,178 @@ def test_every_search_path_is_taken_and_exact():
     mp = torch.tensor([r[3] for r in rows])
     seeds, pos = torch.arange(R) + 3, torch.arange(R) * 7
     paths = {}
-    a = sample(x, inv, k, p, mp, seeds, pos, backend="triton", paths=paths)
+    a = sample(x, inv, k, p, mp, seeds, pos, backend="triton", paths=paths, kmax=0)   # no direct path
     b = sample(x, inv, k, p, mp, seeds, pos, backend="torch")
     assert_same_draw(a, b, x, inv, seeds, pos, p)
     planned = set(paths["planned"].tolist())
     final = paths["mode"].tolist()
     assert {COLLECT, REFINE_COUNT, REFINE_MASS, FALLBACK, DONE} <= planned, planned
     assert final.count(COLLECT) >= 10 and FALLBACK in final, final
+
+
+class _PoisonedTorch:
+    """torch, except that `empty` / `empty_like` fill what they return with garbage (NaN,
+    huge integers): a kernel that reads a workspace slot or output no kernel wrote then
+    gives a different answer (on CUDA the caching allocator hands out stale memory)."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def _poison(t):
+        if t.dtype.is_floating_point:
+            return t.fill_(float("nan"))
+        return t.fill_({torch.int16: -12345, torch.int32: 987654321}.get(t.dtype, -(2**62) + 12345))
+
+    def empty(self, *a, **kw):
+        return self._poison(torch.empty(*a, **kw))
+
+    def empty_like(self, *a, **kw):
+        return self._poison(torch.empty_like(*a, **kw))
+
+
+def assert_same_with_poisoned_workspaces(monkeypatch, a, *args, **kw):
+    """`sample(*args, backend="triton", **kw)` with poisoned workspaces equals `a`, bit for bit."""
+    from specops.triton_kernels import sampling_topk_topp
+    with monkeypatch.context() as mp:
+        mp.setattr(sampling_topk_topp, "torch", _PoisonedTorch())
+        b = sample(*args, backend="triton", **kw)
+    for x, y in zip((a.tokens, a.threshold, a.row_max, a.log_norm), (b.tokens, b.threshold, b.row_max, b.log_norm)):
+        torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
+
+
+# ---- the small top-k path (rows with 1 <= top_k <= kmax decided from their top tiles) -------
+
+def _modes():
+    from specops.triton_kernels import sampling_select as sel
+    return {n: int(getattr(sel, n).value) for n in ("DONE", "DRAW", "COLLECT", "REFINE_COUNT", "FALLBACK", "DIRECT")}
+
+
+def _direct_rows(g: torch.Generator, V: int, kmax: int):
+    """Rows and parameters for every case of the direct path.
+
+    Returns (logits [R, V] fp32, (inv_temperature, top_k, top_p, min_p, seeds, positions),
+    the planned mode of each row: a mode, a set of allowed modes, or None for any).
+    """
+    M = _modes()
+    D, F = M["DIRECT"], M["FALLBACK"]
+    rows, params, want = [], [], []
+
+    def add(x, t, k, p, mp, mode):
+        rows.append(x)
+        params.append((t, k, p, mp))
+        want.append(mode)
+
+    llm = lambda: torch.randn(V, generator=g) * 2 + 8.0 * (torch.rand(V, generator=g) < 0.02)  # noqa: E731
+    add(llm(), 0.8, 1, 1.0, 0.0, D)                       # k = 1
+    add(llm(), 1.0, kmax, 1.0, 0.0, D)                    # k = kmax
+    add(llm(), 1.0, kmax + 1, 1.0, 0.0, {M["COLLECT"], M["REFINE_COUNT"]})   # k just above kmax: the plan
+    add(llm(), 0.8, 12, 0.9, 0.02, D)                     # the engine benchmark's mix
+    add(llm(), 1.0, kmax, 0.3, 0.0, D)                    # top-p cuts inside the top-k
+    add(llm(), 1.0, kmax, 1.0, 0.3, D)                    # min-p cuts inside the top-k
+    add(llm(), 1.0, kmax, 0.5, 0.05, D)                   # both
+    x = torch.randn(V, generator=g) * 0.5                 # ties at the k-th value: 3 x 5.0, 4 x 4.0 (k = 5)
+    hot = torch.randperm(V, generator=g)[:7]
+    x[hot[:3]], x[hot[3:]] = 5.0, 4.0
+    x[hot[3] ^ 1] = 4.0                                   # one more tie in the same tile as another
+    add(x, 1.0, 5, 1.0, 0.0, D)
+    add(x.clone(), 1.0, 3, 0.95, 0.0, D)                  # k-th value = the tied max
+    add(llm(), -1.0, 3, 0.5, 0.0, M["DONE"])              # greedy rows ignore the filters
+    add(llm(), 1.0, 0, 1.0, 0.0, M["DONE"])               # unfiltered
+    add(llm(), 1.0, 0, 0.9, 0.0, None)                    # top-p alone: the plan, as before
+    x = torch.full((V,), float("-inf"))                   # fewer finite tokens than k: t_k = -inf
+    x[torch.randperm(V, generator=g)[:9]] = torch.randn(9, generator=g)
+    add(x, 1.0, kmax, 0.8, 0.0, D)
+    add(torch.randint(0, 3, (V,), generator=g).float(), 1.0, 2, 1.0, 0.0, F)   # ties over every tile
+    logits = torch.stack(rows)
+    R = len(rows)
+    t = torch.tensor([q[0] for q in params])
+    inv = torch.where(t > 0, 1.0 / t, torch.full_like(t, -1.0))
+    k = torch.tensor([q[1] for q in params], dtype=torch.int32)
+    p = torch.tensor([q[2] for q in params])
+    mp = torch.tensor([q[3] for q in params])
+    seeds, pos = torch.randint(0, 2**40, (R,), generator=g), torch.randint(0, 2**20, (R,), generator=g)
+    return logits, (inv, k, p, mp, seeds, pos), want
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter test")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_direct_top_k_path_is_taken_and_exact(dtype, monkeypatch):
+    g = fresh_gen()
+    V, kmax = 1500, 12
+    kw = dict(tile=16, cap=64, num_chunks=3, kmax=kmax)
+    logits, args, want = _direct_rows(g, V, kmax)
+    logits = logits.to(dtype)
+    inv, k, p, mp, seeds, pos = args
+    paths = {}
+    a = sample(logits, *args, backend="triton", paths=paths, **kw)
+    b = sample(logits, *args, backend="torch")
+    assert_same_draw(a, b, logits, inv, seeds, pos, p)
+    assert_same_with_poisoned_workspaces(monkeypatch, a, logits, *args, **kw)   # no unwritten slot is read
+    planned, mode = paths["planned"].tolist(), paths["mode"].tolist()
+    M = _modes()
+    D = M["DIRECT"]
+    for r, w in enumerate(want):
+        if w in (D, M["DONE"]):
+            assert planned[r] == mode[r] == w, (r, planned[r], mode[r], w)
+        elif w is not None:
+            assert planned[r] in (w if isinstance(w, set) else {w}), (r, planned[r], w)
+        if w != D:
+            assert mode[r] != D, r
+    # the same rows through the plan, refine, collect and finish (no direct path)
+    c = sample(logits, *args, backend="triton", kmax=0, **{n: v for n, v in kw.items() if n != "kmax"})
+    d = torch.tensor([w == D for w in want])
+    assert torch.equal(a.tokens[d], c.tokens[d])
+    assert torch.equal(a.threshold[d], c.threshold[d])
+    assert torch.equal(a.row_max, c.row_max)
+    torch.testing.assert_close(a.log_norm[d], c.log_norm[d], rtol=1e-6, atol=1e-6)
+    # greedy and unfiltered rows, and rows the direct path left, are unchanged
+    assert torch.equal(a.tokens[~d], c.tokens[~d]) and torch.equal(a.threshold[~d], c.threshold[~d])
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter test")
+def test_direct_top_k_candidate_overflow_falls_back():
+    # cap 16 < the tokens of the top tiles: the direct path gives the row to the exact search
+    g = fresh_gen()
+    V = 600
+    logits = torch.randn(4, V, generator=g) * 0.3
+    inv = torch.ones(4)
+    k = torch.tensor([20, 20, 1, 40], dtype=torch.int32)
+    p = torch.tensor([1.0, 0.7, 1.0, 0.9])
+    mp = torch.tensor([0.0, 0.0, 0.0, 0.01])
+    seeds, pos = torch.arange(4) + 11, torch.arange(4)
+    paths = {}
+    a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", tile=16, cap=16, num_chunks=2, kmax=64,
+               paths=paths)
+    b = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")
+    assert_same_draw(a, b, logits, inv, seeds, pos, p)
+    M = _modes()
+    assert paths["mode"].tolist() == [M["FALLBACK"], M["FALLBACK"], M["DIRECT"], M["FALLBACK"]]
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_direct_top_k_matches_plan_and_reference(dtype, monkeypatch):
+    # the engine benchmark's rows (T 0.8, top-k 50, top-p 0.9, min-p 0.02) and k = 1 / 128 / 129
+    g = fresh_gen()
+    R, V = 64, 128256
+    base = torch.randn(R, V, generator=g) * 2.5
+    hot = torch.rand(R, V, generator=g) < 3e-4
+    logits = (base + 10.0 * hot).to(dtype).cuda()
+    inv = torch.full((R,), 1 / 0.8, device="cuda")
+    k = torch.full((R,), 50, dtype=torch.int32, device="cuda")
+    k[:3] = torch.tensor([1, 128, 129], dtype=torch.int32)
+    p = torch.full((R,), 0.9, device="cuda")
+    mp = torch.full((R,), 0.02, device="cuda")
+    seeds, pos = torch.arange(R, device="cuda") + 5, torch.arange(R, device="cuda") * 3
+    paths = {}
+    a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", paths=paths)
+    b = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")
+    c = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", kmax=0)
+    assert_same_draw(a, b, logits, inv, seeds, pos, p)
+    assert_same_with_poisoned_workspaces(monkeypatch, a, logits, inv, k, p, mp, seeds, pos)
+    d = (paths["mode"] == _modes()["DIRECT"]).cpu()
+    assert bool(d[:2].all()) and not bool(d[2]) and int(d.sum()) >= R - 4, paths["mode"].tolist()
+    assert torch.equal(a.tokens.cpu()[d], c.tokens.cpu()[d])
+    assert torch.equal(a.threshold.cpu()[d], c.threshold.cpu()[d])
+    torch.testing.assert_close(a.log_norm.cpu()[d], c.log_norm.cpu()[d], rtol=1e-6, atol=1e-6)

@@ -1,8 +1,9 @@
 """Sampling, the threshold search spread over the whole GPU: plan, refine, collect.
 
 Between pass 1 (sampling_stats.py) and the finish (sampling_topk_topp.py) a row with
-top-k / top-p / min-p goes through at most four small launches, each one read of the
-row at most, many programs per row, no host sync:
+top-k / top-p / min-p (but not a small top-k: mode DIRECT, decided in the plan from the
+tile maxima) goes through at most four small launches, each one read of the row at most,
+many programs per row, no host sync:
 
 1. plan (one program per row): adds up the row's level-1 count histogram (pass 1, bins of
    1/2 unit aligned on the row max) and bounds the thresholds with it. Counts are exact,
@@ -42,6 +43,7 @@ REFINE_COUNT = tl.constexpr(2)
 REFINE_MASS = tl.constexpr(3)
 COLLECT = tl.constexpr(4)
 FALLBACK = tl.constexpr(5)
+DIRECT = tl.constexpr(6)       # small top-k, decided in the plan from the top tiles (sampling_topk_topp.py)
 
 SUB_BINS = 64                  # refine: 63 sub-bins + nothing, two rounds
 _SB = tl.constexpr(SUB_BINS)

@@ -10,7 +10,8 @@ size. Each program writes
   number of finite tokens;
 - for rows that need no threshold (random, no top-k / top-p / min-p) the draw itself:
   the chunk's best exp(x - max) / E and its index, E being the row's Exp(1) noise;
-- for rows with top-k or top-p, a count histogram of every block (TPB tiles) over the
+- for rows with top-k or top-p (but not rows with 1 <= top_k <= KMAX, which the plan
+  decides from the tile maxima alone), a count histogram of every block (TPB tiles) over the
   absolute value grid a(x) = floor(x * BINS_PER_UNIT): bin j counts the tokens with
   a(x) = top - j, top = a(block max), for j < WINDOW; bin WINDOW counts the finite tokens
   below that window and bin WINDOW + 1 nothing (masked lanes, -inf). sampling_select.py
@@ -40,7 +41,7 @@ def grid_bin(x):
     return tl.floor(tl.minimum(tl.maximum(x * 2.0, -1.0e9), 1.0e9)).to(tl.int32)
 
 
-@triton.jit(do_not_specialize=["NT", "TILES_PER_PROG", "S", "stream", "ITERS"])
+@triton.jit(do_not_specialize=["NT", "TILES_PER_PROG", "S", "stream", "ITERS", "KMAX"])
 def _row_stats_kernel(
     logits_ptr, stride_row,       # [R, V] fp32/bf16/fp16, unit column stride
     inv_temp_ptr,                 # [R] fp32: 1/T, -1 on greedy rows
@@ -53,6 +54,7 @@ def _row_stats_kernel(
     hist_ptr,                     # [R, S * ITERS, HIST_BINS] int16 out (filtered rows)
     hist_top_ptr,                 # [R, S * ITERS] int32 out: a(block max) (filtered rows)
     V, NT, TILES_PER_PROG, S, stream, ITERS,
+    KMAX,                         # rows with 1 <= top_k <= KMAX (< V) need no histogram (0: none)
     TILE: tl.constexpr, TPB: tl.constexpr,
 ):
     # The block is [TPB tiles, TILE]: a tile row lies inside one warp, so the per-tile
@@ -67,7 +69,8 @@ def _row_stats_kernel(
     k = tl.load(top_k_ptr + r)
     unfiltered = (inv_t > 0) & ((k <= 0) | (k >= V)) & (tl.load(top_p_ptr + r) >= 1.0)
     unfiltered = unfiltered & (tl.load(log_min_p_ptr + r) == float("-inf"))
-    filtered = (inv_t > 0) & ~unfiltered
+    direct = (k >= 1) & (k <= KMAX) & (k < V)
+    filtered = (inv_t > 0) & ~unfiltered & ~direct
     seed = tl.load(seed_ptr + r)
     pos = tl.load(pos_ptr + r)
 
@@ -162,14 +165,16 @@ def row_stats_pass(
     hist_top,          # [R, S * iters] int32 out
     block: int = 2048,
     num_warps: int = 4,
+    kmax: int = 0,
 ):
-    """Launch pass 1 over `num_chunks` programs per row (see module docstring)."""
+    """Launch pass 1 over `num_chunks` programs per row (see module docstring); rows with
+    1 <= top_k <= kmax get no histogram."""
     R, V = logits.shape
     NT = tile_max.shape[1]
     tiles_per_prog, tpb, iters = pass1_geometry(NT, tile, num_chunks, block)
     _row_stats_kernel[(R, num_chunks)](
         logits, logits.stride(0), inv_temperature, top_k, top_p, log_min_p,
         seeds, positions, tile_max, part_f, part_i, hist, hist_top,
-        V, NT, tiles_per_prog, num_chunks, stream, iters,
+        V, NT, tiles_per_prog, num_chunks, stream, iters, kmax,
         TILE=tile, TPB=tpb, num_warps=num_warps, maxnreg=96,   # 5 programs per SM
     )

@@ -3,12 +3,16 @@ exponential-noise draw. The launcher `sample_top_k_top_p_triton` runs, with no h
 
 1. pass 1 (sampling_stats.py, many programs per row): per-chunk max / sum-exp, the max
    of every tile, the unfiltered draw, and a count histogram of every block of rows with
-   a filter;
+   a filter (except rows with a small top-k);
 2. plan (`_plan_kernel`, one program per row): combines the chunks: max m, normaliser Z;
    a NaN or +inf logit makes Z NaN and the row invalid (token -1), and so does a row with
    every logit -inf. Greedy rows take the argmax; rows without top-k / top-p / min-p take
    the best exp(x - m) / E of pass 1 (noise E from specops.rng, STREAM given by the
-   caller). Rows with a filter get a plan from their histogram (sampling_select.py);
+   caller). Rows with 1 <= top_k <= kmax (128) are decided here (`_direct_top_k`): the
+   tiles whose max reaches the k-th largest tile max hold every token the filters keep;
+   their tokens are collected and finished as in step 4 (ties or overflow: the exact
+   search of step 4). Other rows with a filter get a plan from their histogram
+   (sampling_select.py);
 3. refine (twice) and collect (sampling_select.py, many programs per row): narrow the
    bracket of the thresholds and store its tokens;
 4. finish (`_finish_kernel`, one program per row): sorts the collected candidates as
@@ -32,7 +36,7 @@ import triton.language as tl
 
 from .rng import exponential, random_words
 from .sampling_common import float_key, key_float, pack_key, select_word, token_noise, unpack_key
-from .sampling_select import (COLLECT, DONE, DRAW, FALLBACK, STATE_F, STATE_I, SUB_BINS, _collect_kernel,
+from .sampling_select import (COLLECT, DIRECT, DONE, DRAW, FALLBACK, STATE_F, STATE_I, SUB_BINS, _collect_kernel,
                               _refine_combine_kernel, _refine_kernel, merge_best, plan_filtered,
                               refine_geometry)
 from .sampling_stats import HIST_BINS, _next_pow2, pass1_geometry, row_stats_pass, tile_size
@@ -362,6 +366,47 @@ def _resolve_filtered(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p,
 
 
 @triton.jit
+def _direct_top_k(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p, tau_min, has_p, max_tiles,
+                  seed, pos, stream,
+                  TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr, CAP: tl.constexpr,
+                  SMALL: tl.constexpr):
+    """Exact threshold and draw of a row with a small top-k (1 <= k < V), from its top tiles.
+
+    t_k, the k-th largest tile max, bounds the k-th largest value v_k from below: the k tiles
+    with the largest maxima each hold a value >= t_k. So every token >= t_k lies in one of
+    the tiles whose max is >= t_k (k of them, more on ties), and once they are collected
+    (all of them: hi = +inf) the candidates hold every token the top-k, min-p and top-p cuts
+    can keep (tau >= t1 = max(tau_min, v_k) >= t_k). `_finish_collected` then decides tau
+    and draws exactly as the finish does for such a complete set. With fewer than k finite
+    tiles, t_k = -inf and the candidates are all finite tokens.
+
+    Returns (ok, tau, token, kept mass); ok is False when more than `max_tiles` tiles reach
+    t_k or more than CAP tokens do (ties), or a check of `_finish_collected` fails.
+    """
+    t = tl.arange(0, NT_P2)
+    stm = tl.sort(tl.load(tm_row + t, mask=t < NT, other=float("-inf")), 0, True)
+    lo = tl.max(tl.where(t == k - 1, stm, float("-inf")), axis=0)
+    lo_fin = tl.maximum(lo, -3.4028234663852886e38)      # x >= lo_fin: the finite x >= lo
+    ok = tl.sum((stm >= lo_fin).to(tl.int32), axis=0) <= max_tiles
+    tau = tau_min
+    tok = k * 0 - 1
+    mass = tl.full([], 0.0, tl.float32)
+    if ok:
+        n, _, _ = _collect(row, tm_row, list_row, cand_row, V, NT, scale, m, lo_fin, float("inf"),
+                           TILE, G, NT_P2, CAP)
+        zero = tl.full([], 0.0, tl.float32)
+        if n <= SMALL:          # the finish's two sort sizes: the same sums as its complete sets
+            ok, tau, tok, mass = _finish_collected(cand_row, n, k * 0, zero, zero - 1.0, zero - 1.0, k * 0 + _BIG,
+                                                   m, z, k, p, tau_min, lo, zero + float("inf"), zero - 1.0,
+                                                   k > 0, has_p, seed, pos, stream, SMALL)
+        else:
+            ok, tau, tok, mass = _finish_collected(cand_row, n, k * 0, zero, zero - 1.0, zero - 1.0, k * 0 + _BIG,
+                                                   m, z, k, p, tau_min, lo, zero + float("inf"), zero - 1.0,
+                                                   k > 0, has_p, seed, pos, stream, CAP)
+    return ok, tau, tok, mass
+
+
+@triton.jit
 def _combine_chunks(part_f_ptr, part_i_ptr, r, S, S_P2: tl.constexpr):
     """Row max m, normaliser Z = sum exp(x - m), the unfiltered draw of pass 1 and the
     number of finite tokens."""
@@ -382,7 +427,7 @@ def _combine_chunks(part_f_ptr, part_i_ptr, r, S, S_P2: tl.constexpr):
     return m, z, bidx, n_fin
 
 
-@triton.jit(do_not_specialize=["NT", "S", "NBLK"])
+@triton.jit(do_not_specialize=["NT", "S", "NBLK", "stream", "KMAX"])
 def _plan_kernel(
     logits_ptr, stride_row,            # [R, V] fp32/bf16/fp16, unit column stride
     inv_temp_ptr,                      # [R] fp32: 1/T, -1 on greedy rows
@@ -391,14 +436,19 @@ def _plan_kernel(
     tile_max_ptr,                      # [R, NT] fp32 (pass 1)
     part_f_ptr, part_i_ptr,            # [R, S, 4] fp32, [R, S] int32 (pass 1)
     hist_ptr, hist_top_ptr,            # [R, NBLK, HB] int16, [R, NBLK] int32 (pass 1)
+    seed_ptr, pos_ptr,                 # [R] int64
+    list_ptr,                          # [R, NT_P2] int32 scratch
+    cand_ptr,                          # [R, CAP] int64 scratch
     tok_ptr,                           # [R] int64 out
     thr_ptr, rmax_ptr, lnorm_ptr,      # [R] fp32 out
     st_i_ptr, st_f_ptr,                # [R, 4] int32, [R, 6] fp32 out: row states
-    V, NT, S, NBLK,
+    V, NT, S, NBLK, stream, KMAX,
     TILE: tl.constexpr, NT_P2: tl.constexpr, S_P2: tl.constexpr, CAP: tl.constexpr,
-    GB: tl.constexpr, SELECT: tl.constexpr, HB: tl.constexpr,
+    GB: tl.constexpr, SELECT: tl.constexpr, HB: tl.constexpr, G: tl.constexpr, SMALL: tl.constexpr,
 ):
-    """Rows without a threshold get their token here; the others a plan (sampling_select.py)."""
+    """Rows without a threshold get their token here, and so do rows with 1 <= top_k <= KMAX
+    (`_direct_top_k`, mode DIRECT; FALLBACK when it cannot decide: pass 1 gave them no
+    histogram); the others a plan (sampling_select.py)."""
     r = tl.program_id(0)
     r64 = r.to(tl.int64)
     inv_t = tl.load(inv_temp_ptr + r)
@@ -427,8 +477,21 @@ def _plan_kernel(
         elif (~has_k) & (~has_p) & (~has_mp):
             tok = bidx
         elif SELECT:
-            mode, lo, hi, t1_exact = plan_filtered(hist_ptr + r64 * NBLK * HB, hist_top_ptr + r64 * NBLK, NBLK, n_fin,
-                                                   m, z, k, p, tau_min, has_k, has_p, has_mp, CAP, GB)
+            if has_k & (k <= KMAX):
+                ok, tau_d, tok_d, mass_d = _direct_top_k(
+                    logits_ptr + r64 * stride_row, tile_max_ptr + r64 * NT, list_ptr + r64 * NT_P2,
+                    cand_ptr + r64 * CAP, V, NT, inv_t, m, z, k, p, tau_min, has_p, 2 * KMAX,
+                    tl.load(seed_ptr + r), tl.load(pos_ptr + r), stream, TILE, G, NT_P2, CAP, SMALL)
+                if ok:
+                    mode = r * 0 + DIRECT
+                    tok = tok_d
+                    tau = tau_d
+                    lnorm = tl.log(mass_d)
+                else:
+                    mode = r * 0 + FALLBACK
+            else:
+                mode, lo, hi, t1_exact = plan_filtered(hist_ptr + r64 * NBLK * HB, hist_top_ptr + r64 * NBLK, NBLK,
+                                                       n_fin, m, z, k, p, tau_min, has_k, has_p, has_mp, CAP, GB)
         elif (~has_k) & (~has_p):
             mode = r * 0 + DRAW
         else:
@@ -452,7 +515,8 @@ def _plan_kernel(
 def _finish_collected(cand_row, n_cand, n_above, m_above, m_min, best_a, tok_a, m, z, k, p, tau_min, lo, hi,
                       target, has_k, has_p, seed, pos, stream, CAP: tl.constexpr):
     """Exact thresholds from the sorted candidates [lo, hi), the exact count / mass above hi
-    and the exact mass m_min above the min-p threshold tau_min.
+    and the exact mass m_min above the min-p threshold tau_min (m_min < 0: the candidates
+    hold every token >= tau_min whenever it is the top-p base, their mass is used).
 
     Returns (ok, tau, token, kept mass); ok is False when an assumption of the plan fails
     (then the exact search decides).
@@ -472,7 +536,8 @@ def _finish_collected(cand_row, n_cand, n_above, m_above, m_min, best_a, tok_a, 
         if target < 0.0:       # not known from the refine pass: p * mass(x >= t1)
             m_t1 = m_above + tl.sum(tl.where(sx >= t1, e, 0.0), axis=0)
             ok = ok & ((t1 == tau_min) | (t1 >= lo))
-            m_t1 = tl.where(t1 == tau_min, tl.where(t1 == float("-inf"), z, m_min), m_t1)
+            m_t1 = tl.where(t1 == tau_min, tl.where(t1 == float("-inf"), z, tl.where(m_min >= 0.0, m_min, m_t1)),
+                            m_t1)
             target = p * m_t1
         cum = m_above + tl.cumsum(e, axis=0)
         jp = tl.sum((valid & (cum < target)).to(tl.int32), axis=0)
@@ -507,7 +572,7 @@ def _finish_kernel(
 ):
     r = tl.program_id(0)
     mode = tl.load(st_i_ptr + r * 4)
-    if mode != DONE:
+    if (mode != DONE) & (mode != DIRECT):
         r64 = r.to(tl.int64)
         row = logits_ptr + r64 * stride_row
         tm_row = tile_max_ptr + r64 * NT
@@ -599,6 +664,7 @@ def sample_top_k_top_p_triton(
     num_chunks: int | None = None,
     guess: bool = True,
     select: bool = True,
+    kmax: int = 128,
     paths: dict | None = None,
 ):
     """Pass 1 (row statistics, tile maxima, histograms), plan, refine, collect and finish.
@@ -609,8 +675,10 @@ def sample_top_k_top_p_triton(
     shrink them to reach every path at small vocabularies; `guess=False` starts the exact
     search from the row max instead of the tile-maxima bounds (to test retries) and
     `select=False` sends every filtered row to that search (sampling_select.py skipped).
+    Rows with 1 <= top_k <= `kmax` (and top_k < V) are decided in the plan from their top
+    tiles (`_direct_top_k`); `kmax=0` turns that off, and so does `select=False`.
     `paths`, when a dict, receives "mode": [R] int32, the path each row took
-    (sampling_select.DONE / DRAW / COLLECT / FALLBACK).
+    (sampling_select.DONE / DRAW / COLLECT / FALLBACK / DIRECT).
     """
     R, V = logits.shape
     dev = logits.device
@@ -627,6 +695,9 @@ def sample_top_k_top_p_triton(
         num_chunks = -(-NT // max(1, 2048 // tile))
     S = max(1, min(int(num_chunks), NT, MAX_CHUNKS))
     G = max(1, 2048 // tile)
+    # 128: the common top_k values (20 .. 100) and at most ~k * TILE tokens read from L2 by
+    # one program (16K at V = 128256), whose ~k candidates fit the small sort (256)
+    kmax = max(0, int(kmax)) if select else 0
     tokens = torch.empty(R, dtype=torch.int64, device=dev)
     thr = torch.empty(R, dtype=torch.float32, device=dev)
     rmax = torch.empty_like(thr)
@@ -657,12 +728,14 @@ def sample_top_k_top_p_triton(
     tile_list = torch.empty(R, NT_P2, dtype=i32, device=dev)
     cand = torch.empty(R, cap, dtype=torch.int64, device=dev)
     row_stats_pass(logits, inv_temperature, top_k, top_p, log_min_p, seeds, positions, stream, tile, S,
-                   tile_max, part_f, part_i, hist, hist_top)
+                   tile_max, part_f, part_i, hist, hist_top, kmax=kmax)
     _plan_kernel[(R,)](
         logits, logits.stride(0), inv_temperature, top_k, top_p, log_min_p,
-        tile_max, part_f, part_i, hist, hist_top, tokens, thr, rmax, lnorm, st_i, st_f,
-        V, NT, S, nblk,
-        TILE=tile, NT_P2=NT_P2, S_P2=MAX_CHUNKS, CAP=cap, GB=32, SELECT=select, HB=HIST_BINS, num_warps=8,
+        tile_max, part_f, part_i, hist, hist_top, seeds, positions, tile_list, cand,
+        tokens, thr, rmax, lnorm, st_i, st_f,
+        V, NT, S, nblk, stream, kmax,
+        TILE=tile, NT_P2=NT_P2, S_P2=MAX_CHUNKS, CAP=cap, GB=32, SELECT=select, HB=HIST_BINS, G=G,
+        SMALL=min(256, cap), num_warps=8,
     )
     if paths is not None:
         paths["planned"] = st_i[:, 0].clone()
