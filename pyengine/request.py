@@ -30,7 +30,7 @@ FINISH_REASONS = {
 }
 
 
-@dataclass
+@dataclass(slots=True)  # slots: built once per row and step on the hot path (half the cost)
 class Logprob:
     """Log-probability of the sampled token and of the top-n alternatives at one position."""
 

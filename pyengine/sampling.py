@@ -102,6 +102,7 @@ class BatchSampler:
         self._reqs: list[Request] = []
         self._md_version = 0  # bumped whenever the batch metadata is rebuilt (part of the graph key)
         self.graph = SteadyStepGraph(enabled=cuda_graphs and self.device.type == "cuda")
+        self._pinned: dict[tuple, torch.Tensor] = {}  # (shape, dtype) -> pinned readback buffer
 
     # ---- following the batch ------------------------------------------------------------
 
@@ -258,10 +259,26 @@ class BatchSampler:
         """`sample`, read back in one device-to-host copy: the tokens and each row's Logprob entry."""
         tokens, lp, packed = self._draw(logits, rows, positions)
         if all(n is None for n in num_logprobs):
-            return tokens.tolist(), [None] * len(rows)
+            return self._to_host(tokens).tolist(), [None] * len(rows)
         if packed is None:
             packed = pack_readback(tokens, lp)
-        return unpack_readback(packed.cpu().numpy(), num_logprobs)
+        return unpack_readback(self._to_host(packed), num_logprobs)
+
+    def _to_host(self, t: torch.Tensor) -> np.ndarray:
+        """`t` on the host, through a pinned buffer kept per shape and dtype (an asynchronous
+        copy and a stream sync: no pageable staging, no allocation per step). The array is
+        a view of that buffer: valid until the next call."""
+        if t.device.type != "cuda":
+            return t.numpy()
+        key = (tuple(t.shape), t.dtype)
+        buf = self._pinned.get(key)
+        if buf is None:
+            if len(self._pinned) >= 4:  # shapes change with the batch: keep a few
+                self._pinned.clear()
+            buf = self._pinned[key] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        buf.copy_(t, non_blocking=True)
+        torch.cuda.current_stream(t.device).synchronize()
+        return buf.numpy()
 
     def _draw(self, logits: torch.Tensor, rows: list[int],
               positions: list[int]) -> tuple[torch.Tensor, LogprobsTensors | None, torch.Tensor | None]:

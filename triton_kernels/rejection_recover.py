@@ -137,19 +137,19 @@ def rejection_recover_pass(
     pass1: Pass1Result,
     chunk: int,
     race_block: int | None = None,
-    race_warps: int = 8,
+    race_warps: int = 16,
 ) -> None:
     """Launch pass 2 (a program finds no work and exits when its request needs no draw).
 
     Only with draft probs: without them the finalize kernel of pass 1 draws the tokens.
 
-    ``race_block`` (tokens per step of the level-2 race, default min(chunk, 2048)) and
+    ``race_block`` (tokens per step of the level-2 race, default min(chunk, 8192)) and
     ``race_warps`` change speed only.
     """
     num_reqs = out.shape[0]
     vocab = logits.shape[1]
     num_splits = triton.cdiv(vocab, chunk)
-    race_block = min(chunk, 2048) if race_block is None else race_block
+    race_block = min(chunk, 8192) if race_block is None else race_block
     assert race_block >= 16 and race_block & (race_block - 1) == 0 and chunk % race_block == 0
     temp_mode, temp_arg = temp_mode_of(temperature, inv_temperature, logits)
     rows = dict(target_rows_ptr=target_rows if target_rows is not None else draft_token_ids,
