@@ -315,7 +315,16 @@ def _collect_kernel(
 ):
     r = tl.program_id(0)
     c = tl.program_id(1)
-    mode = tl.load(st_i_ptr + r * 4)
+    collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, st_i_ptr, st_f_ptr, cand_ptr,
+                    n_ptr, f_ptr, i_ptr, V, S3, BPP, stream, r, c, tl.load(st_i_ptr + r * 4), BLOCK, CAP)
+
+
+@triton.jit
+def collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, st_i_ptr, st_f_ptr, cand_ptr,
+                    n_ptr, f_ptr, i_ptr, V, S3, BPP, stream, r, c, mode,
+                    BLOCK: tl.constexpr, CAP: tl.constexpr):
+    """Program c of row r of the collect launch (arguments as `_collect_kernel`'s); also
+    called by sampling_topk_topp's collect launch that decides deferred direct rows."""
     if (mode == COLLECT) | (mode == DRAW):
         row, inv_t, m, lo, hi, t1 = _row_inputs(logits_ptr, stride_row, inv_temp_ptr, st_f_ptr, r)
         seed = tl.load(seed_ptr + r)
