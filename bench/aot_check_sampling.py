@@ -47,6 +47,8 @@ DIRECT_VARIANTS = [   # latency knobs of the direct top-k path (bench/exp_plan_d
     dict(direct_in="collect"), dict(direct_in="collect", direct_top=True),
     dict(direct_pipe=True), dict(direct_group=64), dict(direct_group=64, direct_pipe=True),
     dict(direct_small=64), dict(direct_top=True, direct_small=64),
+    dict(direct_small=128), dict(direct_top=True, direct_small=128),
+    dict(direct_in="spread"), dict(direct_in="spread", direct_top=True),
 ]
 VOCABS = (128256, 151936)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)

@@ -615,6 +615,8 @@ DIRECT_VARIANTS = [
     dict(direct_group=4, direct_pipe=True),
     dict(direct_in="collect"),
     dict(direct_in="collect", direct_top=True, direct_group=8),
+    dict(direct_in="spread"),
+    dict(direct_in="spread", direct_top=True),
 ]
 # ... and over another thread layout on a GPU (the interpreter's sums do not see it)
 LAYOUT_VARIANTS = [dict(plan_warps=4), dict(direct_small=16), dict(direct_top=True, direct_small=16)]

@@ -11,7 +11,10 @@ exponential-noise draw. The launcher `sample_top_k_top_p_triton` runs, with no h
    caller). Rows with 1 <= top_k <= kmax (128) are decided here (`_direct_top_k`): the
    tiles whose max reaches the k-th largest tile max hold every token the filters keep;
    their tokens are collected and finished as in step 4 (ties or overflow: the exact
-   search of step 4). Other rows with a filter get a plan from their histogram
+   search of step 4); launcher knobs (see `sample_top_k_top_p_triton`) trade how this
+   is done (a tl.topk of the tile maxima, bigger groups of tiles) or where (in the collect
+   launch, or listed here, read by collect and sorted by the finish: mode SPREAD), with the
+   same results. Other rows with a filter get a plan from their histogram
    (sampling_select.py);
 3. refine (twice) and collect (sampling_select.py, many programs per row): narrow the
    bracket of the thresholds and store its tokens;
@@ -36,9 +39,9 @@ import triton.language as tl
 
 from .rng import exponential, random_words
 from .sampling_common import float_key, key_float, pack_key, select_word, token_noise, unpack_key
-from .sampling_select import (COLLECT, DIRECT, DONE, DRAW, FALLBACK, STATE_F, STATE_I, SUB_BINS, _collect_kernel,
-                              _refine_combine_kernel, _refine_kernel, collect_program, merge_best, plan_filtered,
-                              refine_geometry)
+from .sampling_select import (COLLECT, DIRECT, DONE, DRAW, FALLBACK, SPREAD, STATE_F, STATE_I, SUB_BINS,
+                              _collect_kernel, _refine_combine_kernel, _refine_kernel, collect_program, merge_best,
+                              plan_filtered, refine_geometry)
 from .sampling_stats import HIST_BINS, _next_pow2, pass1_geometry, row_stats_pass, tile_size
 
 _BIG = tl.constexpr(2147483647)
@@ -434,6 +437,47 @@ def _resolve_filtered(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p,
 
 
 @triton.jit
+def _spread_plan(tm_row, list_row, NT, k, max_tiles, TOPT: tl.constexpr, NT_P2: tl.constexpr):
+    """Plan of a direct row whose tiles the collect launch reads (direct_in="spread"): (t_k,
+    n_sel) as `_direct_top_k` finds them; when n_sel <= max_tiles the ids of those tiles are in
+    list_row[:n_sel] (their order is free: the finish sorts the candidates)."""
+    if TOPT > 0:
+        lo, tid, n_sel = _top_tiles(tm_row, NT, k, TOPT, NT_P2)
+        if n_sel <= TOPT:
+            tl.store(list_row + tl.arange(0, TOPT), tid, mask=tl.arange(0, TOPT) < n_sel)
+        elif n_sel <= max_tiles:
+            _select_tiles(tm_row, list_row, NT, tl.maximum(lo, -3.4028234663852886e38), NT_P2)
+    else:
+        t = tl.arange(0, NT_P2)
+        stm = tl.sort(tl.load(tm_row + t, mask=t < NT, other=float("-inf")), 0, True)
+        lo = tl.max(tl.where(t == k - 1, stm, float("-inf")), axis=0)
+        n_sel = tl.sum((stm >= tl.maximum(lo, -3.4028234663852886e38)).to(tl.int32), axis=0)
+        if n_sel <= max_tiles:
+            _select_tiles(tm_row, list_row, NT, tl.maximum(lo, -3.4028234663852886e38), NT_P2)
+    return lo, n_sel
+
+
+@triton.jit
+def _spread_collect(row, list_row, cand_row, count_ptr, n_sel, V, scale, lo, c, S3,
+                    TILE: tl.constexpr, TPP: tl.constexpr, CAP: tl.constexpr):
+    """Program c of a spread row in the collect launch: the listed tiles c, c + S3, ...
+    (TPP at a time); appends pack_key(x, token) of their finite tokens >= lo to the row's
+    candidates (slots from an atomic count, the first CAP kept)."""
+    lo_fin = tl.maximum(lo, -3.4028234663852886e38)
+    for j0 in range(0, n_sel, S3 * TPP):
+        j = j0 + c + S3 * tl.arange(0, TPP)
+        jm = j < n_sel
+        x, offs = _group_x(row, tl.load(list_row + j, mask=jm, other=0)[:, None], jm, V, scale, TILE)
+        c2 = ((x >= lo_fin) & (x > float("-inf"))).to(tl.int32)
+        rc = tl.sum(c2, axis=1)
+        nc = tl.sum(rc, axis=0)
+        if nc > 0:
+            first = tl.atomic_add(count_ptr, nc)
+            pos = first + (tl.cumsum(rc, axis=0) - rc)[:, None] + tl.cumsum(c2, axis=1) - 1
+            tl.store(cand_row + pos, pack_key(x, offs), mask=(c2 > 0) & (pos < CAP))
+
+
+@triton.jit
 def _finish_direct(cand_row, n, m, z, k, p, tau_min, lo, has_p, seed, pos, stream, S: tl.constexpr):
     """`_finish_collected` of a complete candidate set (every finite token >= lo), sorted as S keys."""
     zero = tl.full([], 0.0, tl.float32)
@@ -551,13 +595,16 @@ def _plan_kernel(
     TILE: tl.constexpr, NT_P2: tl.constexpr, S_P2: tl.constexpr, CAP: tl.constexpr,
     GB: tl.constexpr, SELECT: tl.constexpr, HB: tl.constexpr, G: tl.constexpr, SMALL: tl.constexpr,
     TOPT: tl.constexpr = 0, GD: tl.constexpr = 16, PIPE: tl.constexpr = False, DS: tl.constexpr = 0,
-    DEFER: tl.constexpr = False,
+    DEFER: tl.constexpr = 0,
 ):
     """Rows without a threshold get their token here, and so do rows with 1 <= top_k <= KMAX
     (`_direct_top_k`, mode DIRECT; FALLBACK when it cannot decide: pass 1 gave them no
-    histogram); the others a plan (sampling_select.py). DEFER: the direct rows are only
+    histogram); the others a plan (sampling_select.py). DEFER = 1: the direct rows are only
     marked DIRECT here and decided by the collect launch (`_collect_direct_kernel`), in
-    parallel with the other rows' refine and collect instead of before them."""
+    parallel with the other rows' refine and collect instead of before them. DEFER = 2: the
+    plan only lists their top tiles (mode SPREAD, lo = t_k, hi = +inf, top tiles in the
+    state's 4th int); the collect launch reads them, many programs per row, and the finish
+    decides the row with the same `_finish_collected` call as `_direct_top_k`."""
     r = tl.program_id(0)
     r64 = r.to(tl.int64)
     inv_t = tl.load(inv_temp_ptr + r)
@@ -578,6 +625,7 @@ def _plan_kernel(
     hi = lo
     tau_min = tl.where(has_mp, m + lmp, float("-inf"))
     t1_exact = has_mp & ~has_k
+    n_top = r * 0
     if ~invalid:
         tau = tl.full([], float("-inf"), tl.float32)
         lnorm = tl.log(z)
@@ -588,7 +636,12 @@ def _plan_kernel(
         elif SELECT:
             if has_k & (k <= KMAX):
                 mode = r * 0 + DIRECT
-                if not DEFER:
+                if DEFER == 2:
+                    lo, n_top = _spread_plan(tile_max_ptr + r64 * NT, list_ptr + r64 * NT_P2, NT, k, 2 * KMAX,
+                                             TOPT, NT_P2)
+                    mode = tl.where(n_top <= 2 * KMAX, SPREAD, FALLBACK)
+                    hi = tl.full([], float("inf"), tl.float32)
+                if DEFER == 0:
                     ok, tau_d, tok_d, mass_d = _direct_top_k(
                         logits_ptr + r64 * stride_row, tile_max_ptr + r64 * NT, list_ptr + r64 * NT_P2,
                         cand_ptr + r64 * CAP, V, NT, inv_t, m, z, k, p, tau_min, has_p, 2 * KMAX,
@@ -614,6 +667,7 @@ def _plan_kernel(
     tl.store(st_i_ptr + r * 4, mode)
     tl.store(st_i_ptr + r * 4 + 1, 0)
     tl.store(st_i_ptr + r * 4 + 2, t1_exact.to(tl.int32))
+    tl.store(st_i_ptr + r * 4 + 3, n_top)
     tl.store(st_f_ptr + r * 6 + 0, m)
     tl.store(st_f_ptr + r * 6 + 1, z)
     tl.store(st_f_ptr + r * 6 + 2, lo)
@@ -637,16 +691,24 @@ def _collect_direct_kernel(
     V, NT, S3, BPP, stream, KMAX,
     BLOCK: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr,
     SMALL: tl.constexpr, TOPT: tl.constexpr, GD: tl.constexpr, PIPE: tl.constexpr, DS: tl.constexpr,
+    TPP: tl.constexpr = 8, DEFER: tl.constexpr = 1,
 ):
     """The collect launch (sampling_select.collect_program) in which program 0 of each row
-    the plan marked DIRECT (plan launched with DEFER) decides it as the plan would have:
+    the plan marked DIRECT (plan launched with DEFER = 1) decides it as the plan would have:
     the same `_direct_top_k` call on the same inputs (m, z and the min-p threshold as the
-    plan stored them), the same results; FALLBACK rows go on to the finish's search."""
+    plan stored them), the same results; FALLBACK rows go on to the finish's search. Rows
+    the plan marked SPREAD have their listed top tiles read by all their programs
+    (`_spread_collect`, TPP tiles a load); the finish decides them."""
     r = tl.program_id(0)
     c = tl.program_id(1)
     mode = tl.load(st_i_ptr + r * 4)
-    if mode == DIRECT:
-        if c == 0:
+    if mode == SPREAD:
+        r64 = r.to(tl.int64)
+        _spread_collect(logits_ptr + r64 * stride_row, list_ptr + r64 * NT_P2, cand_ptr + r64 * CAP,
+                        st_i_ptr + r * 4 + 1, tl.load(st_i_ptr + r * 4 + 3), V, tl.load(inv_temp_ptr + r),
+                        tl.load(st_f_ptr + r * 6 + 2), c, S3, TILE, TPP, CAP)
+    elif mode == DIRECT:
+        if (DEFER == 1) & (c == 0):
             r64 = r.to(tl.int64)
             k = tl.load(top_k_ptr + r)
             p = tl.load(top_p_ptr + r)
@@ -724,7 +786,7 @@ def _finish_kernel(
     thr_ptr, lnorm_ptr,                # [R] fp32 out
     V, NT, S3, stream,
     TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr, CAP: tl.constexpr,
-    GS: tl.constexpr, GUESS: tl.constexpr, SMALL: tl.constexpr,
+    GS: tl.constexpr, GUESS: tl.constexpr, SMALL: tl.constexpr, SPREAD_ROWS: tl.constexpr = False,
 ):
     r = tl.program_id(0)
     mode = tl.load(st_i_ptr + r * 4)
@@ -782,6 +844,18 @@ def _finish_kernel(
                                                            seed, pos, stream, CAP)
                 if ~ok:
                     mode = r * 0 + FALLBACK
+                    tau = tau_min
+        if SPREAD_ROWS:   # the top tiles' candidates (collect launch): as `_direct_top_k` ends
+            if mode == SPREAD:
+                n_cand = tl.load(st_i_ptr + r * 4 + 1)
+                if n_cand <= SMALL:
+                    ok, tau, tok, mass = _finish_direct(cand_row, n_cand, m, z, k, p, tau_min, lo, has_p, seed, pos,
+                                                        stream, SMALL)
+                else:
+                    ok, tau, tok, mass = _finish_direct(cand_row, n_cand, m, z, k, p, tau_min, lo, has_p, seed, pos,
+                                                        stream, CAP)
+                mode = tl.where(ok, DIRECT, FALLBACK)
+                if ~ok:
                     tau = tau_min
         if mode == FALLBACK:
             # the exact single-program search: guesses of lower bounds of the cuts from the sorted tile maxima
@@ -842,7 +916,8 @@ def sample_top_k_top_p_triton(
     `paths`, when a dict, receives "mode": [R] int32, the path each row took
     (sampling_select.DONE / DRAW / COLLECT / FALLBACK / DIRECT).
 
-    Latency knobs of the direct path (each gives the same tokens, thresholds and paths; see
+    Latency knobs of the direct path (each stores the same candidate set and gives the same
+    tokens, thresholds, log_norm and paths["mode"] as the default, except where said; see
     bench/exp_plan_direct.py): `plan_warps`, the plan's warps (the sums of the direct rows'
     finish, and the plan's chunk sums, are then over another thread layout);
     `direct_top=True` takes t_k and the top tiles from one `tl.topk` of (max, id) keys and
@@ -853,7 +928,11 @@ def sample_top_k_top_p_triton(
     over another layout: same results only where the experiment shows it);
     `direct_in="collect"` decides the direct rows in program 0 of their row in the collect
     launch instead of in the plan, so that they run beside the other rows' refine and
-    collect rather than before them (`_collect_direct_kernel`).
+    collect rather than before them (`_collect_direct_kernel`); `direct_in="spread"`: the
+    plan only lists the top tiles (t_k from the sort, or the topk with direct_top), every
+    collect program of the row reads a few of them and the finish sorts the candidates.
+    With either, paths["planned"] / ["refined"] show DIRECT / SPREAD also for rows that
+    then fall back; paths["mode"] is the default's.
     """
     R, V = logits.shape
     dev = logits.device
@@ -866,8 +945,8 @@ def sample_top_k_top_p_triton(
                     ("direct_small", direct_small or 1)):
         if v < 1 or v & (v - 1):
             raise ValueError(f"{name} must be a power of two, got {v}")
-    if direct_in not in ("plan", "collect"):
-        raise ValueError(f"direct_in must be 'plan' or 'collect', got {direct_in!r}")
+    if direct_in not in ("plan", "collect", "spread"):
+        raise ValueError(f"direct_in must be 'plan', 'collect' or 'spread', got {direct_in!r}")
     NT = -(-V // tile)
     NT_P2 = max(16, _next_pow2(NT))
     if num_chunks is None:
@@ -883,7 +962,7 @@ def sample_top_k_top_p_triton(
     topt = min(_next_pow2(max(kmax, 1)), NT_P2) if direct_top else 0
     gd = min(direct_group or 64, topt) if direct_top else (direct_group or G)
     ds = direct_small if 0 < direct_small < min(256, cap) else 0
-    defer = direct_in == "collect" and kmax > 0
+    defer = {"plan": 0, "collect": 1, "spread": 2}[direct_in] if kmax > 0 else 0
     tokens = torch.empty(R, dtype=torch.int64, device=dev)
     thr = torch.empty(R, dtype=torch.float32, device=dev)
     rmax = torch.empty_like(thr)
@@ -940,7 +1019,8 @@ def sample_top_k_top_p_triton(
             logits, logits.stride(0), inv_temperature, top_k, top_p, seeds, positions, tile_max, st_i, st_f,
             cand, pn, pf, pi, tile_list, tokens, thr, lnorm, V, NT, s3, bpp, stream, kmax,
             BLOCK=2048, CAP=cap, TILE=tile, G=G, NT_P2=NT_P2, SMALL=min(256, cap), TOPT=topt, GD=gd,
-            PIPE=direct_pipe, DS=ds, num_warps=8)
+            PIPE=direct_pipe, DS=ds, TPP=_next_pow2(-(-2 * kmax // s3)),
+            DEFER=defer, num_warps=8)
     else:
         _collect_kernel[(R, s3)](logits, logits.stride(0), inv_temperature, seeds, positions, st_i, st_f, cand,
                                  pn, pf, pi, V, s3, bpp, stream, BLOCK=2048, CAP=cap, num_warps=8)
@@ -948,7 +1028,7 @@ def sample_top_k_top_p_triton(
         logits, logits.stride(0), inv_temperature, top_k, top_p, seeds, positions, tile_max,
         st_i, st_f, pn, pf, pi, tile_list, cand, tokens, thr, lnorm,
         V, NT, s3, stream,
-        TILE=tile, G=G, NT_P2=NT_P2, CAP=cap, GS=64, GUESS=guess, SMALL=min(256, cap),
+        TILE=tile, G=G, NT_P2=NT_P2, CAP=cap, GS=64, GUESS=guess, SMALL=min(256, cap), SPREAD_ROWS=defer == 2,
         num_warps=8, maxnreg=128,   # 2 programs per SM (a few cold scalars spill)
     )
     if paths is not None:
