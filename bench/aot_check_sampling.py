@@ -13,7 +13,8 @@ error shows here instead of on the GPU. The PTX is then given again to the bundl
 with Triton's flags for the register / spill / stack report.
 
 Prints one line per kernel and configuration; exits 1 when anything fails to compile.
-`--quick`: fp32 at V = 128256 only (plus the test knobs); `--only`: kernels whose name
+`--quick`: fp32 at V = 128256 only (plus the test knobs and the direct path's latency
+variants, compiled at the first vocabulary and dtype only); `--only`: kernels whose name
 contains NAME; `--vocab`: other vocabularies instead of 128256 and 151936.
 """
 
@@ -39,6 +40,16 @@ from specops.triton_kernels.logprob_stats import logprob_stats              # no
 from specops.triton_kernels.sampling_topk_topp import sample_top_k_top_p_triton  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
+DIRECT_VARIANTS = [   # latency knobs of the direct top-k path (bench/exp_plan_direct.py)
+    dict(plan_warps=4), dict(plan_warps=16),
+    dict(direct_top=True), dict(direct_top=True, direct_group=32), dict(direct_top=True, direct_group=128),
+    dict(direct_top=True, plan_warps=4), dict(direct_top=True, plan_warps=16),
+    dict(direct_in="collect"), dict(direct_in="collect", direct_top=True),
+    dict(direct_pipe=True), dict(direct_group=64), dict(direct_group=64, direct_pipe=True),
+    dict(direct_small=64), dict(direct_top=True, direct_small=64),
+    dict(direct_small=128), dict(direct_top=True, direct_small=128),
+    dict(direct_in="spread"), dict(direct_in="spread", direct_top=True),
+]
 VOCABS = (128256, 151936)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -71,6 +82,7 @@ def record_launches(vocabs, dtypes, rows=4):
                 runs = [("", {})]
                 if V == vocabs[0] and dt == dtypes[0]:     # test knobs, cheap to keep compiling
                     runs += [("select=False", dict(select=False)), ("guess=False", dict(guess=False))]
+                    runs += [(" ".join(f"{n}={v}" for n, v in kw.items()), kw) for kw in DIRECT_VARIANTS]
                 for tag, kw in runs:
                     n0 = len(rec.launches)
                     sample_top_k_top_p_triton(logits, f32, i32, f32, f32, i64, i64, 2, **kw)

@@ -538,6 +538,9 @@ def _direct_rows(g: torch.Generator, V: int, kmax: int):
     x[torch.randperm(V, generator=g)[:9]] = torch.randn(9, generator=g)
     add(x, 1.0, kmax, 0.8, 0.0, D)
     add(torch.randint(0, 3, (V,), generator=g).float(), 1.0, 2, 1.0, 0.0, F)   # ties over every tile
+    x = torch.randn(V, generator=g) * 0.5                 # t_k = 5.0 reached by 2 * kmax - 4 tiles (each
+    x[torch.randperm(V // 16, generator=g)[:2 * kmax - 4] * 16 + 3] = 5.0   # one token): more than the topk
+    add(x, 1.0, kmax, 0.9, 0.0, D)                        # width of direct_top=True (tiles of 16 tokens)
     logits = torch.stack(rows)
     R = len(rows)
     t = torch.tensor([q[0] for q in params])
@@ -602,6 +605,71 @@ def test_direct_top_k_candidate_overflow_falls_back():
     assert_same_draw(a, b, logits, inv, seeds, pos, p)
     M = _modes()
     assert paths["mode"].tolist() == [M["FALLBACK"], M["FALLBACK"], M["DIRECT"], M["FALLBACK"]]
+
+
+# the latency knobs of the direct path (bench/exp_plan_direct.py times them): the same candidate
+# set, sums and draw by construction ...
+DIRECT_VARIANTS = [
+    dict(direct_top=True),
+    dict(direct_top=True, direct_group=4),
+    dict(direct_group=4, direct_pipe=True),
+    dict(direct_in="collect"),
+    dict(direct_in="collect", direct_top=True, direct_group=8),
+    dict(direct_in="spread"),
+    dict(direct_in="spread", direct_top=True),
+]
+# ... and over another thread layout on a GPU (the interpreter's sums do not see it)
+LAYOUT_VARIANTS = [dict(plan_warps=4), dict(direct_small=16), dict(direct_top=True, direct_small=16)]
+
+
+def _assert_same_results(a, b, pa, pb):
+    for x, y in zip((a.tokens, a.threshold, a.row_max, a.log_norm), (b.tokens, b.threshold, b.row_max, b.log_norm)):
+        torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(pa["mode"], pb["mode"])
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter test")
+def test_direct_top_k_variants_match_default():
+    # every latency knob of the direct path gives the default's tokens, thresholds, log_norm and paths,
+    # bit for bit: ties at t_k (within and beyond the topk width), fallbacks, k at the tile count
+    g = fresh_gen()
+    V, kmax = 1500, 12
+    kw = dict(tile=16, cap=64, num_chunks=3, kmax=kmax)
+    logits, args, want = _direct_rows(g, V, kmax)
+    # V = 200: 13 tiles (NT_P2 16); k around the tile count (k > 13: t_k = -inf, every finite token)
+    x = torch.randn(5, 200, generator=g) * 2
+    k2 = torch.tensor([1, 12, 13, 14, 16], dtype=torch.int32)
+    args2 = (torch.ones(5), k2, torch.tensor([1.0, 0.9, 0.8, 1.0, 0.5]), torch.tensor([0.0, 0.0, 0.05, 0.0, 0.0]),
+             torch.arange(5) + 3, torch.arange(5))
+    kw2 = dict(tile=16, cap=256, num_chunks=2, kmax=16)
+    for lg, ar, k in ((logits, args, kw), (x, args2, kw2)):
+        pa = {}
+        a = sample(lg, *ar, backend="triton", paths=pa, **k)
+        if lg is x:
+            assert pa["mode"].tolist() == [_modes()["DIRECT"]] * 5, pa["mode"].tolist()
+        for var in DIRECT_VARIANTS + LAYOUT_VARIANTS:
+            pb = {}
+            b = sample(lg, *ar, backend="triton", paths=pb, **k, **var)
+            _assert_same_results(a, b, pa, pb)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_cuda_direct_top_k_variants_match_default():
+    g = fresh_gen()
+    R, V = 48, 128256
+    logits = (torch.randn(R, V, generator=g) * 2.5 + 10.0 * (torch.rand(R, V, generator=g) < 3e-4)).cuda()
+    logits[-1] = torch.randint(0, 3, (V,), generator=g).float().cuda()       # ties over every tile: fallback
+    inv = torch.full((R,), 1 / 0.8, device="cuda")
+    k = (torch.arange(R, device="cuda", dtype=torch.int32) * 7) % 140 + 1    # 1 .. 134: direct and plan rows
+    p = torch.full((R,), 0.9, device="cuda")
+    mp = torch.full((R,), 0.02, device="cuda")
+    seeds, pos = torch.arange(R, device="cuda") + 5, torch.arange(R, device="cuda") * 3
+    pa = {}
+    a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", paths=pa)
+    for var in DIRECT_VARIANTS + [dict(direct_top=True, direct_group=128), dict(direct_group=64, direct_pipe=True)]:
+        pb = {}
+        b = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", paths=pb, **var)
+        _assert_same_results(a, b, pa, pb)
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")

@@ -44,10 +44,11 @@ REFINE_MASS = tl.constexpr(3)
 COLLECT = tl.constexpr(4)
 FALLBACK = tl.constexpr(5)
 DIRECT = tl.constexpr(6)       # small top-k, decided in the plan from the top tiles (sampling_topk_topp.py)
+SPREAD = tl.constexpr(7)       # small top-k, top tiles listed by the plan, read by collect, decided by the finish
 
 SUB_BINS = 64                  # refine: 63 sub-bins + nothing, two rounds
 _SB = tl.constexpr(SUB_BINS)
-STATE_I = 4                    # per row int32: mode, candidate count, min-p above the k-th value, -
+STATE_I = 4                    # per row int32: mode, candidate count, min-p above the k-th value, top tiles
 STATE_F = 6                    # per row fp32: m, z, lo, hi, t1 (min-p threshold or -inf), target
 _BIG = tl.constexpr(1 << 20)
 _IMAX = tl.constexpr(2147483647)
@@ -315,7 +316,16 @@ def _collect_kernel(
 ):
     r = tl.program_id(0)
     c = tl.program_id(1)
-    mode = tl.load(st_i_ptr + r * 4)
+    collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, st_i_ptr, st_f_ptr, cand_ptr,
+                    n_ptr, f_ptr, i_ptr, V, S3, BPP, stream, r, c, tl.load(st_i_ptr + r * 4), BLOCK, CAP)
+
+
+@triton.jit
+def collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, st_i_ptr, st_f_ptr, cand_ptr,
+                    n_ptr, f_ptr, i_ptr, V, S3, BPP, stream, r, c, mode,
+                    BLOCK: tl.constexpr, CAP: tl.constexpr):
+    """Program c of row r of the collect launch (arguments as `_collect_kernel`'s); also
+    called by sampling_topk_topp's collect launch that decides deferred direct rows."""
     if (mode == COLLECT) | (mode == DRAW):
         row, inv_t, m, lo, hi, t1 = _row_inputs(logits_ptr, stride_row, inv_temp_ptr, st_f_ptr, r)
         seed = tl.load(seed_ptr + r)

@@ -11,7 +11,10 @@ exponential-noise draw. The launcher `sample_top_k_top_p_triton` runs, with no h
    caller). Rows with 1 <= top_k <= kmax (128) are decided here (`_direct_top_k`): the
    tiles whose max reaches the k-th largest tile max hold every token the filters keep;
    their tokens are collected and finished as in step 4 (ties or overflow: the exact
-   search of step 4). Other rows with a filter get a plan from their histogram
+   search of step 4); launcher knobs (see `sample_top_k_top_p_triton`) trade how this
+   is done (a tl.topk of the tile maxima, bigger groups of tiles) or where (in the collect
+   launch, or listed here, read by collect and sorted by the finish: mode SPREAD), with the
+   same results. Other rows with a filter get a plan from their histogram
    (sampling_select.py);
 3. refine (twice) and collect (sampling_select.py, many programs per row): narrow the
    bracket of the thresholds and store its tokens;
@@ -36,9 +39,9 @@ import triton.language as tl
 
 from .rng import exponential, random_words
 from .sampling_common import float_key, key_float, pack_key, select_word, token_noise, unpack_key
-from .sampling_select import (COLLECT, DIRECT, DONE, DRAW, FALLBACK, STATE_F, STATE_I, SUB_BINS, _collect_kernel,
-                              _refine_combine_kernel, _refine_kernel, merge_best, plan_filtered,
-                              refine_geometry)
+from .sampling_select import (COLLECT, DIRECT, DONE, DRAW, FALLBACK, SPREAD, STATE_F, STATE_I, SUB_BINS,
+                              _collect_kernel, _refine_combine_kernel, _refine_kernel, collect_program, merge_best,
+                              plan_filtered, refine_geometry)
 from .sampling_stats import HIST_BINS, _next_pow2, pass1_geometry, row_stats_pass, tile_size
 
 _BIG = tl.constexpr(2147483647)
@@ -129,26 +132,94 @@ def _count_mass_probes(row, tm_row, list_row, V, NT, scale, m, probes,
 
 
 @triton.jit
+def _collect_group(x, offs, lo, hi, m, n, mass, xmin, cand_row, CAP: tl.constexpr):
+    """One [G, TILE] group of `_collect`: stores its candidates after the n stored so far;
+    returns the running (n, mass, xmin)."""
+    c = (x >= lo) & (x < hi) & (x > float("-inf"))
+    mass += _sum2(tl.where(c, tl.exp(x - m), 0.0))
+    xmin = tl.minimum(xmin, _min2(tl.where(c, x, float("inf"))))
+    c2 = c.to(tl.int32)
+    rc = tl.sum(c2, axis=1)                                   # per tile
+    pos = n + (tl.cumsum(rc, axis=0) - rc)[:, None] + tl.cumsum(c2, axis=1) - 1
+    tl.store(cand_row + pos, pack_key(x, offs), mask=(c2 > 0) & (pos < CAP))
+    return n + tl.sum(rc, axis=0), mass, xmin
+
+
+@triton.jit
 def _collect(row, tm_row, list_row, cand_row, V, NT, scale, m, lo, hi,
-             TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr, CAP: tl.constexpr):
+             TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr, CAP: tl.constexpr,
+             PIPE: tl.constexpr = False):
     """Store pack_key(x, token) of the finite tokens with lo <= x < hi (the first CAP of them);
-    return (how many, their mass sum exp(x - m), the smallest of them)."""
+    return (how many, their mass sum exp(x - m), the smallest of them).
+
+    PIPE: software pipeline as in `_count_mass_probes` (the next group's data and the group
+    after's ids in flight while a group is stored): the same stores, sums and order."""
     n_sel = _select_tiles(tm_row, list_row, NT, lo, NT_P2)
     n = n_sel * 0
     mass = tl.full([], 0.0, tl.float32)
     xmin = tl.full([], float("inf"), tl.float32)
-    for g in range(0, n_sel, G):
-        x, offs, tid = _load_group(row, list_row, g, n_sel, V, scale, TILE, G)
-        c = (x >= lo) & (x < hi) & (x > float("-inf"))
-        mass += _sum2(tl.where(c, tl.exp(x - m), 0.0))
-        xmin = tl.minimum(xmin, _min2(tl.where(c, x, float("inf"))))
-        c2 = c.to(tl.int32)
-        rc = tl.sum(c2, axis=1)                                   # per tile
-        pos = n + (tl.cumsum(rc, axis=0) - rc)[:, None] + tl.cumsum(c2, axis=1) - 1
-        tl.store(cand_row + pos, pack_key(x, offs), mask=(c2 > 0) & (pos < CAP))
-        n += tl.sum(rc, axis=0)
+    if PIPE:
+        tid, gm = _group_ids(list_row, 0, n_sel, G)
+        x, offs = _group_x(row, tid, gm, V, scale, TILE)
+        tid_n, gm_n = _group_ids(list_row, G, n_sel, G)
+        for g in range(0, n_sel, G):
+            x_n, offs_n = _group_x(row, tid_n, gm_n, V, scale, TILE)
+            tid_n, gm_n = _group_ids(list_row, g + 2 * G, n_sel, G)
+            n, mass, xmin = _collect_group(x, offs, lo, hi, m, n, mass, xmin, cand_row, CAP)
+            x = x_n
+            offs = offs_n
+    else:
+        for g in range(0, n_sel, G):
+            x, offs, tid = _load_group(row, list_row, g, n_sel, V, scale, TILE, G)
+            n, mass, xmin = _collect_group(x, offs, lo, hi, m, n, mass, xmin, cand_row, CAP)
     tl.debug_barrier()
     return n, mass, xmin
+
+
+@triton.jit
+def _top_tiles(tm_row, NT, k, TOPT: tl.constexpr, NT_P2: tl.constexpr):
+    """(t_k, ids [TOPT] int32, n_sel) from one `tl.topk` of the tiles' (max, id) keys.
+
+    t_k is the k-th largest tile max (-inf with fewer than k tiles; needs k <= TOPT or
+    k > NT_P2), exactly the value at k - 1 of the sorted maxima: the keys order the tiles
+    by (max, id), so the k-th key holds the k-th largest max (-0.0 is read as +0.0, which
+    compares equal). ids: the tiles of the TOPT largest keys, largest first; n_sel: the
+    tiles whose max is >= max(t_k, -FLT_MAX). When n_sel <= TOPT those are exactly ids[:n_sel]
+    (every such tile's key is above every other tile's), so no list of them is built.
+    """
+    t = tl.arange(0, NT_P2)
+    tm = tl.load(tm_row + t, mask=t < NT, other=float("-inf"))
+    tx, tid = unpack_key(tl.topk(pack_key(tm, t), TOPT))
+    lo = tl.max(tl.where(tl.arange(0, TOPT) == k - 1, tx, float("-inf")), axis=0)
+    n_sel = tl.sum((tm >= tl.maximum(lo, -3.4028234663852886e38)).to(tl.int32), axis=0)
+    return lo, tid, n_sel
+
+
+@triton.jit
+def _collect_top(row, tid, n_sel, cand_row, V, scale, lo,
+                 TILE: tl.constexpr, TOPT: tl.constexpr, GD: tl.constexpr, CAP: tl.constexpr):
+    """`_collect(.., lo, +inf)` over the tiles ids[:n_sel] ([TOPT] int32, n_sel <= TOPT) held
+    in registers: stores pack_key(x, token) of the finite tokens >= lo (the first CAP of
+    them) and returns how many. Groups of GD tiles; at GD = TOPT the whole set is one load.
+    The stored set is the same as `_collect`'s (only the slots differ: the finish sorts it).
+    """
+    n = n_sel * 0
+    for g in tl.static_range(0, TOPT, GD):
+        if g < n_sel:
+            if GD == TOPT:
+                gid = tid
+            else:   # group g of the ids: one masked max over the TOPT // GD rows
+                rows = tl.reshape(tid, [TOPT // GD, GD])
+                gid = tl.max(tl.where(tl.arange(0, TOPT // GD)[:, None] == g // GD, rows, -1), axis=0)
+            gm = g + tl.arange(0, GD) < n_sel
+            x, offs = _group_x(row, gid[:, None], gm, V, scale, TILE)
+            c2 = ((x >= lo) & (x > float("-inf"))).to(tl.int32)
+            rc = tl.sum(c2, axis=1)                                   # per tile
+            pos = n + (tl.cumsum(rc, axis=0) - rc)[:, None] + tl.cumsum(c2, axis=1) - 1
+            tl.store(cand_row + pos, pack_key(x, offs), mask=(c2 > 0) & (pos < CAP))
+            n += tl.sum(rc, axis=0)
+    tl.debug_barrier()
+    return n
 
 
 @triton.jit
@@ -366,10 +437,60 @@ def _resolve_filtered(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p,
 
 
 @triton.jit
+def _spread_plan(tm_row, list_row, NT, k, max_tiles, TOPT: tl.constexpr, NT_P2: tl.constexpr):
+    """Plan of a direct row whose tiles the collect launch reads (direct_in="spread"): (t_k,
+    n_sel) as `_direct_top_k` finds them; when n_sel <= max_tiles the ids of those tiles are in
+    list_row[:n_sel] (their order is free: the finish sorts the candidates)."""
+    if TOPT > 0:
+        lo, tid, n_sel = _top_tiles(tm_row, NT, k, TOPT, NT_P2)
+        if n_sel <= TOPT:
+            tl.store(list_row + tl.arange(0, TOPT), tid, mask=tl.arange(0, TOPT) < n_sel)
+        elif n_sel <= max_tiles:
+            _select_tiles(tm_row, list_row, NT, tl.maximum(lo, -3.4028234663852886e38), NT_P2)
+    else:
+        t = tl.arange(0, NT_P2)
+        stm = tl.sort(tl.load(tm_row + t, mask=t < NT, other=float("-inf")), 0, True)
+        lo = tl.max(tl.where(t == k - 1, stm, float("-inf")), axis=0)
+        n_sel = tl.sum((stm >= tl.maximum(lo, -3.4028234663852886e38)).to(tl.int32), axis=0)
+        if n_sel <= max_tiles:
+            _select_tiles(tm_row, list_row, NT, tl.maximum(lo, -3.4028234663852886e38), NT_P2)
+    return lo, n_sel
+
+
+@triton.jit
+def _spread_collect(row, list_row, cand_row, count_ptr, n_sel, V, scale, lo, c, S3,
+                    TILE: tl.constexpr, TPP: tl.constexpr, CAP: tl.constexpr):
+    """Program c of a spread row in the collect launch: the listed tiles c, c + S3, ...
+    (TPP at a time); appends pack_key(x, token) of their finite tokens >= lo to the row's
+    candidates (slots from an atomic count, the first CAP kept)."""
+    lo_fin = tl.maximum(lo, -3.4028234663852886e38)
+    for j0 in range(0, n_sel, S3 * TPP):
+        j = j0 + c + S3 * tl.arange(0, TPP)
+        jm = j < n_sel
+        x, offs = _group_x(row, tl.load(list_row + j, mask=jm, other=0)[:, None], jm, V, scale, TILE)
+        c2 = ((x >= lo_fin) & (x > float("-inf"))).to(tl.int32)
+        rc = tl.sum(c2, axis=1)
+        nc = tl.sum(rc, axis=0)
+        if nc > 0:
+            first = tl.atomic_add(count_ptr, nc)
+            pos = first + (tl.cumsum(rc, axis=0) - rc)[:, None] + tl.cumsum(c2, axis=1) - 1
+            tl.store(cand_row + pos, pack_key(x, offs), mask=(c2 > 0) & (pos < CAP))
+
+
+@triton.jit
+def _finish_direct(cand_row, n, m, z, k, p, tau_min, lo, has_p, seed, pos, stream, S: tl.constexpr):
+    """`_finish_collected` of a complete candidate set (every finite token >= lo), sorted as S keys."""
+    zero = tl.full([], 0.0, tl.float32)
+    return _finish_collected(cand_row, n, k * 0, zero, zero - 1.0, zero - 1.0, k * 0 + _BIG, m, z, k, p, tau_min, lo,
+                             zero + float("inf"), zero - 1.0, k > 0, has_p, seed, pos, stream, S)
+
+
+@triton.jit
 def _direct_top_k(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p, tau_min, has_p, max_tiles,
                   seed, pos, stream,
                   TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr, CAP: tl.constexpr,
-                  SMALL: tl.constexpr):
+                  SMALL: tl.constexpr, TOPT: tl.constexpr = 0, GD: tl.constexpr = 16, PIPE: tl.constexpr = False,
+                  DS: tl.constexpr = 0):
     """Exact threshold and draw of a row with a small top-k (1 <= k < V), from its top tiles.
 
     t_k, the k-th largest tile max, bounds the k-th largest value v_k from below: the k tiles
@@ -380,29 +501,57 @@ def _direct_top_k(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p, tau
     and draws exactly as the finish does for such a complete set. With fewer than k finite
     tiles, t_k = -inf and the candidates are all finite tokens.
 
+    TOPT = 0: t_k from a sort of the tile maxima, the tiles listed through global memory
+    (`_select_tiles`) and read G at a time. TOPT > 0 (a power of two >= min(kmax, NT_P2)):
+    t_k and the top tiles' ids from one `tl.topk` of (max, id) keys (`_top_tiles`), the
+    tiles read GD at a time straight from those ids (`_collect_top`; ties that put more
+    than TOPT tiles at t_k take the list). Both store the same candidate set, so the sorted
+    candidates, every sum and the draw are the same. The list path reads GD tiles a group
+    (software-pipelined with PIPE).
+
+    DS > 0 (a power of two < SMALL): at most DS candidates are sorted as DS keys instead of
+    SMALL. The kept tokens hold the same leading positions and the rest add +0.0, but the
+    sums then run over another layout: the same results only where the experiment shows it.
+
     Returns (ok, tau, token, kept mass); ok is False when more than `max_tiles` tiles reach
     t_k or more than CAP tokens do (ties), or a check of `_finish_collected` fails.
     """
-    t = tl.arange(0, NT_P2)
-    stm = tl.sort(tl.load(tm_row + t, mask=t < NT, other=float("-inf")), 0, True)
-    lo = tl.max(tl.where(t == k - 1, stm, float("-inf")), axis=0)
+    if TOPT > 0:
+        lo, tid, n_sel = _top_tiles(tm_row, NT, k, TOPT, NT_P2)
+    else:
+        t = tl.arange(0, NT_P2)
+        stm = tl.sort(tl.load(tm_row + t, mask=t < NT, other=float("-inf")), 0, True)
+        lo = tl.max(tl.where(t == k - 1, stm, float("-inf")), axis=0)
+        n_sel = tl.sum((stm >= tl.maximum(lo, -3.4028234663852886e38)).to(tl.int32), axis=0)
     lo_fin = tl.maximum(lo, -3.4028234663852886e38)      # x >= lo_fin: the finite x >= lo
-    ok = tl.sum((stm >= lo_fin).to(tl.int32), axis=0) <= max_tiles
+    ok = n_sel <= max_tiles
     tau = tau_min
     tok = k * 0 - 1
     mass = tl.full([], 0.0, tl.float32)
     if ok:
-        n, _, _ = _collect(row, tm_row, list_row, cand_row, V, NT, scale, m, lo_fin, float("inf"),
-                           TILE, G, NT_P2, CAP)
-        zero = tl.full([], 0.0, tl.float32)
-        if n <= SMALL:          # the finish's two sort sizes: the same sums as its complete sets
-            ok, tau, tok, mass = _finish_collected(cand_row, n, k * 0, zero, zero - 1.0, zero - 1.0, k * 0 + _BIG,
-                                                   m, z, k, p, tau_min, lo, zero + float("inf"), zero - 1.0,
-                                                   k > 0, has_p, seed, pos, stream, SMALL)
+        if TOPT > 0:
+            if n_sel <= TOPT:
+                n = _collect_top(row, tid, n_sel, cand_row, V, scale, lo_fin, TILE, TOPT, GD, CAP)
+            else:
+                n, _, _ = _collect(row, tm_row, list_row, cand_row, V, NT, scale, m, lo_fin, float("inf"),
+                                   TILE, GD, NT_P2, CAP, PIPE)
         else:
-            ok, tau, tok, mass = _finish_collected(cand_row, n, k * 0, zero, zero - 1.0, zero - 1.0, k * 0 + _BIG,
-                                                   m, z, k, p, tau_min, lo, zero + float("inf"), zero - 1.0,
-                                                   k > 0, has_p, seed, pos, stream, CAP)
+            n, _, _ = _collect(row, tm_row, list_row, cand_row, V, NT, scale, m, lo_fin, float("inf"),
+                               TILE, GD, NT_P2, CAP, PIPE)
+        if DS > 0:
+            if n <= DS:
+                ok, tau, tok, mass = _finish_direct(cand_row, n, m, z, k, p, tau_min, lo, has_p, seed, pos, stream,
+                                                    DS)
+            elif n <= SMALL:
+                ok, tau, tok, mass = _finish_direct(cand_row, n, m, z, k, p, tau_min, lo, has_p, seed, pos, stream,
+                                                    SMALL)
+            else:
+                ok, tau, tok, mass = _finish_direct(cand_row, n, m, z, k, p, tau_min, lo, has_p, seed, pos, stream,
+                                                    CAP)
+        elif n <= SMALL:        # the finish's two sort sizes: the same sums as its complete sets
+            ok, tau, tok, mass = _finish_direct(cand_row, n, m, z, k, p, tau_min, lo, has_p, seed, pos, stream, SMALL)
+        else:
+            ok, tau, tok, mass = _finish_direct(cand_row, n, m, z, k, p, tau_min, lo, has_p, seed, pos, stream, CAP)
     return ok, tau, tok, mass
 
 
@@ -445,10 +594,17 @@ def _plan_kernel(
     V, NT, S, NBLK, stream, KMAX,
     TILE: tl.constexpr, NT_P2: tl.constexpr, S_P2: tl.constexpr, CAP: tl.constexpr,
     GB: tl.constexpr, SELECT: tl.constexpr, HB: tl.constexpr, G: tl.constexpr, SMALL: tl.constexpr,
+    TOPT: tl.constexpr = 0, GD: tl.constexpr = 16, PIPE: tl.constexpr = False, DS: tl.constexpr = 0,
+    DEFER: tl.constexpr = 0,
 ):
     """Rows without a threshold get their token here, and so do rows with 1 <= top_k <= KMAX
     (`_direct_top_k`, mode DIRECT; FALLBACK when it cannot decide: pass 1 gave them no
-    histogram); the others a plan (sampling_select.py)."""
+    histogram); the others a plan (sampling_select.py). DEFER = 1: the direct rows are only
+    marked DIRECT here and decided by the collect launch (`_collect_direct_kernel`), in
+    parallel with the other rows' refine and collect instead of before them. DEFER = 2: the
+    plan only lists their top tiles (mode SPREAD, lo = t_k, hi = +inf, top tiles in the
+    state's 4th int); the collect launch reads them, many programs per row, and the finish
+    decides the row with the same `_finish_collected` call as `_direct_top_k`."""
     r = tl.program_id(0)
     r64 = r.to(tl.int64)
     inv_t = tl.load(inv_temp_ptr + r)
@@ -469,6 +625,7 @@ def _plan_kernel(
     hi = lo
     tau_min = tl.where(has_mp, m + lmp, float("-inf"))
     t1_exact = has_mp & ~has_k
+    n_top = r * 0
     if ~invalid:
         tau = tl.full([], float("-inf"), tl.float32)
         lnorm = tl.log(z)
@@ -478,17 +635,24 @@ def _plan_kernel(
             tok = bidx
         elif SELECT:
             if has_k & (k <= KMAX):
-                ok, tau_d, tok_d, mass_d = _direct_top_k(
-                    logits_ptr + r64 * stride_row, tile_max_ptr + r64 * NT, list_ptr + r64 * NT_P2,
-                    cand_ptr + r64 * CAP, V, NT, inv_t, m, z, k, p, tau_min, has_p, 2 * KMAX,
-                    tl.load(seed_ptr + r), tl.load(pos_ptr + r), stream, TILE, G, NT_P2, CAP, SMALL)
-                if ok:
-                    mode = r * 0 + DIRECT
-                    tok = tok_d
-                    tau = tau_d
-                    lnorm = tl.log(mass_d)
-                else:
-                    mode = r * 0 + FALLBACK
+                mode = r * 0 + DIRECT
+                if DEFER == 2:
+                    lo, n_top = _spread_plan(tile_max_ptr + r64 * NT, list_ptr + r64 * NT_P2, NT, k, 2 * KMAX,
+                                             TOPT, NT_P2)
+                    mode = tl.where(n_top <= 2 * KMAX, SPREAD, FALLBACK)
+                    hi = tl.full([], float("inf"), tl.float32)
+                if DEFER == 0:
+                    ok, tau_d, tok_d, mass_d = _direct_top_k(
+                        logits_ptr + r64 * stride_row, tile_max_ptr + r64 * NT, list_ptr + r64 * NT_P2,
+                        cand_ptr + r64 * CAP, V, NT, inv_t, m, z, k, p, tau_min, has_p, 2 * KMAX,
+                        tl.load(seed_ptr + r), tl.load(pos_ptr + r), stream,
+                        TILE, G, NT_P2, CAP, SMALL, TOPT, GD, PIPE, DS)
+                    if ok:
+                        tok = tok_d
+                        tau = tau_d
+                        lnorm = tl.log(mass_d)
+                    else:
+                        mode = r * 0 + FALLBACK
             else:
                 mode, lo, hi, t1_exact = plan_filtered(hist_ptr + r64 * NBLK * HB, hist_top_ptr + r64 * NBLK, NBLK,
                                                        n_fin, m, z, k, p, tau_min, has_k, has_p, has_mp, CAP, GB)
@@ -503,12 +667,66 @@ def _plan_kernel(
     tl.store(st_i_ptr + r * 4, mode)
     tl.store(st_i_ptr + r * 4 + 1, 0)
     tl.store(st_i_ptr + r * 4 + 2, t1_exact.to(tl.int32))
+    tl.store(st_i_ptr + r * 4 + 3, n_top)
     tl.store(st_f_ptr + r * 6 + 0, m)
     tl.store(st_f_ptr + r * 6 + 1, z)
     tl.store(st_f_ptr + r * 6 + 2, lo)
     tl.store(st_f_ptr + r * 6 + 3, hi)
     tl.store(st_f_ptr + r * 6 + 4, tau_min)
     tl.store(st_f_ptr + r * 6 + 5, -1.0)
+
+
+@triton.jit(do_not_specialize=["V", "NT", "S3", "BPP", "stream", "KMAX"])
+def _collect_direct_kernel(
+    logits_ptr, stride_row,            # [R, V] fp32/bf16/fp16, unit column stride
+    inv_temp_ptr,                      # [R] fp32: 1/T, -1 on greedy rows
+    top_k_ptr, top_p_ptr,              # [R] int32 / fp32
+    seed_ptr, pos_ptr,                 # [R] int64
+    tile_max_ptr,                      # [R, NT] fp32 (pass 1)
+    st_i_ptr, st_f_ptr,                # [R, 4] int32, [R, 6] fp32 row states
+    cand_ptr,                          # [R, CAP] int64 (candidates)
+    n_ptr, f_ptr, i_ptr,               # collect partials [R, S3] int32, [R, S3, 3] fp32, [R, S3] int32 out
+    list_ptr,                          # [R, NT_P2] int32 scratch
+    tok_ptr, thr_ptr, lnorm_ptr,       # [R] int64 / fp32 / fp32 out (direct rows)
+    V, NT, S3, BPP, stream, KMAX,
+    BLOCK: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr,
+    SMALL: tl.constexpr, TOPT: tl.constexpr, GD: tl.constexpr, PIPE: tl.constexpr, DS: tl.constexpr,
+    TPP: tl.constexpr = 8, DEFER: tl.constexpr = 1,
+):
+    """The collect launch (sampling_select.collect_program) in which program 0 of each row
+    the plan marked DIRECT (plan launched with DEFER = 1) decides it as the plan would have:
+    the same `_direct_top_k` call on the same inputs (m, z and the min-p threshold as the
+    plan stored them), the same results; FALLBACK rows go on to the finish's search. Rows
+    the plan marked SPREAD have their listed top tiles read by all their programs
+    (`_spread_collect`, TPP tiles a load); the finish decides them."""
+    r = tl.program_id(0)
+    c = tl.program_id(1)
+    mode = tl.load(st_i_ptr + r * 4)
+    if mode == SPREAD:
+        r64 = r.to(tl.int64)
+        _spread_collect(logits_ptr + r64 * stride_row, list_ptr + r64 * NT_P2, cand_ptr + r64 * CAP,
+                        st_i_ptr + r * 4 + 1, tl.load(st_i_ptr + r * 4 + 3), V, tl.load(inv_temp_ptr + r),
+                        tl.load(st_f_ptr + r * 6 + 2), c, S3, TILE, TPP, CAP)
+    elif mode == DIRECT:
+        if (DEFER == 1) & (c == 0):
+            r64 = r.to(tl.int64)
+            k = tl.load(top_k_ptr + r)
+            p = tl.load(top_p_ptr + r)
+            ok, tau, tok, mass = _direct_top_k(
+                logits_ptr + r64 * stride_row, tile_max_ptr + r64 * NT, list_ptr + r64 * NT_P2,
+                cand_ptr + r64 * CAP, V, NT, tl.load(inv_temp_ptr + r), tl.load(st_f_ptr + r * 6 + 0),
+                tl.load(st_f_ptr + r * 6 + 1), k, p, tl.load(st_f_ptr + r * 6 + 4), p < 1.0, 2 * KMAX,
+                tl.load(seed_ptr + r), tl.load(pos_ptr + r), stream, TILE, G, NT_P2, CAP, SMALL, TOPT, GD, PIPE,
+                DS)
+            if ok:
+                tl.store(tok_ptr + r, tok.to(tl.int64))
+                tl.store(thr_ptr + r, tau)
+                tl.store(lnorm_ptr + r, tl.log(mass))
+            else:   # the plan's stores stand: token -1, tau -inf, log Z (the finish rewrites them)
+                tl.store(st_i_ptr + r * 4, r * 0 + FALLBACK)
+    else:
+        collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, st_i_ptr, st_f_ptr, cand_ptr,
+                        n_ptr, f_ptr, i_ptr, V, S3, BPP, stream, r, c, mode, BLOCK, CAP)
 
 
 @triton.jit
@@ -568,7 +786,7 @@ def _finish_kernel(
     thr_ptr, lnorm_ptr,                # [R] fp32 out
     V, NT, S3, stream,
     TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr, CAP: tl.constexpr,
-    GS: tl.constexpr, GUESS: tl.constexpr, SMALL: tl.constexpr,
+    GS: tl.constexpr, GUESS: tl.constexpr, SMALL: tl.constexpr, SPREAD_ROWS: tl.constexpr = False,
 ):
     r = tl.program_id(0)
     mode = tl.load(st_i_ptr + r * 4)
@@ -627,6 +845,18 @@ def _finish_kernel(
                 if ~ok:
                     mode = r * 0 + FALLBACK
                     tau = tau_min
+        if SPREAD_ROWS:   # the top tiles' candidates (collect launch): as `_direct_top_k` ends
+            if mode == SPREAD:
+                n_cand = tl.load(st_i_ptr + r * 4 + 1)
+                if n_cand <= SMALL:
+                    ok, tau, tok, mass = _finish_direct(cand_row, n_cand, m, z, k, p, tau_min, lo, has_p, seed, pos,
+                                                        stream, SMALL)
+                else:
+                    ok, tau, tok, mass = _finish_direct(cand_row, n_cand, m, z, k, p, tau_min, lo, has_p, seed, pos,
+                                                        stream, CAP)
+                mode = tl.where(ok, DIRECT, FALLBACK)
+                if ~ok:
+                    tau = tau_min
         if mode == FALLBACK:
             # the exact single-program search: guesses of lower bounds of the cuts from the sorted tile maxima
             t = tl.arange(0, NT_P2)
@@ -666,6 +896,12 @@ def sample_top_k_top_p_triton(
     select: bool = True,
     kmax: int = 128,
     paths: dict | None = None,
+    plan_warps: int = 8,
+    direct_top: bool = False,
+    direct_group: int | None = None,
+    direct_pipe: bool = False,
+    direct_small: int = 0,
+    direct_in: str = "plan",
 ):
     """Pass 1 (row statistics, tile maxima, histograms), plan, refine, collect and finish.
 
@@ -679,6 +915,24 @@ def sample_top_k_top_p_triton(
     tiles (`_direct_top_k`); `kmax=0` turns that off, and so does `select=False`.
     `paths`, when a dict, receives "mode": [R] int32, the path each row took
     (sampling_select.DONE / DRAW / COLLECT / FALLBACK / DIRECT).
+
+    Latency knobs of the direct path (each stores the same candidate set and gives the same
+    tokens, thresholds, log_norm and paths["mode"] as the default, except where said; see
+    bench/exp_plan_direct.py): `plan_warps`, the plan's warps (the sums of the direct rows'
+    finish, and the plan's chunk sums, are then over another thread layout);
+    `direct_top=True` takes t_k and the top tiles from one `tl.topk` of (max, id) keys and
+    reads them `direct_group` (default 64) tiles at a time with no tile list (`_top_tiles`);
+    without it the listed tiles are read `direct_group` (default 2048 // tile) at a time,
+    software-pipelined with `direct_pipe=True`; `direct_small` (0 = off, else a power of
+    two below 256) sorts at most that many candidates in a smaller sort (the sums then run
+    over another layout: same results only where the experiment shows it);
+    `direct_in="collect"` decides the direct rows in program 0 of their row in the collect
+    launch instead of in the plan, so that they run beside the other rows' refine and
+    collect rather than before them (`_collect_direct_kernel`); `direct_in="spread"`: the
+    plan only lists the top tiles (t_k from the sort, or the topk with direct_top), every
+    collect program of the row reads a few of them and the finish sorts the candidates.
+    With either, paths["planned"] / ["refined"] show DIRECT / SPREAD also for rows that
+    then fall back; paths["mode"] is the default's.
     """
     R, V = logits.shape
     dev = logits.device
@@ -687,6 +941,12 @@ def sample_top_k_top_p_triton(
         raise ValueError(f"tile must be a power of two >= 4, got {tile}")
     if cap < 16 or cap & (cap - 1):
         raise ValueError(f"cap must be a power of two >= 16, got {cap}")
+    for name, v in (("plan_warps", plan_warps), ("direct_group", direct_group or 1),
+                    ("direct_small", direct_small or 1)):
+        if v < 1 or v & (v - 1):
+            raise ValueError(f"{name} must be a power of two, got {v}")
+    if direct_in not in ("plan", "collect", "spread"):
+        raise ValueError(f"direct_in must be 'plan', 'collect' or 'spread', got {direct_in!r}")
     NT = -(-V // tile)
     NT_P2 = max(16, _next_pow2(NT))
     if num_chunks is None:
@@ -698,6 +958,11 @@ def sample_top_k_top_p_triton(
     # 128: the common top_k values (20 .. 100) and at most ~k * TILE tokens read from L2 by
     # one program (16K at V = 128256), whose ~k candidates fit the small sort (256)
     kmax = max(0, int(kmax)) if select else 0
+    # topk width: k <= TOPT for every direct row, or k > NT_P2 (fewer tiles than k: t_k = -inf)
+    topt = min(_next_pow2(max(kmax, 1)), NT_P2) if direct_top else 0
+    gd = min(direct_group or 64, topt) if direct_top else (direct_group or G)
+    ds = direct_small if 0 < direct_small < min(256, cap) else 0
+    defer = {"plan": 0, "collect": 1, "spread": 2}[direct_in] if kmax > 0 else 0
     tokens = torch.empty(R, dtype=torch.int64, device=dev)
     thr = torch.empty(R, dtype=torch.float32, device=dev)
     rmax = torch.empty_like(thr)
@@ -735,7 +1000,8 @@ def sample_top_k_top_p_triton(
         tokens, thr, rmax, lnorm, st_i, st_f,
         V, NT, S, nblk, stream, kmax,
         TILE=tile, NT_P2=NT_P2, S_P2=MAX_CHUNKS, CAP=cap, GB=32, SELECT=select, HB=HIST_BINS, G=G,
-        SMALL=min(256, cap), num_warps=8,
+        SMALL=min(256, cap), TOPT=topt, GD=gd, PIPE=direct_pipe, DS=ds, DEFER=defer,
+        num_warps=plan_warps,
     )
     if paths is not None:
         paths["planned"] = st_i[:, 0].clone()
@@ -748,13 +1014,21 @@ def sample_top_k_top_p_triton(
     if paths is not None:
         paths["refined"] = st_i[:, 0].clone()
         paths["state"] = st_f.clone()
-    _collect_kernel[(R, s3)](logits, logits.stride(0), inv_temperature, seeds, positions, st_i, st_f, cand,
-                             pn, pf, pi, V, s3, bpp, stream, BLOCK=2048, CAP=cap, num_warps=8)
+    if defer:
+        _collect_direct_kernel[(R, s3)](
+            logits, logits.stride(0), inv_temperature, top_k, top_p, seeds, positions, tile_max, st_i, st_f,
+            cand, pn, pf, pi, tile_list, tokens, thr, lnorm, V, NT, s3, bpp, stream, kmax,
+            BLOCK=2048, CAP=cap, TILE=tile, G=G, NT_P2=NT_P2, SMALL=min(256, cap), TOPT=topt, GD=gd,
+            PIPE=direct_pipe, DS=ds, TPP=_next_pow2(-(-2 * kmax // s3)),
+            DEFER=defer, num_warps=8)
+    else:
+        _collect_kernel[(R, s3)](logits, logits.stride(0), inv_temperature, seeds, positions, st_i, st_f, cand,
+                                 pn, pf, pi, V, s3, bpp, stream, BLOCK=2048, CAP=cap, num_warps=8)
     _finish_kernel[(R,)](
         logits, logits.stride(0), inv_temperature, top_k, top_p, seeds, positions, tile_max,
         st_i, st_f, pn, pf, pi, tile_list, cand, tokens, thr, lnorm,
         V, NT, s3, stream,
-        TILE=tile, G=G, NT_P2=NT_P2, CAP=cap, GS=64, GUESS=guess, SMALL=min(256, cap),
+        TILE=tile, G=G, NT_P2=NT_P2, CAP=cap, GS=64, GUESS=guess, SMALL=min(256, cap), SPREAD_ROWS=defer == 2,
         num_warps=8, maxnreg=128,   # 2 programs per SM (a few cold scalars spill)
     )
     if paths is not None:
