@@ -160,8 +160,7 @@ class ModelRunner:
         logits = self.model.compute_logits(rows) if buf is None else self.model.compute_logits(rows, out=buf)
         apply_batch_bitmask(logits, mask)
         t1 = self._now()
-        tokens, logprobs = self.sampler.sample_to_host(logits, inputs.sample_rows, inputs.sample_positions,
-                                                       [r.sampling_params.logprobs for r in inputs.sample_reqs])
+        tokens, logprobs = self.sampler.sample_to_host(logits, inputs.sample_rows, inputs.sample_positions)
         t2 = self._now()
         self.time_forward += t1 - t0
         self.time_sample += t2 - t1

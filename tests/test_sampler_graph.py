@@ -49,8 +49,9 @@ def test_replay_follows_inputs_and_keys():
 
 @cuda_only
 def test_keys_grow_inside_the_graph_and_logits_can_be_computed_in_place():
-    """The graph adds one to its keys: keys that grew by one since the last step are not
-    copied again, any other keys are; logits written into `input_buffer` need no copy."""
+    """The graph adds one to its keys: keys that the caller says grew by one since the last step
+    are neither built nor copied again, any other keys are; logits written into `input_buffer`
+    need no copy."""
     g = SteadyStepGraph()
 
     def body(x, keys):  # [N, V], [2, N]
@@ -75,7 +76,14 @@ def test_keys_grow_inside_the_graph_and_logits_can_be_computed_in_place():
             if buf is not None:
                 buf.copy_(x)  # as the model runner's compute_logits(out=...)
             uploads.clear()
-            out = g.run("a", x if buf is None else buf, keys, body)
+            built = []
+
+            def make_keys(keys=keys):
+                built.append(1)
+                return keys
+
+            advanced = 0 < step != 7
+            out = g.run("a", x if buf is None else buf, make_keys, body, advanced=advanced)
             if out is None:
                 out = body(x, torch.tensor(keys, device="cuda"))
             want = x.sum(dim=1) + torch.tensor(keys[0], device="cuda").float() * 1000 \
@@ -84,6 +92,7 @@ def test_keys_grow_inside_the_graph_and_logits_can_be_computed_in_place():
             replayed_in_place = buf is not None
             if replayed_in_place:
                 assert uploads == ([(2, 4)] if step == 7 else []), (step, uploads)
+                assert len(built) == (not advanced), (step, built)
         assert g.num_captures == 1
         assert g.input_buffer((5, 33), torch.float32) is None
         assert g.input_buffer((4, 33), torch.float16) is None
