@@ -8,10 +8,11 @@ launch:
 
 - the caller may compute the logits straight into the graph's input (`input_buffer`);
   other logits are copied there;
-- the keys (token positions and generator keys) grow by one per steady step, so the graph
-  adds one to its key tensor at its end. The caller says whether this step's keys are the
-  last step's plus one (`advanced`); only when they are not (a skipped step, a counter
-  wrapping) are they built on the host and copied.
+- the keys (token positions and generator keys) grow by one per steady step, so the body
+  adds one to the key tensor it is given, as its last work (the engine fuses it into its
+  last kernel). The caller says whether this step's keys are the last step's plus one
+  (`advanced`); only when they are not (a skipped step, a counter wrapping) are they built
+  on the host and copied.
 
 The caller names the work with a key, and the key must change whenever the sampler would
 issue different work: another batch, other parameters, a processor whose device tensors
@@ -90,8 +91,8 @@ class SteadyStepGraph:
         key: Hashable,  # None: this step cannot be replayed
         logits: torch.Tensor,  # [N, V] the step's logits
         keys_host: list[list[int]] | Callable[[], list[list[int]]],  # [2][N] token positions, generator keys
-        body: Callable[[torch.Tensor, torch.Tensor], object],  # (logits, keys [2, N] int64) -> outputs
-        advanced: bool = False,
+        body: Callable[[torch.Tensor, torch.Tensor], object],  # (logits, keys [2, N] int64) -> outputs;
+        advanced: bool = False,                                 # it must leave keys + 1 (module docstring)
     ):
         """The body's outputs from a replay of the step captured under `key`, or None when the
         caller must run the body eagerly this step. Replayed outputs are valid until the next call.
@@ -145,8 +146,7 @@ class SteadyStepGraph:
                 # thread_local: CUDA calls of other threads (grammar workers) do not break the capture
                 cap.graph.capture_begin(capture_error_mode="thread_local")
                 try:
-                    cap.outputs = body(cap.logits, cap.keys)
-                    cap.keys.add_(1)  # the next steady step's keys (see _load)
+                    cap.outputs = body(cap.logits, cap.keys)  # leaves the next step's keys (see _load)
                 except Exception as exc:  # noqa: BLE001 - reported below, after the capture ends
                     error = exc
                 try:

@@ -241,11 +241,13 @@ class BatchSampler:
     def _draw_steady(self, logits: torch.Tensor, both: torch.Tensor, batch_md: SamplingMetadata, lrows: LogitsRows,
                      history) -> tuple[torch.Tensor, LogprobsTensors | None, torch.Tensor | None]:
         """Sampler + penalty counts of a steady step (eager, or recorded into the graph), and the
-        step's tokens and logprobs packed for one readback."""
+        step's tokens and logprobs packed for one readback. Leaves `both` + 1, the next steady
+        step's keys (SteadyStepGraph's contract), by the packing kernel."""
         out = self.sampler(logits, self._steady_metadata(batch_md, [], lrows, history, both))
         if self.output_counts is not None:
             token_bincount_update_(self.output_counts, lrows.req_index_tensor(self.device), out.sampled_token_ids)
-        return out.sampled_token_ids, out.logprobs, pack_readback(out.sampled_token_ids, out.logprobs)
+        packed = pack_readback(out.sampled_token_ids, out.logprobs, advance_keys=both)
+        return out.sampled_token_ids, out.logprobs, packed
 
     def _forget_device_caches(self) -> None:
         """After a failed capture: device tensors built during it hold nothing; rebuild them."""
@@ -488,6 +490,7 @@ def _final_row(row: int, moved) -> int:
 def pack_readback(
     tokens: torch.Tensor,  # [N] int64
     lp: LogprobsTensors | None,  # token_ids [N, k] int64, ranks [N] int64, logprobs [N, k] fp32
+    advance_keys: torch.Tensor | None = None,  # [2, N] int64: incremented by one in place
 ) -> torch.Tensor | None:  # [2k + 2, N] float64: token, token_ids.T, rank, logprobs.T (None without lp)
     """A step's tokens and logprobs in one float64 tensor, for one device-to-host copy.
 
@@ -495,12 +498,17 @@ def pack_readback(
     float64 holds the ids and ranks exactly (they are below 2**53) and the fp32 logprobs
     exactly. On CUDA one Triton launch writes it (specops.triton_kernels.readback_pack: in a
     captured steady step it is part of the graph); elsewhere `pack_readback_torch`, the same values.
+    `advance_keys` (a steady step's keys, read by the draw before) get their + 1 in that launch.
     """
     if lp is None:
+        if advance_keys is not None:
+            advance_keys.add_(1)
         return None
     if tokens.is_cuda:
         from specops.triton_kernels.readback_pack import pack_readback_triton
-        return pack_readback_triton(tokens, lp.token_ids, lp.ranks, lp.logprobs)
+        return pack_readback_triton(tokens, lp.token_ids, lp.ranks, lp.logprobs, advance_keys=advance_keys)
+    if advance_keys is not None:
+        advance_keys.add_(1)
     return pack_readback_torch(tokens, lp)
 
 

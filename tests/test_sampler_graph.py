@@ -29,8 +29,10 @@ def test_cpu_never_captures():
 def test_replay_follows_inputs_and_keys():
     g = SteadyStepGraph()
 
-    def body(x, keys):  # [N, V], [2, N]
-        return x.float().sum(dim=1) + keys[1].float()
+    def body(x, keys):  # [N, V], [2, N]; leaves keys + 1, as the graph's contract asks
+        out = x.float().sum(dim=1) + keys[1].float()
+        keys.add_(1)
+        return out
 
     ref = []
     for step in range(8):
@@ -49,13 +51,15 @@ def test_replay_follows_inputs_and_keys():
 
 @cuda_only
 def test_keys_grow_inside_the_graph_and_logits_can_be_computed_in_place():
-    """The graph adds one to its keys: keys that the caller says grew by one since the last step
-    are neither built nor copied again, any other keys are; logits written into `input_buffer`
+    """The body adds one to the graph's keys: keys that the caller says grew by one since the last
+    step are neither built nor copied again, any other keys are; logits written into `input_buffer`
     need no copy."""
     g = SteadyStepGraph()
 
-    def body(x, keys):  # [N, V], [2, N]
-        return x.sum(dim=1) + keys[0].float() * 1000 + keys[1].float()
+    def body(x, keys):  # [N, V], [2, N]; leaves keys + 1
+        out = x.sum(dim=1) + keys[0].float() * 1000 + keys[1].float()
+        keys.add_(1)
+        return out
 
     uploads = []
     copy = torch.Tensor.copy_

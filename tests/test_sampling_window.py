@@ -43,12 +43,30 @@ def test_pack_kernel_equals_torch(n_rows, k):
     g = torch.Generator().manual_seed(n_rows * 10 + k)
     tokens, lp = random_lp(n_rows, k, KERNEL_DEVICE, g)
     want = pack_readback_torch(tokens, lp)
+    exact = dict(rtol=0, atol=0, equal_nan=True)
     got = pack_readback_triton(tokens, lp.token_ids, lp.ranks, lp.logprobs)
     assert got.shape == want.shape == (2 * k + 2, n_rows) and got.dtype == torch.float64
-    assert torch.equal(got.view(torch.int64), want.view(torch.int64))  # bit for bit, NaN included
+    torch.testing.assert_close(got, want, **exact)
     out = torch.full_like(want, 7.0)
-    assert pack_readback_triton(tokens, lp.token_ids, lp.ranks, lp.logprobs, out=out) is out
-    assert torch.equal(out.view(torch.int64), want.view(torch.int64))
+    keys = torch.randint(-2**62, 2**62, (2, n_rows), generator=g).to(KERNEL_DEVICE)
+    keys_before = keys.clone()
+    assert pack_readback_triton(tokens, lp.token_ids, lp.ranks, lp.logprobs, out=out, advance_keys=keys) is out
+    torch.testing.assert_close(out, want, **exact)
+    assert torch.equal(keys, keys_before + 1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("with_lp", [True, False])
+def test_pack_readback_advances_the_keys(device, with_lp):
+    """pack_readback's contract on every backend: the packing, and the keys + 1 (with or without logprobs)."""
+    tokens, lp = random_lp(6, 3, device, torch.Generator().manual_seed(1))
+    keys = torch.arange(12, device=device).reshape(2, 6)
+    packed = pack_readback(tokens, lp if with_lp else None, advance_keys=keys)
+    assert torch.equal(keys, torch.arange(1, 13, device=device).reshape(2, 6))
+    if with_lp:
+        torch.testing.assert_close(packed, pack_readback_torch(tokens, lp), rtol=0, atol=0, equal_nan=True)
+    else:
+        assert packed is None
 
 
 def test_pack_kernel_checks():
@@ -189,7 +207,7 @@ def test_keys_advanced_only_when_the_keys_grew_by_one():
 
 class EmulatedGraph:
     """A CPU stand-in of SteadyStepGraph with its contract: after the first call with a key the
-    keys live in the 'graph', which adds one per replay and reloads them only when not advanced."""
+    keys live in the 'graph', the body adds one to them, and they are reloaded only when not advanced."""
 
     def __init__(self):
         self.enabled, self.keys, self.key, self.replays, self.loads = True, None, None, 0, 0
@@ -209,7 +227,6 @@ class EmulatedGraph:
             self.loads += 1
         self.key = key
         out = body(logits, self.keys)
-        self.keys = self.keys + 1
         self.replays += 1
         return out
 

@@ -10,7 +10,12 @@ one field per row of `out` (so that the host turns each field into a Python list
     out[k + 2 :]      = logprobs.T
 
 float64 holds every int64 id and rank below 2**53 and every fp32 value exactly, so the
-packing is exact (the same values as `pack_readback_torch`, bit for bit).
+packing is exact (the same values as `pack_readback_torch`; NaN where it has NaN).
+
+Optionally the same launch adds one to a [2, N] int64 key tensor (the next steady step's
+token positions and generator keys, see pyengine/sampler_graph.py): the packing is the last
+work of a sampling step, after every kernel that read the keys, so the step needs no
+separate increment kernel.
 """
 
 import torch
@@ -25,7 +30,9 @@ def _pack_kernel(
     ids_ptr,       # [N, K] int64, contiguous
     ranks_ptr,     # [N] int64
     vals_ptr,      # [N, K] fp32, contiguous
+    keys_ptr,      # [2, N] int64, contiguous: += 1 when ADVANCE
     N,
+    ADVANCE: tl.constexpr,
     K: tl.constexpr,
     K_P2: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -42,6 +49,10 @@ def _pack_kernel(
     vals = tl.load(vals_ptr + src, mask=mask)
     tl.store(out_ptr + N + dst, ids.to(tl.float64), mask=mask)
     tl.store(out_ptr + (K + 2) * N + dst, vals.to(tl.float64), mask=mask)
+    if ADVANCE:
+        for j in tl.static_range(2):
+            key = tl.load(keys_ptr + j * N + rows, mask=in_rows)
+            tl.store(keys_ptr + j * N + rows, key + 1, mask=in_rows)
 
 
 def pack_readback_triton(
@@ -50,6 +61,7 @@ def pack_readback_triton(
     ranks: torch.Tensor,      # [N] int64
     logprobs: torch.Tensor,   # [N, k] fp32
     out: torch.Tensor | None = None,  # [2k + 2, N] float64, written in place when given
+    advance_keys: torch.Tensor | None = None,  # [2, N] int64 contiguous: incremented by one in place
 ) -> torch.Tensor:            # [2k + 2, N] float64
     """The packed readback (module docstring) in one launch; CUDA-graph capturable."""
     N = tokens.shape[0]
@@ -68,10 +80,14 @@ def pack_readback_triton(
         out = torch.empty((2 * k + 2, N), dtype=torch.float64, device=tokens.device)
     elif out.shape != (2 * k + 2, N) or out.dtype != torch.float64 or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous [{2 * k + 2}, {N}] float64 tensor")
+    if advance_keys is not None and (advance_keys.shape != (2, N) or advance_keys.dtype != torch.int64
+                                     or not advance_keys.is_contiguous() or advance_keys.device != tokens.device):
+        raise ValueError(f"advance_keys must be a contiguous [2, {N}] int64 tensor on {tokens.device}")
     if N == 0:
         return out
     block = 128
     _pack_kernel[(triton.cdiv(N, block),)](
-        out, tokens.contiguous(), token_ids.contiguous(), ranks.contiguous(), logprobs.contiguous(), N,
+        out, tokens.contiguous(), token_ids.contiguous(), ranks.contiguous(), logprobs.contiguous(),
+        advance_keys if advance_keys is not None else tokens, N, ADVANCE=advance_keys is not None,
         K=k, K_P2=max(1, triton.next_power_of_2(k)), BLOCK=block, num_warps=4)
     return out
