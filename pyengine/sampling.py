@@ -239,14 +239,14 @@ class BatchSampler:
         return advanced
 
     def _draw_steady(self, logits: torch.Tensor, both: torch.Tensor, batch_md: SamplingMetadata, lrows: LogitsRows,
-                     history) -> tuple[torch.Tensor, LogprobsTensors | None, torch.Tensor | None]:
+                     history, advance_keys: bool) -> tuple[torch.Tensor, LogprobsTensors | None, torch.Tensor | None]:
         """Sampler + penalty counts of a steady step (eager, or recorded into the graph), and the
-        step's tokens and logprobs packed for one readback. Leaves `both` + 1, the next steady
-        step's keys (SteadyStepGraph's contract), by the packing kernel."""
+        step's tokens and logprobs packed for one readback. `advance_keys`: leave `both` + 1, the
+        next steady step's keys (SteadyStepGraph's contract), in the packing kernel."""
         out = self.sampler(logits, self._steady_metadata(batch_md, [], lrows, history, both))
         if self.output_counts is not None:
             token_bincount_update_(self.output_counts, lrows.req_index_tensor(self.device), out.sampled_token_ids)
-        packed = pack_readback(out.sampled_token_ids, out.logprobs, advance_keys=both)
+        packed = pack_readback(out.sampled_token_ids, out.logprobs, advance_keys=both if advance_keys else None)
         return out.sampled_token_ids, out.logprobs, packed
 
     def _forget_device_caches(self) -> None:
@@ -370,8 +370,9 @@ class BatchSampler:
         if trace is not None:
             trace.append(("host before the launch", time.perf_counter()))
 
-        def body(x, both):
-            return self._draw_steady(x, both, batch_md, lrows or self._steady_rows(), history)
+        def body(x, both, advance_keys=True):  # as the graph calls it: leaves both + 1 (SteadyStepGraph)
+            return self._draw_steady(x, both, batch_md, lrows if lrows is not None else self._steady_rows(), history,
+                                     advance_keys)
 
         graphs_on = self.graph.enabled
         out = self.graph.run(key, logits, lambda: self._steady_keys(positions), body, advanced=advanced)
@@ -380,7 +381,7 @@ class BatchSampler:
             self._next_positions = None
             return self._draw(logits, rows, positions)
         if out is None:
-            out = body(logits, to_device(self._steady_keys(positions), torch.int64, self.device))
+            out = body(logits, to_device(self._steady_keys(positions), torch.int64, self.device), advance_keys=False)
         if trace is not None:
             trace.append(("launch (graph replay or eager)", time.perf_counter()))
         self._advance()

@@ -6,7 +6,6 @@ equals gather + add + scatter bit for bit, and a steady step that skips building
 
 import random
 
-import numpy as np
 import pytest
 import torch
 
