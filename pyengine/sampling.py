@@ -13,8 +13,11 @@ once (`RowParams`), with two copies to the device. In a steady step (every row s
 the generator keys change: they are built on the host and sent with one pinned, asynchronous
 copy; nothing on the hot path waits for the device until the caller reads the tokens. On
 CUDA the steady step is captured once and replayed from a CUDA graph (`SteadyStepGraph`,
-pyengine/sampler_graph.py); `sample_to_host` reads a step's tokens and logprobs back in one
-copy. A step over other rows (prompt chunks, speculative verification) drops the graph.
+pyengine/sampler_graph.py), whose last kernel also adds one to the keys: while every
+position advances by one per step, a replay builds and copies no keys at all, and builds
+no LogitsRows unless min_tokens still bans tokens. `sample_to_host` reads a step's tokens
+and logprobs back in one copy of one float64 tensor, packed by one kernel. A step over
+other rows (prompt chunks, speculative verification) drops the graph.
 
 Each step, `sample` gathers the metadata of the rows that sample (`expand`: rows that
 are mid-prompt have no logits) and calls the specops `Sampler`: allowed tokens, bad words,

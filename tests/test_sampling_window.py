@@ -246,8 +246,9 @@ def test_steady_steps_with_held_keys_sample_what_eager_samples():
             pos = [p + (2 if step == 4 else 1) for p in pos]
             logits = torch.randn(n, V, generator=torch.Generator().manual_seed(step))
             if step == 6:  # a step over other rows in between: drops the graph and the held keys
-                toks, _ = sampler.sample(logits[[0, 2]].clone(), [0, 2], [pos[0], pos[2]])
-                steps.append(toks.tolist())
+                toks, entries = sampler.sample_to_host(logits[[0, 2]].clone(), [0, 2], [pos[0], pos[2]])
+                assert len(toks) == 2 and [len(e.top) for e in entries] == [1, 1]  # the requests' logprobs=1
+                steps.append((toks, entries))
                 continue
             steps.append(sampler.sample_to_host(logits.clone(), list(range(n)), pos))
         runs.append((steps, sampler))
