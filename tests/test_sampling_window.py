@@ -138,6 +138,7 @@ def test_logit_bias_index_add_equals_gather_add_scatter(device, dtype, layout):
         got = proc.apply(x, rows)
         assert got is x and x.is_contiguous() == (layout == "contiguous")
         assert torch.equal(got, want)
+        assert (proc._cache[1].dim() == 1) == (layout == "contiguous" and dtype == torch.float32)  # index_add_ path
 
 
 def test_logit_bias_takes_one_index_add_on_contiguous_logits():

@@ -141,7 +141,8 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
             return logits
         rows = _rows_or_identity(rows, logits.shape[0])
         # The (row, token, bias) triples depend on the rows' requests only: built once per batch.
-        flat = logits.is_contiguous()
+        # fp32 only: a CUDA atomic add in bf16/fp16 need not round like torch's add (fp32, then once more)
+        flat = logits.is_contiguous() and logits.dtype == torch.float32
         key = (tuple(rows.req_indices), logits.device, logits.dtype, logits.shape[1] if flat else None)
         if self._cache is None or self._cache[0] != key:
             r_idx: list[int] = []
@@ -166,8 +167,8 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
         if index is None:
             return logits
         # Every (row, token) pair occurs once, so each element gets exactly one addition, rounded
-        # once: the same values as gather + add + scatter. Contiguous logits take one index_add_
-        # (one kernel) instead of those three.
+        # once: the same values as gather + add + scatter. Contiguous fp32 logits (the Sampler's)
+        # take one index_add_ (one kernel) instead of those three.
         if index.dim() == 1:
             logits.view(-1).index_add_(0, index, vals)
         else:
