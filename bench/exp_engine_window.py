@@ -165,6 +165,10 @@ def main() -> int:
     for label, vals in rows:
         print(f"| {label:{width}s} | " + " | ".join(f"{v:16s}" for v in vals) + " |")
     print(f"\n(kernel rows: count x device us in one replay; {time.perf_counter() - t_start:.0f} s in all)")
+    if 32 in cols:
+        window, step = med(cols[32][0]["sampling window"]), med(cols[32][0]["decode step"])
+        print(f"B=32: window {window:.0f} us = {100 * window / step:.2f}% of the step (issue 5: about 190 us or less, "
+              f"< 5%): {'met' if window <= 190 and window < 0.05 * step else 'NOT met'}")
     return 0
 
 
