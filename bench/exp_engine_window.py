@@ -161,7 +161,7 @@ def main() -> int:
           f"({torch.cuda.get_device_name()}, torch {torch.__version__}, medians of {STEPS} steps)\n")
     width = max(len(label) for label, _ in rows)
     print(f"| {'':{width}s} | " + " | ".join(f"B={b:<14d}" for b in BATCHES) + " |")
-    print(f"|{'-' * (width + 2)}|" + "|".join("-" * 17 for _ in BATCHES) + "|")
+    print(f"|{'-' * (width + 2)}|" + "|".join("-" * 18 for _ in BATCHES) + "|")
     for label, vals in rows:
         print(f"| {label:{width}s} | " + " | ".join(f"{v:16s}" for v in vals) + " |")
     print(f"\n(kernel rows: count x device us in one replay; {time.perf_counter() - t_start:.0f} s in all)")
