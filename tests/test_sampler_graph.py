@@ -155,6 +155,33 @@ def test_engine_with_graphs_samples_what_eager_samples(tiny_checkpoint):  # noqa
     assert graphed == eager
 
 
+def run_greedy_engine(lm, graphs: bool):
+    """Plain-greedy requests (no processing, no logprobs) finishing at different steps, after
+    one request with penalties (so the penalty counts exist and must follow); every step's tokens."""
+    eng = LLMEngine(EngineConfig(max_model_len=128, max_num_seqs=8, sampler_cuda_graphs=graphs), loaded=lm)
+    rng = random.Random(1)
+    eng.add_request([rng.randrange(10, 300) for _ in range(6)],
+                    SamplingParams(temperature=0.0, repetition_penalty=1.2, max_tokens=3, ignore_eos=True))
+    for i in range(5):
+        eng.add_request([rng.randrange(10, 300) for _ in range(4 + i)],
+                        SamplingParams(temperature=0.0, max_tokens=10 + 4 * i, ignore_eos=True))
+    steps = []
+    while eng.has_unfinished_requests():
+        steps.append(sorted((o.request_id, tuple(c.token_ids)) for o in eng.step() for c in o.outputs))
+    return steps, eng.runner.sampler
+
+
+@cuda_only
+def test_plain_greedy_steps_replayed_from_a_graph(tiny_checkpoint):  # noqa: F811
+    lm = load_model(tiny_checkpoint, device="cuda", dtype=torch.float32)
+    eager, s_eager = run_greedy_engine(lm, graphs=False)
+    graphed, s_graph = run_greedy_engine(lm, graphs=True)
+    assert s_eager.graph.num_replays == 0
+    assert s_graph.graph.num_captures >= 2 and s_graph.graph.num_replays >= 10, \
+        (s_graph.graph.num_captures, s_graph.graph.num_replays)
+    assert graphed == eager
+
+
 @cuda_only
 def test_spec_decoding_steps_between_graph_replays(tiny_checkpoint):  # noqa: F811
     """Verification steps give the processors other rows (one per draft), which rebuilds their
