@@ -8,9 +8,11 @@ launch:
 
 - the caller may compute the logits straight into the graph's input (`input_buffer`);
   other logits are copied there;
-- the keys (token positions and generator keys) grow by one per steady step, so the graph
-  adds one to its key tensor at its end. The host keeps what the device then holds and
-  copies the step's keys only when they differ (a skipped step, a counter wrapping).
+- the keys (token positions and generator keys) grow by one per steady step, so the body
+  adds one to the key tensor it is given, as its last work (the engine fuses it into its
+  last kernel). The caller says whether this step's keys are the last step's plus one
+  (`advanced`); only when they are not (a skipped step, a counter wrapping) are they built
+  on the host and copied.
 
 The caller names the work with a key, and the key must change whenever the sampler would
 issue different work: another batch, other parameters, a processor whose device tensors
@@ -47,7 +49,6 @@ class _CapturedStep:
     keys: torch.Tensor  # [2, N] int64 static input: token positions, then generator keys
     keys_host: torch.Tensor  # [2, N] int64 pinned staging buffer of `keys`
     keys_copied: torch.cuda.Event  # recorded after the last copy out of keys_host
-    keys_on_device: list[list[int]] | None  # what `keys` holds for the next replay (host mirror)
     outputs: object  # what the body returned while capturing: static tensors, rewritten by each replay
 
 
@@ -89,17 +90,24 @@ class SteadyStepGraph:
         self,
         key: Hashable,  # None: this step cannot be replayed
         logits: torch.Tensor,  # [N, V] the step's logits
-        keys_host: list[list[int]],  # [2][N] token positions, generator keys (host)
-        body: Callable[[torch.Tensor, torch.Tensor], object],  # (logits, keys [2, N] int64) -> outputs
+        keys_host: list[list[int]] | Callable[[], list[list[int]]],  # [2][N] token positions, generator keys
+        body: Callable[[torch.Tensor, torch.Tensor], object],  # (logits, keys [2, N] int64) -> outputs;
+        advanced: bool = False,                                 # it must leave keys + 1 (module docstring)
     ):
         """The body's outputs from a replay of the step captured under `key`, or None when the
-        caller must run the body eagerly this step. Replayed outputs are valid until the next call."""
+        caller must run the body eagerly this step. Replayed outputs are valid until the next call.
+
+        `keys_host` may be a function that builds them: it is called only when they are copied.
+        `advanced`: this step's keys are each the last call's plus one. A replay then reads the
+        keys that the last replay left on the device (every call with a captured key replays it,
+        so the last call replayed it too) and nothing is built or copied.
+        """
         if not self.enabled or key is None or not logits.is_cuda:
             self.reset()
             return None
         cap = self._captured
         if cap is not None and cap.key == key:
-            self._load(cap, logits, keys_host)
+            self._load(cap, logits, keys_host, advanced)
             cap.graph.replay()
             self.num_replays += 1
             return cap.outputs
@@ -111,24 +119,24 @@ class SteadyStepGraph:
         return self._capture(key, logits, keys_host, body)
 
     @staticmethod
-    def _load(cap: _CapturedStep, logits: torch.Tensor, keys_host: list[list[int]]) -> None:
-        """Put the step's logits and keys where the graph reads them, copying only what differs."""
+    def _load(cap: _CapturedStep, logits: torch.Tensor, keys_host, advanced: bool) -> None:
+        """Put the step's logits and keys where the graph reads them; the keys only when the last
+        replay did not leave them there."""
         if logits.data_ptr() != cap.logits.data_ptr():
             cap.logits.copy_(logits)
-        if keys_host != cap.keys_on_device:
+        if not advanced:
             cap.keys_copied.synchronize()  # the previous copy has left the staging buffer
-            cap.keys_host.numpy()[:] = keys_host
+            cap.keys_host.numpy()[:] = keys_host() if callable(keys_host) else keys_host
             cap.keys.copy_(cap.keys_host, non_blocking=True)
             cap.keys_copied.record()
-        cap.keys_on_device = [[k + 1 for k in row] for row in keys_host]  # the graph adds one
 
     def _capture(self, key, logits, keys_host, body):
         self._captured = None  # drop the previous graph before the new one allocates
         n = logits.shape[0]
         cap = _CapturedStep(key, torch.cuda.CUDAGraph(), torch.empty_like(logits),
                             torch.empty((2, n), dtype=torch.int64, device=logits.device),
-                            torch.empty((2, n), dtype=torch.int64, pin_memory=True), torch.cuda.Event(), None, None)
-        self._load(cap, logits, keys_host)
+                            torch.empty((2, n), dtype=torch.int64, pin_memory=True), torch.cuda.Event(), None)
+        self._load(cap, logits, keys_host, advanced=False)
         main = torch.cuda.current_stream(logits.device)
         side = torch.cuda.Stream(logits.device)
         side.wait_stream(main)
@@ -138,8 +146,7 @@ class SteadyStepGraph:
                 # thread_local: CUDA calls of other threads (grammar workers) do not break the capture
                 cap.graph.capture_begin(capture_error_mode="thread_local")
                 try:
-                    cap.outputs = body(cap.logits, cap.keys)
-                    cap.keys.add_(1)  # the next steady step's keys (see _load)
+                    cap.outputs = body(cap.logits, cap.keys)  # leaves the next step's keys (see _load)
                 except Exception as exc:  # noqa: BLE001 - reported below, after the capture ends
                     error = exc
                 try:

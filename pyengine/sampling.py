@@ -13,8 +13,11 @@ once (`RowParams`), with two copies to the device. In a steady step (every row s
 the generator keys change: they are built on the host and sent with one pinned, asynchronous
 copy; nothing on the hot path waits for the device until the caller reads the tokens. On
 CUDA the steady step is captured once and replayed from a CUDA graph (`SteadyStepGraph`,
-pyengine/sampler_graph.py); `sample_to_host` reads a step's tokens and logprobs back in one
-copy. A step over other rows (prompt chunks, speculative verification) drops the graph.
+pyengine/sampler_graph.py), whose last kernel also adds one to the keys: while every
+position advances by one per step, a replay builds and copies no keys at all, and builds
+no LogitsRows unless min_tokens still bans tokens. `sample_to_host` reads a step's tokens
+and logprobs back in one copy of one float64 tensor, packed by one kernel. A step over
+other rows (prompt chunks, speculative verification) drops the graph.
 
 Each step, `sample` gathers the metadata of the rows that sample (`expand`: rows that
 are mid-prompt have no logits) and calls the specops `Sampler`: allowed tokens, bad words,
@@ -31,6 +34,7 @@ updated with the emitted tokens only, never with rejected drafts.
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -103,6 +107,12 @@ class BatchSampler:
         self._md_version = 0  # bumped whenever the batch metadata is rebuilt (part of the graph key)
         self.graph = SteadyStepGraph(enabled=cuda_graphs and self.device.type == "cuda")
         self._pinned: dict[tuple, torch.Tensor] = {}  # (shape, dtype) -> pinned readback buffer
+        self._min_tokens = self.procs.get(MinTokensLogitsProcessor)
+        # The steady step's keys grow by one per step (see `_keys_advanced`): what they must be next step.
+        self._next_positions: list[int] | None = None
+        self._next_step = -1
+        # Benchmarks: a list to append (label, time.perf_counter()) to at the steps of `sample_to_host`.
+        self.trace: list | None = None
 
     # ---- following the batch ------------------------------------------------------------
 
@@ -163,6 +173,7 @@ class BatchSampler:
             self._steady_seeds = torch.where(md.has_seed, md.request_seeds,
                                              torch.full_like(md.request_seeds, self.seed))
             self._identity = list(range(n))
+            self._num_logprobs = [r.sampling_params.logprobs for r in reqs]
             self._identity_index = {str(self.device): torch.arange(n, dtype=torch.int64, device=self.device)}
         return self._md
 
@@ -201,23 +212,45 @@ class BatchSampler:
         md.rows, md.output_token_ids = lrows, history
         return md
 
-    def _graph_key(self, logits: torch.Tensor, lrows: LogitsRows, history):
+    def _graph_key(self, logits: torch.Tensor, lrows: LogitsRows | None, history):
         """What the device work of a steady step depends on besides the logits and the keys;
-        None when it may depend on more than the engine can see (see SteadyStepGraph)."""
+        None when it may depend on more than the engine can see (see SteadyStepGraph).
+
+        `lrows` may be None while min_tokens bans nothing (it is only read for the banned rows).
+        """
         if history is not None or not self._only_builtin_procs:
             return None
-        min_tokens = self.procs.get(MinTokensLogitsProcessor)
-        banned = min_tokens.banned_rows(lrows, len(lrows)) if min_tokens is not None else []
-        return (self._md_version, tuple(logits.shape), logits.dtype, tuple(r for r, _ in banned))
+        min_tokens = self._min_tokens
+        banned = ()
+        if min_tokens is not None and min_tokens.is_active():
+            banned = tuple(r for r, _ in min_tokens.banned_rows(lrows, len(self._identity)))
+        return (self._md_version, tuple(logits.shape), logits.dtype, banned)
+
+    def _steady_rows(self) -> LogitsRows:
+        """The LogitsRows of a steady step: every batch row, in order."""
+        return LogitsRows(list(self._identity), [len(r.output_token_ids) for r in self._reqs],
+                          _device_index=self._identity_index)
+
+    def _keys_advanced(self, positions: list[int]) -> bool:
+        """Whether this steady step's keys are the last steady step's plus one, so that a replayed
+        graph (which adds one to the keys it read) already holds them: every position advanced by
+        one, the step counter by one, and its low 32 bits did not wrap (an unseeded row's key is
+        (row + 1) << 32 | step, where + 1 would carry into the row). Then records this step's."""
+        step = self._host_step
+        advanced = positions == self._next_positions and step == self._next_step and step & rng._M32 != 0
+        self._next_positions, self._next_step = list(map(_plus_one, positions)), step + 1
+        return advanced
 
     def _draw_steady(self, logits: torch.Tensor, both: torch.Tensor, batch_md: SamplingMetadata, lrows: LogitsRows,
-                     history) -> tuple[torch.Tensor, LogprobsTensors | None, torch.Tensor | None]:
+                     history, advance_keys: bool) -> tuple[torch.Tensor, LogprobsTensors | None, torch.Tensor | None]:
         """Sampler + penalty counts of a steady step (eager, or recorded into the graph), and the
-        step's tokens and logprobs packed for one readback."""
+        step's tokens and logprobs packed for one readback. `advance_keys`: leave `both` + 1, the
+        next steady step's keys (SteadyStepGraph's contract), in the packing kernel."""
         out = self.sampler(logits, self._steady_metadata(batch_md, [], lrows, history, both))
         if self.output_counts is not None:
             token_bincount_update_(self.output_counts, lrows.req_index_tensor(self.device), out.sampled_token_ids)
-        return out.sampled_token_ids, out.logprobs, pack_readback(out.sampled_token_ids, out.logprobs)
+        packed = pack_readback(out.sampled_token_ids, out.logprobs, advance_keys=both if advance_keys else None)
+        return out.sampled_token_ids, out.logprobs, packed
 
     def _forget_device_caches(self) -> None:
         """After a failed capture: device tensors built during it hold nothing; rebuild them."""
@@ -254,15 +287,30 @@ class BatchSampler:
         logits: torch.Tensor,  # [N, vocab] fp32 raw logits of the sampling rows (may be modified in place)
         rows: list[int],  # persistent-batch row of each logits row
         positions: list[int],  # sequence position of the token each row samples
-        num_logprobs: list[int | None],  # per row: top-n logprobs wanted, None = none
+        num_logprobs: list[int | None] | None = None,  # per row: top-n logprobs wanted, None = none
     ) -> tuple[list[int], list[Logprob | None]]:
-        """`sample`, read back in one device-to-host copy: the tokens and each row's Logprob entry."""
+        """`sample`, read back in one device-to-host copy: the tokens and each row's Logprob entry.
+
+        `num_logprobs` None: what each row's request asked for (`SamplingParams.logprobs`).
+        """
+        trace = self.trace
+        if trace is not None:
+            trace.append(("start", time.perf_counter()))
         tokens, lp, packed = self._draw(logits, rows, positions)
-        if all(n is None for n in num_logprobs):
+        if num_logprobs is None:
+            num_logprobs = (self._num_logprobs if rows == self._identity
+                            else [self._reqs[r].sampling_params.logprobs for r in rows])
+        if num_logprobs.count(None) == len(num_logprobs):
             return self._to_host(tokens).tolist(), [None] * len(rows)
         if packed is None:
             packed = pack_readback(tokens, lp)
-        return unpack_readback(self._to_host(packed), num_logprobs)
+        host = self._to_host(packed)
+        if trace is not None:
+            trace.append(("wait for the device + copy", time.perf_counter()))
+        out = unpack_readback(host, num_logprobs)
+        if trace is not None:
+            trace.append(("unpack", time.perf_counter()))
+        return out
 
     def _to_host(self, t: torch.Tensor) -> np.ndarray:
         """`t` on the host, through a pinned buffer kept per shape and dtype (an asynchronous
@@ -285,6 +333,8 @@ class BatchSampler:
         """(tokens [N] int64, logprobs or None, packed readback or None) of `sample`."""
         batch_md = self._batch_metadata()
         steady = rows == self._identity  # every row samples (steady decoding)
+        if self._plain_greedy and steady:
+            return self._draw_plain_greedy_steady(logits)
         if self._plain_greedy:
             tokens = _checked_argmax(logits)
             if self.output_counts is not None:
@@ -293,28 +343,15 @@ class BatchSampler:
                 token_bincount_update_(self.output_counts, index, tokens)
             self._advance()
             return tokens, None, None
-        reqs = self._reqs if steady else [self._reqs[r] for r in rows]
-        lrows = LogitsRows(list(rows), [len(r.output_token_ids) for r in reqs],
-                           _device_index=self._identity_index if steady else {})
-        history = [r.output_token_ids for r in reqs] if batch_md.bad_words_token_ids else None
         if steady:  # only the logits and the generator keys change: replayed from a CUDA graph when it can
-            keys = self._steady_keys(positions)
-
-            def body(x, both):
-                return self._draw_steady(x, both, batch_md, lrows, history)
-
-            graphs_on = self.graph.enabled
-            out = self.graph.run(self._graph_key(logits, lrows, history), logits, keys, body)
-            if out is None and graphs_on and not self.graph.enabled:  # the capture failed: start over eagerly
-                self._forget_device_caches()
-                return self._draw(logits, rows, positions)
-            if out is None:
-                out = body(logits, to_device(keys, torch.int64, self.device))
-            self._advance()
-            return out
+            return self._draw_steady_step(logits, rows, positions, batch_md)
+        reqs = [self._reqs[r] for r in rows]
+        lrows = LogitsRows(list(rows), [len(r.output_token_ids) for r in reqs])
+        history = [r.output_token_ids for r in reqs] if batch_md.bad_words_token_ids else None
         # Other rows than the steady step's: processors rebuild their cached index tensors for
         # them, which frees the ones a captured graph reads. Drop the graph first.
         self.graph.reset()
+        self._next_positions = None
         self.step.fill_(self._host_step)
         md = batch_md.expand(rows, position_offsets=positions, rows=lrows, output_token_ids=history)
         out = self.sampler(logits, md)
@@ -323,6 +360,63 @@ class BatchSampler:
             token_bincount_update_(self.output_counts, lrows.req_index_tensor(self.device), tokens)
         self._advance()
         return tokens, out.logprobs, None
+
+    def _draw_steady_step(self, logits: torch.Tensor, rows: list[int], positions: list[int],
+                          batch_md: SamplingMetadata):
+        """`_draw` when every row samples. The host work of a replayed step is a key check, the
+        graph key and the launch: LogitsRows are built only when min_tokens or the body needs them,
+        and the generator keys only when the graph does not hold them already."""
+        trace = self.trace
+        history = [r.output_token_ids for r in self._reqs] if batch_md.bad_words_token_ids else None
+        min_tokens = self._min_tokens
+        lrows = self._steady_rows() if min_tokens is not None and min_tokens.is_active() else None
+        advanced = self._keys_advanced(positions)
+        key = self._graph_key(logits, lrows, history)
+        if trace is not None:
+            trace.append(("host before the launch", time.perf_counter()))
+
+        def body(x, both, advance_keys=True):  # as the graph calls it: leaves both + 1 (SteadyStepGraph)
+            return self._draw_steady(x, both, batch_md, lrows if lrows is not None else self._steady_rows(), history,
+                                     advance_keys)
+
+        graphs_on = self.graph.enabled
+        out = self.graph.run(key, logits, lambda: self._steady_keys(positions), body, advanced=advanced)
+        if out is None and graphs_on and not self.graph.enabled:  # the capture failed: start over eagerly
+            self._forget_device_caches()
+            self._next_positions = None
+            return self._draw(logits, rows, positions)
+        if out is None:
+            out = body(logits, to_device(self._steady_keys(positions), torch.int64, self.device), advance_keys=False)
+        if trace is not None:
+            trace.append(("launch (graph replay or eager)", time.perf_counter()))
+        self._advance()
+        return out
+
+    def _draw_plain_greedy_steady(self, logits: torch.Tensor):
+        """`_draw` of a plain-greedy batch where every row samples: the checked argmax (and the
+        penalty counts, when a past request made them) replayed from the step graph like a
+        sampling step, so that a step costs one launch instead of four small eager ops. The
+        graph's keys are not read: they are never copied (`advanced`), and the body need not
+        advance them."""
+        self._next_positions = None  # a later sampling step's keys were not left by this graph
+        n = logits.shape[0]
+
+        def body(x, _keys):
+            tokens = _checked_argmax(x)
+            if self.output_counts is not None:
+                token_bincount_update_(self.output_counts, self._identity_index[str(self.device)], tokens)
+            return tokens, None, None
+
+        graphs_on = self.graph.enabled
+        key = ("plain greedy", self._md_version, tuple(logits.shape), logits.dtype)
+        out = self.graph.run(key, logits, lambda: [[0] * n, [0] * n], body, advanced=True)
+        if out is None and graphs_on and not self.graph.enabled:  # the capture failed: eager from now on
+            self._forget_device_caches()
+            self._batch_metadata()
+        if out is None:
+            out = body(logits, None)
+        self._advance()
+        return out
 
     def _advance(self) -> None:
         self._host_step += 1
@@ -347,6 +441,7 @@ class BatchSampler:
         """
         batch_md = self._batch_metadata()
         self.graph.reset()  # the processors see one row per draft: see the same line in `_draw`
+        self._next_positions = None
         if self._plain_greedy:
             out = greedy_verify(_checked_argmax(logits), spec)
         else:
@@ -427,32 +522,63 @@ def _final_row(row: int, moved) -> int:
 def pack_readback(
     tokens: torch.Tensor,  # [N] int64
     lp: LogprobsTensors | None,  # token_ids [N, k] int64, ranks [N] int64, logprobs [N, k] fp32
-) -> torch.Tensor | None:  # [N, 2k + 2] float64: token, token_ids, rank, logprobs (None without lp)
+    advance_keys: torch.Tensor | None = None,  # [2, N] int64: incremented by one in place
+) -> torch.Tensor | None:  # [2k + 2, N] float64: token, token_ids.T, rank, logprobs.T (None without lp)
     """A step's tokens and logprobs in one float64 tensor, for one device-to-host copy.
 
+    One field per row of the result, so that the host turns each into a list with one `tolist`.
     float64 holds the ids and ranks exactly (they are below 2**53) and the fp32 logprobs
-    exactly. In a captured steady step the packing is part of the graph.
+    exactly. On CUDA one Triton launch writes it (specops.triton_kernels.readback_pack: in a
+    captured steady step it is part of the graph); elsewhere `pack_readback_torch`, the same values.
+    `advance_keys` (a steady step's keys, read by the draw before) get their + 1 in that launch.
     """
     if lp is None:
+        if advance_keys is not None:
+            advance_keys.add_(1)
         return None
-    return torch.cat([tokens.unsqueeze(1).double(), lp.token_ids.double(), lp.ranks.unsqueeze(1).double(),
-                      lp.logprobs.double()], dim=1)
+    if tokens.is_cuda:
+        from specops.triton_kernels.readback_pack import pack_readback_triton
+        return pack_readback_triton(tokens, lp.token_ids, lp.ranks, lp.logprobs, advance_keys=advance_keys)
+    if advance_keys is not None:
+        advance_keys.add_(1)
+    return pack_readback_torch(tokens, lp)
 
 
-def unpack_readback(packed: np.ndarray,  # [N, 2k + 2] float64 on the host, from pack_readback
+def pack_readback_torch(tokens: torch.Tensor, lp: LogprobsTensors) -> torch.Tensor:  # [2k + 2, N] float64
+    """The reference of `pack_readback`: casts and a cat."""
+    return torch.cat([tokens.unsqueeze(0).double(), lp.token_ids.T.double(), lp.ranks.unsqueeze(0).double(),
+                      lp.logprobs.T.double()])
+
+
+def unpack_readback(packed: np.ndarray,  # [2k + 2, N] float64 on the host, from pack_readback
                     num_logprobs: list[int | None]) -> tuple[list[int], list[Logprob | None]]:
     """Tokens and Logprob entries (None where a row wants none) of a packed readback.
 
     The ids and ranks become Python ints in one conversion, the logprobs Python floats in
-    another; the loop only builds the entries.
+    another, one list per field; when every row wants the same number of top logprobs the
+    entries are built by `map` over those lists, without a Python loop over the rows.
     """
-    k = (packed.shape[1] - 2) // 2
-    ints = packed[:, :k + 2].astype(np.int64).tolist()  # token, k ids, rank
-    vals = packed[:, k + 2:].tolist()  # k logprobs
-    entries = [None if n is None else
-               Logprob(r[1], v[0], r[k + 1], {r[2]: v[1]} if n == 1 else dict(zip(r[2:n + 2], v[1:n + 1])))
-               for r, v, n in zip(ints, vals, num_logprobs)]
-    return [r[0] for r in ints], entries
+    k = (packed.shape[0] - 2) // 2
+    ints = packed[:k + 2].astype(np.int64).tolist()  # token, k ids, rank: [k + 2][N]
+    vals = packed[k + 2:].tolist()  # k logprobs: [k][N]
+    tokens, sampled_ids, ranks, sampled_lp = ints[0], ints[1], ints[k + 1], vals[0]
+    n = num_logprobs[0] if num_logprobs else None
+    if n is not None and num_logprobs.count(n) == len(num_logprobs):  # the same n on every row
+        if n == 1:
+            tops = [{t: v} for t, v in zip(ints[2], vals[1])]
+        elif n == 0:
+            tops = [{} for _ in tokens]
+        else:
+            tops = list(map(dict, map(zip, zip(*ints[2:n + 2]), zip(*vals[1:n + 1]))))
+        return tokens, list(map(Logprob, sampled_ids, sampled_lp, ranks, tops))
+    entries = [None if m is None else
+               Logprob(sampled_ids[i], sampled_lp[i], ranks[i],
+                       {ints[j + 2][i]: vals[j + 1][i] for j in range(m)})
+               for i, m in enumerate(num_logprobs)]
+    return tokens, entries
+
+
+_plus_one = (1).__add__  # x -> x + 1 without a Python frame (inside map)
 
 
 def to_logprobs(lp: LogprobsTensors, want: list[int], num_top: list[int]) -> list[Logprob]:

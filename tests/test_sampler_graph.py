@@ -29,8 +29,10 @@ def test_cpu_never_captures():
 def test_replay_follows_inputs_and_keys():
     g = SteadyStepGraph()
 
-    def body(x, keys):  # [N, V], [2, N]
-        return x.float().sum(dim=1) + keys[1].float()
+    def body(x, keys):  # [N, V], [2, N]; leaves keys + 1, as the graph's contract asks
+        out = x.float().sum(dim=1) + keys[1].float()
+        keys.add_(1)
+        return out
 
     ref = []
     for step in range(8):
@@ -49,12 +51,15 @@ def test_replay_follows_inputs_and_keys():
 
 @cuda_only
 def test_keys_grow_inside_the_graph_and_logits_can_be_computed_in_place():
-    """The graph adds one to its keys: keys that grew by one since the last step are not
-    copied again, any other keys are; logits written into `input_buffer` need no copy."""
+    """The body adds one to the graph's keys: keys that the caller says grew by one since the last
+    step are neither built nor copied again, any other keys are; logits written into `input_buffer`
+    need no copy."""
     g = SteadyStepGraph()
 
-    def body(x, keys):  # [N, V], [2, N]
-        return x.sum(dim=1) + keys[0].float() * 1000 + keys[1].float()
+    def body(x, keys):  # [N, V], [2, N]; leaves keys + 1
+        out = x.sum(dim=1) + keys[0].float() * 1000 + keys[1].float()
+        keys.add_(1)
+        return out
 
     uploads = []
     copy = torch.Tensor.copy_
@@ -75,7 +80,14 @@ def test_keys_grow_inside_the_graph_and_logits_can_be_computed_in_place():
             if buf is not None:
                 buf.copy_(x)  # as the model runner's compute_logits(out=...)
             uploads.clear()
-            out = g.run("a", x if buf is None else buf, keys, body)
+            built = []
+
+            def make_keys(keys=keys):
+                built.append(1)
+                return keys
+
+            advanced = 0 < step != 7
+            out = g.run("a", x if buf is None else buf, make_keys, body, advanced=advanced)
             if out is None:
                 out = body(x, torch.tensor(keys, device="cuda"))
             want = x.sum(dim=1) + torch.tensor(keys[0], device="cuda").float() * 1000 \
@@ -84,6 +96,7 @@ def test_keys_grow_inside_the_graph_and_logits_can_be_computed_in_place():
             replayed_in_place = buf is not None
             if replayed_in_place:
                 assert uploads == ([(2, 4)] if step == 7 else []), (step, uploads)
+                assert len(built) == (not advanced), (step, built)
         assert g.num_captures == 1
         assert g.input_buffer((5, 33), torch.float32) is None
         assert g.input_buffer((4, 33), torch.float16) is None
@@ -136,6 +149,33 @@ def test_engine_with_graphs_samples_what_eager_samples(tiny_checkpoint):  # noqa
     lm = load_model(tiny_checkpoint, device="cuda", dtype=torch.float32)
     eager, s_eager = run_engine(lm, graphs=False)
     graphed, s_graph = run_engine(lm, graphs=True)
+    assert s_eager.graph.num_replays == 0
+    assert s_graph.graph.num_captures >= 2 and s_graph.graph.num_replays >= 10, \
+        (s_graph.graph.num_captures, s_graph.graph.num_replays)
+    assert graphed == eager
+
+
+def run_greedy_engine(lm, graphs: bool):
+    """Plain-greedy requests (no processing, no logprobs) finishing at different steps, after
+    one request with penalties (so the penalty counts exist and must follow); every step's tokens."""
+    eng = LLMEngine(EngineConfig(max_model_len=128, max_num_seqs=8, sampler_cuda_graphs=graphs), loaded=lm)
+    rng = random.Random(1)
+    eng.add_request([rng.randrange(10, 300) for _ in range(6)],
+                    SamplingParams(temperature=0.0, repetition_penalty=1.2, max_tokens=3, ignore_eos=True))
+    for i in range(5):
+        eng.add_request([rng.randrange(10, 300) for _ in range(4 + i)],
+                        SamplingParams(temperature=0.0, max_tokens=10 + 4 * i, ignore_eos=True))
+    steps = []
+    while eng.has_unfinished_requests():
+        steps.append(sorted((o.request_id, tuple(c.token_ids)) for o in eng.step() for c in o.outputs))
+    return steps, eng.runner.sampler
+
+
+@cuda_only
+def test_plain_greedy_steps_replayed_from_a_graph(tiny_checkpoint):  # noqa: F811
+    lm = load_model(tiny_checkpoint, device="cuda", dtype=torch.float32)
+    eager, s_eager = run_greedy_engine(lm, graphs=False)
+    graphed, s_graph = run_greedy_engine(lm, graphs=True)
     assert s_eager.graph.num_replays == 0
     assert s_graph.graph.num_captures >= 2 and s_graph.graph.num_replays >= 10, \
         (s_graph.graph.num_captures, s_graph.graph.num_replays)

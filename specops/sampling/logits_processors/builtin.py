@@ -141,7 +141,9 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
             return logits
         rows = _rows_or_identity(rows, logits.shape[0])
         # The (row, token, bias) triples depend on the rows' requests only: built once per batch.
-        key = (tuple(rows.req_indices), logits.device, logits.dtype)
+        # fp32 only: a CUDA atomic add in bf16/fp16 need not round like torch's add (fp32, then once more)
+        flat = logits.is_contiguous() and logits.dtype == torch.float32
+        key = (tuple(rows.req_indices), logits.device, logits.dtype, logits.shape[1] if flat else None)
         if self._cache is None or self._cache[0] != key:
             r_idx: list[int] = []
             t_idx: list[int] = []
@@ -153,11 +155,23 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
                     t_idx += entry[0]
                     vals += entry[1]
             dev = logits.device
-            self._cache = (key, to_device([r_idx, t_idx], torch.int64, dev) if r_idx else None,
-                           to_device(vals, logits.dtype, dev))
+            if not r_idx:
+                index = None
+            elif flat:  # element r * V + t of the flattened logits
+                width = logits.shape[1]
+                index = to_device([r * width + t for r, t in zip(r_idx, t_idx)], torch.int64, dev)
+            else:
+                index = to_device([r_idx, t_idx], torch.int64, dev)
+            self._cache = (key, index, to_device(vals, logits.dtype, dev))
         _, index, vals = self._cache
-        if index is not None:
-            # Every (row, token) pair occurs once: gather, add, scatter (no sort, unlike accumulate=True).
+        if index is None:
+            return logits
+        # Every (row, token) pair occurs once, so each element gets exactly one addition, rounded
+        # once: the same values as gather + add + scatter. Contiguous fp32 logits (the Sampler's)
+        # take one index_add_ (one kernel) instead of those three.
+        if index.dim() == 1:
+            logits.view(-1).index_add_(0, index, vals)
+        else:
             logits.index_put_((index[0], index[1]), logits[index[0], index[1]] + vals)
         return logits
 
