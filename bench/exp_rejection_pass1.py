@@ -12,8 +12,9 @@ warps) without prefetch and the output to the default geometry's.
 Every geometry here is a function of V only, so any of them keeps batch invariance; the
 recovered-token draw depends on the sub-chunk size (sub_chunk_size in rejection_sample.py
 and the torch reference follow it), not on the chunk, so a different chunk, block or warp
-count changes only the float rounding of the partials. Run from the repo root on the GPU machine (< 90 s each; configurations
-past 80 s are listed as skipped, most likely ones first; --k=1 or --k=8 for one K only):
+count changes only the float rounding of the partials. Run from the repo root on the GPU
+machine (< 90 s each, per sub-chunk size; configurations past 80 s are listed as skipped,
+most likely ones first; --k=1 or --k=8 for one K only):
 
     python bench/exp_rejection_pass1.py [--probs] [--k=1]
     python bench/exp_rejection_pass1.py --race       # the finalize kernel's recovered-token race

@@ -108,9 +108,9 @@ def rejection_sample(
     backend : {"auto", "triton", "torch"}
         "auto": Triton on CUDA, torch elsewhere. "triton" on CPU needs TRITON_INTERPRET=1.
     fuse_recover : bool, optional
-        Without draft probs, run the token level of the race in every chunk of every random
-        row during the first pass (noise for every token) instead of in one chunk of the
-        rejected row in pass 2. Same tokens either way; None (default): pass 2.
+        Without draft probs, run the token level of the race in every sub-chunk of every
+        random row during the first pass (noise for every token) instead of in one sub-chunk
+        of the rejected row after it. Same tokens either way; None (default): after it.
     sub_chunk : int, optional
         Tokens per sub-chunk of the recovered-token race, a power of two in
         [16, chunk_size(V)] (default sub_chunk_size(V)). It changes which tokens are drawn,
