@@ -144,7 +144,7 @@ def race_table(ks, subs, t0) -> None:
             for race_block, race_warps in RACE_GEOMETRIES:
                 if race_block > sub:
                     continue
-                if time.time() - t0 > BUDGET_S:
+                if time.time() - t0 > BUDGET_S * len(subs):
                     print(f"{k:>2} {sub:>5} {race_block:>10} {race_warps:>5}  skipped (time budget)")
                     continue
 
