@@ -4,6 +4,8 @@
     python bench/aot_check_rejection.py --full     # every constexpr combination (slow)
     python bench/aot_check_rejection.py --bench    # also bench/exp_rejection_pass1.py's geometries
     python bench/aot_check_rejection.py --ptx DIR  # keep the PTX / TTGIR of each kernel there
+    python bench/aot_check_rejection.py --subs 2048 4096 8192   # the sub-chunk sizes compiled at
+                                                   # V=128256 besides the default (these by default)
 
 Each kernel of triton_kernels/rejection_sample.py and rejection_recover.py goes through
 triton.compile (an ASTSource with a GPUTarget("cuda", 90, 32)) with the argument types the
@@ -17,6 +19,7 @@ V % 16 == 0), so loads vectorise as on the H200. Batch invariance: on the GPU th
 tl.sum is set by the layout of the reduced tensor, so for each kernel and V the script also
 checks that every configuration (greedy mode, seeds, temperature / threshold / target-row
 modes, fuse_race, prefetch, logits dtype, K: all set by the batch) sums in one layout.
+The sub-chunk size (sub_chunk_size(V)) shapes pass 1's tiles; each size is checked apart.
 """
 
 import argparse
@@ -45,31 +48,35 @@ _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin
 PTXAS = next((os.path.join(_BIN, p) for p in ("ptxas-blackwell", "ptxas") if os.path.exists(os.path.join(_BIN, p))),
              "ptxas")
 LOGIT = {"fp32": "*fp32", "bf16": "*bf16"}
-REDUCE_LAYOUTS = {}   # (kernel, vocab) -> {layouts of its f32 tensors reduced with an add: [labels]}
+REDUCE_LAYOUTS = {}   # (kernel, vocab, sub) -> {layouts of its f32 tensors reduced with an add: [labels]}
 
 
 def add_reduce_layouts(ttgir: str) -> tuple:
-    """(axis, shape, layout) of every 2-D f32 tensor that ttgir reduces with an addf: on the GPU
+    """(axis, shape, layout) of every f32 tensor that ttgir reduces with an addf: on the GPU
     the order of a tl.sum is set by that layout, so equal layouts mean equal sums."""
     lays = dict(re.findall(r"^(#\w+) = (#ttg\.\w+<.*>)$", ttgir, re.M))
     found = set()
     for op in ttgir.split('"tt.reduce"')[1:]:
         body, _, rest = op.partition("}) : (")
-        m = re.match(r"tensor<(\d+x\d+)xf32, (#\w+)>", rest)
+        m = re.match(r"tensor<((?:\d+x)+)f32, (#\w+)>", rest)
         if m and "arith.addf" in body:
             axis = re.search(r"axis = (\d+)", body).group(1)
-            found.add((axis, m.group(1), lays.get(m.group(2), m.group(2))))
+            found.add((axis, m.group(1).rstrip("x"), lays.get(m.group(2), m.group(2))))
     return tuple(sorted(found))
 
 
-def geometry(vocab: int, max_k: int) -> dict:
-    """The launchers' defaults at vocabulary `vocab` (rejection_sample_pass, rejection_recover_pass)."""
+def geometry(vocab: int, max_k: int, sub: int | None = None) -> dict:
+    """The launchers' defaults at vocabulary `vocab` (rejection_sample_pass, rejection_recover_pass),
+    with sub-chunks of `sub` tokens (default sub_chunk_size(vocab))."""
     chunk = RS.chunk_size(vocab)
     splits = triton.cdiv(vocab, chunk)
+    sub = RS.sub_chunk_size(vocab) if sub is None else sub
+    subs = triton.cdiv(vocab, sub)
     block = min(chunk, 8192)
-    return dict(chunk=chunk, splits=splits, block=block, warps=8 if block >= 4096 else 4,
-                split_block=triton.next_power_of_2(splits), out_block=triton.next_power_of_2(max_k + 1),
-                race_block=min(chunk, 2048), res_block=min(chunk, 4096), max_k=max_k)
+    return dict(chunk=chunk, splits=splits, sub=sub, subs=subs, block=block, warps=8 if block >= 4096 else 4,
+                split_block=triton.next_power_of_2(splits), sub_block=triton.next_power_of_2(subs),
+                out_block=triton.next_power_of_2(max_k + 1), race_block=min(sub, 8192), race_warps=16,
+                res_block=min(sub, 4096), max_k=max_k)
 
 
 def divisibility(kernel, sig: dict, ints16: set) -> dict:
@@ -102,8 +109,9 @@ def compile_one(kernel, types: dict, constexprs: dict, num_warps: int, label: st
     with open(os.path.join(ptx_dir, name + ".ttgir"), "w") as f:
         f.write(k.asm["ttgir"])
     vocab = re.search(r"V=(\d+)", label)
+    sub = re.search(r"sub=(\d+)", label)
     if vocab and "bench" not in label:
-        REDUCE_LAYOUTS.setdefault((kernel.__name__, vocab.group(1)), {}).setdefault(
+        REDUCE_LAYOUTS.setdefault((kernel.__name__, vocab.group(1), sub.group(1) if sub else "-"), {}).setdefault(
             add_reduce_layouts(k.asm["ttgir"]), []).append(label)
     with open(os.path.join(ptx_dir, "index.tsv"), "a") as f:
         f.write(f"{name}\t{label}\twarps={num_warps}\n")
@@ -139,19 +147,20 @@ def common_types(dtype: str, dp_dtype: str, ids: str, rows: str, stride: str, tr
         greedy_ptr="*i1" if gm == 0 else ids,
         seeds_ptr="*i64", has_seed_ptr="*i1" if seeds else "*i64", positions_ptr="*i64",
         step_ptr="*i64", engine_seed="i64",
-        part_m_ptr="*fp32", part_s_ptr="*fp32", part_idx_ptr="*i32", part_key_ptr="*fp32", part_kidx_ptr="*i32",
+        part_m_ptr="*fp32", part_s_ptr="*fp32", part_idx_ptr="*i32", part_sub_ptr="*fp32", part_key_ptr="*fp32",
+        part_kidx_ptr="*i32",
         part_x_ptr="*fp32", rec_j_ptr="*i32", rec_ms_ptr="*fp32", part_res_ptr="*fp32",
         num_target_rows="i32", vocab_size="i32",
     )
 
 
-def configs(full: bool):
+def configs(full: bool, brief: bool = False):
     """(dp, gm, fuse, prefetch, tr, tm, thr, seeds, dtype, ids) combinations the launchers can produce.
 
     RejectionSampler passes either target_rows (int64) + per-request temperature (no threshold) on
     bf16/fp32 model logits, or processed fp32 rows + per-row 1/T + threshold; fuse_race only without
     draft probs and with random rows. The default list crosses the kernel-shaping flags (dp, gm, fuse,
-    prefetch) with both call shapes; --full crosses everything.
+    prefetch) with both call shapes; --full crosses everything; brief: the engine's call shape only.
     """
     core = []
     for dp, gm in itertools.product((False, True), (0, 1, 2)):
@@ -168,6 +177,8 @@ def configs(full: bool):
     for i, c in enumerate(core):
         gm = c[1]
         yield (*c, True, 0 if gm == 1 else 1, False, True, "bf16", "*i32")     # engine, temperature only
+        if brief:
+            continue
         yield (*c, False, 2, True, i % 2 == 0, "fp32", "*i64" if i % 2 else "*i32")   # processed rows
         if i % 4 == 0:
             yield (*c, False, 0, False, False, "fp32", "*i32")                  # bare call
@@ -188,7 +199,9 @@ def bench_geometries(ptx_dir: str) -> tuple[int, int]:
                 splits = triton.cdiv(VOCAB, chunk)
                 for warps in WARPS:
                     for pf in ((False, True) if chunk > block else (False,)):
+                        sub = RS.sub_chunk_size(VOCAB)
                         cx = dict(MAX_K=max_k, GRID_K=max_k, NUM_SPLITS=splits, CHUNK=chunk, BLOCK=block,
+                                  SUB=sub, NUM_SUBS=triton.cdiv(VOCAB, sub),
                                   OUT_BLOCK=triton.next_power_of_2(max_k + 1),
                                   SPLIT_BLOCK=triton.next_power_of_2(splits), HAS_TARGET_ROWS=True,
                                   HAS_DRAFT_PROBS=dp, TEMP_MODE=1, HAS_THRESHOLD=False, GREEDY_MODE=2,
@@ -198,13 +211,13 @@ def bench_geometries(ptx_dir: str) -> tuple[int, int]:
                         label = f"bench V={VOCAB} K={max_k} dp={int(dp)} chunk={chunk} block={block} pf={int(pf)}"
                         n += 1
                         failed += not compile_one(kern, kt, cx, warps, label, ptx_dir, ints16)
-        chunk = RS.chunk_size(VOCAB)
-        splits = triton.cdiv(VOCAB, chunk)
+        g = geometry(VOCAB, max_k)
         for race_block, race_warps in RACE_GEOMETRIES:
-            if race_block > chunk:
+            if race_block > g["sub"]:
                 continue
-            cx = dict(MAX_K=max_k, NUM_SPLITS=splits, CHUNK=chunk, OUT_BLOCK=triton.next_power_of_2(max_k + 1),
-                      SPLIT_BLOCK=triton.next_power_of_2(splits), HAS_DRAFT_PROBS=False, GREEDY_MODE=2,
+            cx = dict(MAX_K=max_k, NUM_SPLITS=g["splits"], CHUNK=g["chunk"], SUB=g["sub"], NUM_SUBS=g["subs"],
+                      OUT_BLOCK=g["out_block"], SPLIT_BLOCK=g["split_block"], SUB_BLOCK=g["sub_block"],
+                      HAS_DRAFT_PROBS=False, GREEDY_MODE=2,
                       HAS_SEEDS=False, FUSE_RACE=False, RACE=True, RACE_BLOCK=race_block, HAS_TARGET_ROWS=True,
                       TEMP_MODE=1, HAS_THRESHOLD=False)
             kern = RS._rejection_finalize_kernel
@@ -226,6 +239,8 @@ def main() -> int:
     ap.add_argument("--only", default=None, help="kernel name substring")
     ap.add_argument("--bench", action="store_true",
                     help="also the geometries of bench/exp_rejection_pass1.py (chunk, block, warps, race block)")
+    ap.add_argument("--subs", type=int, nargs="*", default=[2048, 4096, 8192],
+                    help="sub-chunk sizes also compiled at V=128256 (engine call shape; default 2048 4096 8192)")
     args = ap.parse_args()
     ptx_dir = args.ptx or tempfile.mkdtemp(prefix="aot_rej_")
     os.makedirs(ptx_dir, exist_ok=True)
@@ -233,46 +248,52 @@ def main() -> int:
     failed = 0
     n = 0
     seen = set()
-    for vocab, max_k in itertools.product(args.vocab, args.k):
-        g = geometry(vocab, max_k)
+    runs = [(vocab, max_k, None) for vocab, max_k in itertools.product(args.vocab, args.k)]
+    runs += [(128256, max_k, sub) for sub in args.subs for max_k in args.k if sub != RS.sub_chunk_size(128256)]
+    for vocab, max_k, sub in runs:
+        g = geometry(vocab, max_k, sub)
         # int arguments divisible by 16 (the row strides of contiguous [*, V] tensors are V)
         ints16 = {n for n, v in (("logits_stride", vocab), ("draft_probs_stride", vocab), ("vocab_size", vocab),
                                  ("out_stride", max_k + 1)) if v % 16 == 0}
         print(f"# V={vocab} K={max_k}: {g}", flush=True)
-        for dp, gm, fuse, pf, tr, tm, thr, seeds, dtype, ids in configs(args.full):
+        for dp, gm, fuse, pf, tr, tm, thr, seeds, dtype, ids in configs(args.full, brief=sub is not None):
             types = common_types(dtype, dtype, ids, "*i64", stride, tr, tm, thr, seeds, gm, dp)
             flags = dict(HAS_TARGET_ROWS=tr, TEMP_MODE=tm, HAS_THRESHOLD=thr)
-            label = (f"V={vocab} K={max_k} {dtype} dp={int(dp)} gm={gm} fuse={int(fuse)} pf={int(pf)} tr={int(tr)} "
-                     f"tm={tm} thr={int(thr)} seeds={int(seeds)} ids={ids[1:]}")
+            label = (f"V={vocab} sub={g['sub']} K={max_k} {dtype} dp={int(dp)} gm={gm} fuse={int(fuse)} pf={int(pf)} "
+                     f"tr={int(tr)} tm={tm} thr={int(thr)} seeds={int(seeds)} ids={ids[1:]}")
             jobs = []
             # pass 1
             jobs.append((RS._rejection_sample_kernel, dict(
                 MAX_K=max_k, GRID_K=max(max_k, 1), NUM_SPLITS=g["splits"], CHUNK=g["chunk"], BLOCK=g["block"],
+                SUB=g["sub"], NUM_SUBS=g["subs"],
                 OUT_BLOCK=g["out_block"], SPLIT_BLOCK=g["split_block"], HAS_DRAFT_PROBS=dp, GREEDY_MODE=gm,
                 HAS_SEEDS=seeds, FUSE_RACE=fuse, NEED_SX=not dp and gm != 1, PREFETCH=pf, **flags), g["warps"],
                 label))
             # finalize (does not depend on the prefetch flag)
             race = not dp and gm != 1
-            fin = dict(MAX_K=max_k, NUM_SPLITS=g["splits"], CHUNK=g["chunk"], OUT_BLOCK=g["out_block"],
-                       SPLIT_BLOCK=g["split_block"], HAS_DRAFT_PROBS=dp, GREEDY_MODE=gm, HAS_SEEDS=seeds,
+            fin = dict(MAX_K=max_k, NUM_SPLITS=g["splits"], CHUNK=g["chunk"], SUB=g["sub"], NUM_SUBS=g["subs"],
+                       OUT_BLOCK=g["out_block"], SPLIT_BLOCK=g["split_block"], SUB_BLOCK=g["sub_block"],
+                       HAS_DRAFT_PROBS=dp, GREEDY_MODE=gm, HAS_SEEDS=seeds,
                        FUSE_RACE=fuse, RACE=race, RACE_BLOCK=g["race_block"], **flags)
-            fkey = ("fin", vocab, max_k, dp, gm, fuse, tr, tm, thr, seeds, dtype, ids)
+            fkey = ("fin", vocab, g["sub"], max_k, dp, gm, fuse, tr, tm, thr, seeds, dtype, ids)
             if fkey not in seen:
                 seen.add(fkey)
-                jobs.append((RS._rejection_finalize_kernel, fin, 8 if race and not fuse else 4,
+                jobs.append((RS._rejection_finalize_kernel, fin, g["race_warps"] if race and not fuse else 4,
                              label.replace(f" pf={int(pf)}", "")))
             # recover pass: draft probs and random rows only (no prefetch / fuse / greedy-mode flags)
             if dp and gm != 1:
-                rkey = ("rec", vocab, max_k, tr, tm, thr, seeds, dtype, ids)
+                rkey = ("rec", vocab, g["sub"], tr, tm, thr, seeds, dtype, ids)
                 if rkey not in seen:
                     seen.add(rkey)
-                    rl = f"V={vocab} {dtype} dp=1 tr={int(tr)} tm={tm} thr={int(thr)} seeds={int(seeds)} ids={ids[1:]}"
+                    rl = (f"V={vocab} sub={g['sub']} {dtype} dp=1 tr={int(tr)} tm={tm} thr={int(thr)} "
+                          f"seeds={int(seeds)} ids={ids[1:]}")
                     jobs.append((RR._residual_mass_kernel, dict(
-                        NUM_SPLITS=g["splits"], CHUNK=g["chunk"], BLOCK=g["res_block"], **flags),
+                        NUM_SUBS=g["subs"], SUB=g["sub"], BLOCK=g["res_block"], **flags),
                         8 if g["res_block"] >= 4096 else 4, rl))
                     jobs.append((RR._recover_race_kernel, dict(
-                        NUM_SPLITS=g["splits"], CHUNK=g["chunk"], BLOCK=g["race_block"],
-                        SPLIT_BLOCK=g["split_block"], HAS_SEEDS=seeds, **flags), 8, rl))
+                        NUM_SPLITS=g["splits"], CHUNK=g["chunk"], SUB=g["sub"], NUM_SUBS=g["subs"],
+                        BLOCK=g["race_block"], SUB_BLOCK=g["sub_block"], HAS_SEEDS=seeds, **flags),
+                        g["race_warps"], rl))
             for kernel, cx, warps, lab in jobs:
                 if args.only and args.only not in kernel.__name__:
                     continue
@@ -281,16 +302,17 @@ def main() -> int:
                 failed += not compile_one(kernel, kt, cx, warps, lab, ptx_dir, ints16)
     # batch invariance: a row's sums must not depend on the flags the batch sets (greedy mode,
     # seeds, temperature / threshold / target-row modes, fuse_race, prefetch, logits dtype)
-    for (name, vocab), groups in sorted(REDUCE_LAYOUTS.items()):
+    for (name, vocab, sub), groups in sorted(REDUCE_LAYOUTS.items()):
         with_sums = {lay: labels for lay, labels in groups.items() if lay}
         if len(with_sums) > 1:
             failed += 1
-            print(f"FAIL {name} V={vocab}: the sums' layouts differ between configurations:")
+            print(f"FAIL {name} V={vocab} sub={sub}: the sums' layouts differ between configurations:")
             for lay, labels in with_sums.items():
                 print(f"     {lay}: {labels[0]} (+{len(labels) - 1} more)")
         elif with_sums:
             (lay, labels), = with_sums.items()
-            print(f"# {name} V={vocab}: every configuration with sums ({len(labels)}) reduces in one layout {lay}")
+            print(f"# {name} V={vocab} sub={sub}: every configuration with sums ({len(labels)}) reduces in one "
+                  f"layout {lay}")
     if args.bench:
         print("# bench/exp_rejection_pass1.py geometries", flush=True)
         bn, bf = bench_geometries(ptx_dir)

@@ -9,15 +9,21 @@ profiler; the finalize launch is not counted), the ratio to the floor B * K * V 
 / 4.2e12 B/s, and whether the chunk partials are bit-identical to the same (chunk, block,
 warps) without prefetch and the output to the default geometry's.
 
-Every geometry here is a function of V only, so any of them keeps batch invariance; a
-different chunk changes the recovered-token draw (chunk_size in rejection_sample.py and
-the torch reference follow it), a different block or warp count only the float rounding
-of the partials. Run from the repo root on the GPU machine (< 90 s each; configurations
-past 80 s are listed as skipped, most likely ones first; --k=1 or --k=8 for one K only):
+Every geometry here is a function of V only, so any of them keeps batch invariance; the
+recovered-token draw depends on the sub-chunk size (sub_chunk_size in rejection_sample.py
+and the torch reference follow it), not on the chunk, so a different chunk, block or warp
+count changes only the float rounding of the partials. Run from the repo root on the GPU
+machine (< 90 s each, per sub-chunk size; configurations past 80 s are listed as skipped,
+most likely ones first; --k=1 or --k=8 for one K only):
 
     python bench/exp_rejection_pass1.py [--probs] [--k=1]
     python bench/exp_rejection_pass1.py --race       # the finalize kernel's recovered-token race
     python bench/exp_rejection_pass1.py --breakdown  # every kernel of rejection_sample at issue 4's shapes
+
+--sub=2048,4096,8192 (with --race or --breakdown) repeats the table for each sub-chunk size
+of the recovered-token race (default: sub_chunk_size(V) only; 8192 = one sub-chunk per chunk,
+the race before sub-chunks). The sub-chunk size changes which tokens are drawn, not their
+law: --breakdown checks each run against the torch reference at the same size.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from specops.triton_kernels.rejection_sample import chunk_size, rejection_sample_pass  # noqa: E402
+from specops.triton_kernels.rejection_sample import chunk_size, rejection_sample_pass, sub_chunk_size  # noqa: E402
 
 VOCAB = 128256
 BATCH = 128
@@ -42,6 +48,7 @@ DEVICE = "cuda"
 GEOMETRIES = [(8192, 8192), (8192, 4096), (16384, 8192), (4096, 4096), (16384, 4096), (4096, 2048)]
 WARPS = (8, 4)
 # the recovered-token race of the finalize kernel (no draft probs): tokens per step, warps
+# (steps larger than the sub-chunk are skipped)
 RACE_GEOMETRIES = [(2048, 8), (1024, 4), (1024, 8), (2048, 4), (2048, 16), (4096, 8), (4096, 16), (8192, 16)]
 BUDGET_S = 80.0   # stop starting configurations after this (compiles dominate)
 
@@ -69,9 +76,9 @@ def make_inputs(vocab, batch, k, with_probs, device, seed=0):
                 step=torch.tensor([3], dtype=torch.int64, device=device), engine_seed=0), batch, k
 
 
-def run_pass1(inputs, batch, k, chunk, block, warps, prefetch, race_block=None, race_warps=8):
+def run_pass1(inputs, batch, k, chunk, block, warps, prefetch, race_block=None, race_warps=8, sub=None):
     out = torch.empty(batch, k + 1, dtype=torch.int32, device=inputs["logits"].device)
-    res = rejection_sample_pass(out, fuse_race=False, chunk=chunk, block=block, num_warps=warps,
+    res = rejection_sample_pass(out, fuse_race=False, chunk=chunk, sub_chunk=sub, block=block, num_warps=warps,
                                 prefetch=prefetch, race_block=race_block, race_warps=race_warps, **inputs)
     return out, res
 
@@ -91,15 +98,16 @@ def kernel_us(fn, name="_rejection_sample_kernel", iters=20) -> float:
 
 
 def pass1_table(with_probs, ks, t0) -> None:
-    print("out: the output equals the default geometry's (without draft probs a different chunk draws\n"
-          "other recovered tokens, so NO is expected there; with the same chunk, NO means an acceptance\n"
-          "decision flipped on the rounding of the partials)")
+    print("out: the output equals the default geometry's (every geometry races the same sub-chunks of\n"
+          "sub_chunk_size(V) tokens, so the tokens are the same whatever the chunk; NO means an acceptance\n"
+          "decision or a sub-chunk race flipped on the rounding of the partials)")
     print(f"{'K':>2} {'chunk':>6} {'block':>6} {'warps':>5} {'prefetch':>8} {'us':>8} {'x floor':>8} "
           f"{'floor us':>8}  bit-identical")
     for k in ks:
         inputs, batch, k = make_inputs(VOCAB, BATCH, k, with_probs, DEVICE)
         floor = batch * k * VOCAB * 4 / BANDWIDTH * 1e6
-        default_out, _ = run_pass1(inputs, batch, k, chunk_size(VOCAB), None, None, False)
+        sub = sub_chunk_size(VOCAB)
+        default_out, _ = run_pass1(inputs, batch, k, chunk_size(VOCAB), None, None, False, sub=sub)
         for chunk, block in GEOMETRIES:
             for warps in WARPS:
                 plain = None
@@ -109,7 +117,7 @@ def pass1_table(with_probs, ks, t0) -> None:
                         continue
 
                     def fn(chunk=chunk, block=block, warps=warps, prefetch=prefetch):
-                        return run_pass1(inputs, batch, k, chunk, block, warps, prefetch)
+                        return run_pass1(inputs, batch, k, chunk, block, warps, prefetch, sub=sub)
                     out, res = fn()
                     written = [0, 1] if with_probs else [0, 2]   # l_x, then q(x) or x's chunk sum without x
                     parts = torch.cat([res.part_m, res.part_s, res.part_x.view(-1, 3)[:, written].flatten()])
@@ -122,51 +130,59 @@ def pass1_table(with_probs, ks, t0) -> None:
                           f"{floor:8.1f}  {', '.join(same)}", flush=True)
 
 
-def race_table(ks, t0) -> None:
-    """The finalize kernel (acceptance + the recovered-token race of one chunk per request),
-    no draft probs, at the default pass-1 geometry."""
-    print(f"{'K':>2} {'race block':>10} {'warps':>5} {'finalize us':>11}  same tokens")
+def race_table(ks, subs, t0) -> None:
+    """The finalize kernel (acceptance + the recovered-token race of one sub-chunk per request),
+    no draft probs, at the default pass-1 geometry, and pass 1 itself (it writes the sub-chunk
+    sums). "same tokens": as the same sub-chunk size's default race step."""
+    print(f"{'K':>2} {'sub':>5} {'race block':>10} {'warps':>5} {'finalize us':>11} {'pass 1 us':>9}  same tokens")
     for k in ks:
         inputs, batch, k = make_inputs(VOCAB, BATCH, k, False, DEVICE)
         chunk = chunk_size(VOCAB)
-        ref, _ = run_pass1(inputs, batch, k, chunk, None, None, False)
-        print(f"   ({int(((ref >= 0).sum(1) < k + 1).sum())} of {batch} requests draw a recovered token)")
-        for race_block, race_warps in RACE_GEOMETRIES:
-            if race_block > chunk:
-                continue
-            if time.time() - t0 > BUDGET_S:
-                print(f"{k:>2} {race_block:>10} {race_warps:>5}  skipped (time budget)")
-                continue
+        for sub in subs:
+            ref, _ = run_pass1(inputs, batch, k, chunk, None, None, False, sub=sub)
+            print(f"   ({int(((ref >= 0).sum(1) < k + 1).sum())} of {batch} requests draw a recovered token)")
+            for race_block, race_warps in RACE_GEOMETRIES:
+                if race_block > sub:
+                    continue
+                if time.time() - t0 > BUDGET_S * len(subs):
+                    print(f"{k:>2} {sub:>5} {race_block:>10} {race_warps:>5}  skipped (time budget)")
+                    continue
 
-            def fn(race_block=race_block, race_warps=race_warps):
-                return run_pass1(inputs, batch, k, chunk, None, None, False, race_block, race_warps)
-            out, _ = fn()
-            us = kernel_us(fn, name="_rejection_finalize_kernel")
-            print(f"{k:>2} {race_block:>10} {race_warps:>5} {us:11.1f}  {'yes' if torch.equal(out, ref) else 'NO'}",
-                  flush=True)
+                def fn(race_block=race_block, race_warps=race_warps, sub=sub):
+                    return run_pass1(inputs, batch, k, chunk, None, None, False, race_block, race_warps, sub)
+                out, _ = fn()
+                us = kernel_us(fn, name="_rejection_finalize_kernel")
+                p1 = kernel_us(fn)
+                print(f"{k:>2} {sub:>5} {race_block:>10} {race_warps:>5} {us:11.1f} {p1:9.1f}  "
+                      f"{'yes' if torch.equal(out, ref) else 'NO'}", flush=True)
 
 
-def breakdown_table(t0) -> None:
-    """Device time per kernel of one rejection_sample call (default geometry) at the shapes of
-    issue 4's table, and the floor: target rows once + the draft-prob rows of rejected requests."""
+def breakdown_table(subs, t0) -> None:
+    """Device time per kernel of one rejection_sample call (default geometry, each sub-chunk
+    size) at the shapes of issue 4's table, and the floor: target rows once + the draft-prob
+    rows of rejected requests. "ref": the tokens equal the torch reference's at that size
+    (float near-ties aside)."""
     from collections import defaultdict
 
     from torch.profiler import ProfilerActivity, profile
 
     from specops.spec_decode import rejection_sample
-    print(f"{'K':>2} {'B':>4} {'probs':>5}  {'total us':>8} {'floor us':>8} {'x floor':>7}  per kernel (us)")
-    for k, batch, with_probs in [(1, 128, False), (1, 128, True), (4, 128, False), (8, 128, False),
-                                 (8, 128, True), (8, 32, False)]:
-        if time.time() - t0 > BUDGET_S:
-            print(f"{k:>2} {batch:>4} {str(with_probs):>5}  skipped (time budget)")
+    print(f"{'K':>2} {'B':>4} {'probs':>5} {'sub':>5} {'ref':>3}  {'total us':>8} {'floor us':>8} {'x floor':>7}  "
+          f"per kernel (us)")
+    cases = [(1, 128, False), (1, 128, True), (4, 128, False), (4, 128, True), (8, 128, False),
+             (8, 128, True), (8, 32, False)]
+    for (k, batch, with_probs), sub in [(case, sub) for case in cases for sub in subs]:
+        if time.time() - t0 > BUDGET_S * len(subs):
+            print(f"{k:>2} {batch:>4} {str(with_probs):>5} {sub:>5}  skipped (time budget)")
             continue
         a, batch, k = make_inputs(VOCAB, batch, k, with_probs, DEVICE)
 
-        def fn(a=a, k=k):
+        def fn(a=a, k=k, sub=sub, backend="triton"):
             return rejection_sample(a["logits"], a["draft_token_ids"], a["cu_num_draft_tokens"], k,
                                     a["bonus_token_ids"], target_rows=a["target_rows"], draft_probs=a["draft_probs"],
-                                    temperature=a["temperature"], step=a["step"])
+                                    temperature=a["temperature"], step=a["step"], sub_chunk=sub, backend=backend)
         out = fn()
+        same = "yes" if torch.equal(out, fn(backend="torch")) else "NO"
         rejected = int(((out >= 0).sum(1) < k + 1).sum())
         floor = (batch * k + (rejected if with_probs else 0)) * VOCAB * 4 / BANDWIDTH * 1e6
         iters = 20
@@ -183,8 +199,8 @@ def breakdown_table(t0) -> None:
                 per[e.name] += e.device_time / iters
         total = sum(per.values())
         parts = ", ".join(f"{name} {us:.1f}" for name, us in sorted(per.items(), key=lambda kv: -kv[1]))
-        print(f"{k:>2} {batch:>4} {str(with_probs):>5}  {total:8.1f} {floor:8.1f} {total / floor:7.2f}  {parts}",
-              flush=True)
+        print(f"{k:>2} {batch:>4} {str(with_probs):>5} {sub:>5} {same:>3}  {total:8.1f} {floor:8.1f} "
+              f"{total / floor:7.2f}  {parts}", flush=True)
 
 
 def main() -> None:
@@ -193,13 +209,15 @@ def main() -> None:
         return
     with_probs = "--probs" in sys.argv
     ks = tuple(int(a.split("=")[1]) for a in sys.argv[1:] if a.startswith("--k=")) or KS
+    subs = [int(v) for a in sys.argv[1:] if a.startswith("--sub=") for v in a.split("=")[1].split(",")]
+    subs = subs or [sub_chunk_size(VOCAB)]
     t0 = time.time()
     print(f"{torch.cuda.get_device_name()}, V={VOCAB}, B={BATCH}, draft probs: {with_probs}, "
-          f"default chunk {chunk_size(VOCAB)}")
+          f"default chunk {chunk_size(VOCAB)}, default sub-chunk {sub_chunk_size(VOCAB)}")
     if "--breakdown" in sys.argv:
-        breakdown_table(t0)
+        breakdown_table(subs, t0)
     elif "--race" in sys.argv:
-        race_table(ks, t0)
+        race_table(ks, subs, t0)
     else:
         pass1_table(with_probs, ks, t0)
     print(f"done in {time.time() - t0:.0f} s")

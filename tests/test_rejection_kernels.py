@@ -116,18 +116,53 @@ def test_recovered_tokens_match_reference(device, draft_probs, fuse):
     assert torch.unique(out[:, 0].long() // 128).numel() == 3   # tokens of every chunk were emitted
 
 
-@pytest.mark.parametrize("draft_probs", [False, True])
-def test_kernel_geometry_gives_the_same_tokens(device, draft_probs, monkeypatch):
-    # several blocks per chunk in pass 1 (with the prefetching loop) and in the token race
+# (pass-1 block, sub-chunk, level-2 step) at V = 300 (chunk 128): several blocks per chunk with
+# the prefetching loop, a block spanning several sub-chunks or lying inside one, several steps
+# per sub-chunk
+GEOMETRIES = [(32, 32, 16), (32, 64, 32), (64, 16, 16), (128, 32, 16)]
+
+
+@pytest.mark.parametrize("block, sub, race_block", GEOMETRIES)
+@pytest.mark.parametrize("draft_probs, fuse", [(False, False), (False, True), (True, False)])
+def test_kernel_geometry_gives_the_same_tokens(device, block, sub, race_block, draft_probs, fuse, monkeypatch):
     import functools
 
     import specops.spec_decode.rejection as rejection_module
-    for name, knobs in [("rejection_sample_pass", dict(block=32, prefetch=True, race_block=32, race_warps=4)),
-                        ("rejection_recover_pass", dict(race_block=32, race_warps=4))]:
+    for name, knobs in [("rejection_sample_pass", dict(block=block, prefetch=block < 128, race_block=race_block,
+                                                       race_warps=4)),
+                        ("rejection_recover_pass", dict(race_block=race_block, race_warps=4))]:
         monkeypatch.setattr(rejection_module, name, functools.partial(getattr(rejection_module, name), **knobs))
     args, kw = make_case([1] * 24 + [2] * 4, 300, device=device, draft_probs=draft_probs, greedy="mixed",
                          correct_frac=0.2, scale=0.7)
-    check_same(args, kw)
+    check_same(args, kw, sub_chunk=sub, fuse_recover=fuse)
+
+
+@pytest.mark.parametrize("sub", [16, 32, 64, 128])
+@pytest.mark.parametrize("draft_probs, fuse", [(False, False), (False, True), (True, False)])
+def test_sub_chunk_sizes_match_reference(device, sub, draft_probs, fuse):
+    # from 8 sub-chunks per chunk (16 tokens) to one (the whole chunk: the one-level chunk race);
+    # mostly rejected flat rows, so that the sub-chunk race decides often
+    args, kw = make_case([1] * 20 + [3] * 4, 300, device=device, draft_probs=draft_probs, greedy="mixed",
+                         correct_frac=0.1, scale=0.5)
+    out = check_same(args, kw, sub_chunk=sub, fuse_recover=fuse)
+    assert (out[:, 0] >= 0).all()
+
+
+def test_sub_chunk_changes_tokens_not_acceptance(device):
+    # another sub-chunk size draws other recovered tokens, from the same decisions
+    args, kw = make_case([1] * 40, 300, device=device, greedy=False, correct_frac=0.0, scale=0.5, seeded="all")
+    a = rejection_sample(*args, backend="triton", **kw, sub_chunk=32)
+    b = rejection_sample(*args, backend="triton", **kw, sub_chunk=128)
+    assert torch.equal(a[:, 1] == -1, b[:, 1] == -1)
+    assert not torch.equal(a, b)
+
+
+def test_bad_sub_chunk(device):
+    args, kw = make_case([1, 2], 300, device=device)
+    for bad in (8, 48, 256):        # below 16, not a power of two, above chunk_size(300) = 128
+        for backend in ("triton", "torch"):
+            with pytest.raises(ValueError, match="sub_chunk must be"):
+                rejection_sample(*args, backend=backend, **kw, sub_chunk=bad)
 
 
 @pytest.mark.parametrize("fuse", [True, False])
@@ -202,15 +237,30 @@ def test_invalid_drafts_are_rejected(device):
 
 def test_int64_draft_ids_past_int32_are_rejected(device):
     # 2**32 + 2 and -(2**32) + 2 wrap to the likely token 2 in 32 bits; 2**31 to a negative id
+    # (the kernels read the int64 ids as they are: no clamp before the launch)
     logits = torch.full((4, 5), -20.0, device=device)
     logits[:, 2] = 20.0
     drafts = torch.tensor([2**32 + 2, -(2**32) + 2, 2**31, 2], dtype=torch.int64, device=device)
     cu = torch.tensor([1, 2, 3, 4], device=device)
     bonus = torch.tensor([0, 1, 3, 4], device=device)
+    q = torch.full((4, 5), 0.2, device=device)
     for greedy in (True, False):
-        for backend in ("triton", "torch"):
-            out = rejection_sample(logits, drafts, cu, 1, bonus, is_greedy=greedy, backend=backend)
-            assert out.tolist() == [[2, -1], [2, -1], [2, -1], [2, 4]], (greedy, backend)
+        for probs in ((None, q) if not greedy else (None,)):
+            for backend in ("triton", "torch"):
+                out = rejection_sample(logits, drafts, cu, 1, bonus, is_greedy=greedy, draft_probs=probs,
+                                       backend=backend)
+                assert out.tolist() == [[2, -1], [2, -1], [2, -1], [2, 4]], (greedy, probs is None, backend)
+
+
+def test_int64_draft_ids_match_reference(device):
+    # ids past 2**31 among ordinary ones, on the sub-chunk race paths (fused, pass 2, draft probs)
+    for draft_probs, fuse in [(False, False), (False, True), (True, False)]:
+        args, kw = make_case([2, 3, 1, 2], 300, device=device, draft_probs=draft_probs, greedy=False,
+                             correct_frac=0.3)
+        drafts = args[1].clone()
+        drafts[0] = 2**32 + 7          # wraps to 7 in 32 bits
+        drafts[4] = -(2**33)
+        check_same((args[0], drafts, *args[2:]), kw, fuse_recover=fuse)
 
 # ---- greedy speculation == step-by-step greedy decoding --------------------------------------
 

@@ -146,17 +146,23 @@ def test_emitted_sequences_follow_target(backend, k, with_probs, seeded):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("with_probs", [False, True])
-def test_recovered_token_follows_residual_over_chunks(backend, with_probs):
-    """The recovered token (a race over the chunks of the row, then over the tokens of one
-    chunk) follows the residual exactly, at V = 300: 3 chunks of chunk_size(300) = 128."""
-    from specops.triton_kernels.rejection_sample import chunk_size
+@pytest.mark.parametrize("sub", [None, 16, 128])
+def test_recovered_token_follows_residual_over_chunks(backend, with_probs, sub):
+    """The recovered token (a race over the sub-chunks of the row, then over the tokens of
+    one sub-chunk) follows the residual exactly, at V = 300: 3 chunks of chunk_size(300) = 128
+    tokens, sub-chunks of sub_chunk_size(300) = 32 (10 of them, the last one partial), 16
+    (19) or 128 (3: the one-level chunk race)."""
+    from specops.triton_kernels.rejection_sample import chunk_size, sub_chunk_size
 
     vocab, n, x = 300, 40000, 5
     chunk = chunk_size(vocab)
     assert (vocab + chunk - 1) // chunk == 3
+    sub_size = sub_chunk_size(vocab) if sub is None else sub
+    num_subs = (vocab + sub_size - 1) // sub_size
+    assert sub is not None or num_subs == 10
     g = torch.Generator().manual_seed(21)
     logits = torch.randn(vocab, generator=g)
-    logits[x] = 6.0                                   # the draft holds about half of chunk 0's mass
+    logits[x] = 6.0                       # the draft holds about half of the mass of chunk 0 (and its sub-chunks)
     p = torch.softmax(logits.double(), 0)
     in_chunk = torch.arange(vocab) // chunk
     if with_probs:
@@ -174,14 +180,16 @@ def test_recovered_token_follows_residual_over_chunks(backend, with_probs):
     out = run(backend, logits.repeat(n, 1).to(DEVICE), drafts.to(DEVICE), 1, n, bonus,
               seeds=torch.arange(n, device=DEVICE) * 104729 + 3,
               has_seed=torch.ones(n, dtype=torch.bool, device=DEVICE),
-              positions=torch.full((n,), 17, dtype=torch.int64, device=DEVICE), **kw).cpu()
+              positions=torch.full((n,), 17, dtype=torch.int64, device=DEVICE), sub_chunk=sub, **kw).cpu()
     rejected = out[:, 1] == -1                        # K = 1: [recovered, -1] or [draft, bonus]
     assert int(rejected.sum()) > 10000
     counts = torch.bincount(out[rejected, 0].long(), minlength=vocab)
     assert chi2_ok(counts, residual)
-    # power: the right tokens within each chunk, but chunks weighted by a wrong mass (p's own
-    # chunk masses: with x left in, without draft probs; ignoring q, with them)
-    chunk_w = torch.zeros(3, dtype=torch.float64).index_add_(0, in_chunk, p)
-    chunk_r = torch.zeros(3, dtype=torch.float64).index_add_(0, in_chunk, residual)
-    wrong = residual / chunk_r[in_chunk] * (chunk_w / chunk_w.sum())[in_chunk]
+    # power: the right tokens within each sub-chunk, but sub-chunks weighted by a wrong mass
+    # (p's own masses: with x left in, without draft probs; ignoring q, with them)
+    in_sub = torch.arange(vocab) // sub_size
+    sub_w = torch.zeros(num_subs, dtype=torch.float64).index_add_(0, in_sub, p)
+    sub_r = torch.zeros(num_subs, dtype=torch.float64).index_add_(0, in_sub, residual)
+    wrong = torch.where(sub_r[in_sub] > 0, residual / sub_r[in_sub], 0.0) * (sub_w / sub_w.sum())[in_sub]
+    wrong /= wrong.sum()
     assert not chi2_ok(counts, wrong)

@@ -2,16 +2,17 @@
 rejected random row.
 
 Pass 1 (rejection_sample.py) leaves, per request, the target row j of its first rejection
-(-1 when none), the row's softmax max and sum, and the chunk partials of every row. The
-token is drawn by the two-level race of rejection_sample.py's docstring (without draft
-probs the finalize kernel of pass 1 draws it and this pass is not launched):
+(-1 when none), the row's softmax max and sum, and the chunk and sub-chunk partials of every
+row. The token is drawn by the two-level race of rejection_sample.py's docstring (without
+draft probs the finalize kernel of pass 1 draws it and this pass is not launched):
 
 - with a valid draft, from the residual r_t = max(0, p_t - q_t): a first launch, grid
-  (num_reqs, NUM_SPLITS), sums r over each chunk of the rejected row (target logits and
-  draft probs read once, no noise); then one program per request races the chunks by
-  those sums and the tokens of the chosen chunk with keys r_t / E_t;
+  (num_reqs, NUM_SUBS), sums r over each sub-chunk of the rejected row (target logits and
+  draft probs read once, no noise; each sum over its own SUB tokens in an order fixed by V);
+  then one program per request races the sub-chunks by those sums and the tokens of the
+  chosen sub-chunk with keys r_t / E_t;
 - if every r_t is 0 (only rounding can cause it) or the draft id is outside the
-  vocabulary, from p: chunks by pass 1's partials, tokens by x_t / T - log E_t.
+  vocabulary, from p: sub-chunks by pass 1's partials, tokens by x_t / T - log E_t.
 
 A row without any mass emits token 0 (as torch.argmax of the all -inf keys of the reference).
 """
@@ -20,9 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
-from specops.triton_kernels.rejection_sample import (Pass1Result, _chunk_log_mass, _race_chunk_tokens, _race_chunks,
-                                                    _request_keys, _row_key, _row_scale, _scaled_block, _target_row,
-                                                    temp_mode_of)
+from specops.triton_kernels.rejection_sample import (SUBS_PER_CHUNK, Pass1Result, _race_chunk_tokens, _race_chunks,
+                                                    _request_keys, _row_key, _row_scale, _scaled_block, _sub_log_mass,
+                                                    _target_row, _valid_draft, check_sub_chunk, temp_mode_of)
 
 
 @triton.jit
@@ -34,19 +35,19 @@ def _residual_mass_kernel(
     temp_ptr,                                 # TEMP_MODE 1: [num_reqs] T; 2: [T] 1/T (fp32)
     threshold_ptr,                            # [T] fp32 (HAS_THRESHOLD)
     rec_j_ptr, rec_ms_ptr,                    # [num_reqs] int32, [num_reqs, 2] fp32 from pass 1
-    part_res_ptr,                             # [num_reqs * NUM_SPLITS] fp32 out
+    part_res_ptr,                             # [num_reqs * NUM_SUBS] fp32 out
     vocab_size,
-    NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+    NUM_SUBS: tl.constexpr, SUB: tl.constexpr, BLOCK: tl.constexpr,
     HAS_TARGET_ROWS: tl.constexpr, TEMP_MODE: tl.constexpr, HAS_THRESHOLD: tl.constexpr,
 ):
-    """Program (r, c): sum over chunk c of the residual max(0, p_t - q_t) of request r's
+    """Program (r, k): sum over sub-chunk k of the residual max(0, p_t - q_t) of request r's
     rejected row (when its draft is valid; the race reads nothing otherwise)."""
     req = tl.program_id(0)
-    split = tl.program_id(1)
+    k = tl.program_id(1)
     j = tl.load(rec_j_ptr + req)
     if j >= 0:
-        x = tl.load(draft_ids_ptr + j).to(tl.int32)
-        if (x >= 0) & (x < vocab_size):
+        x = _valid_draft(tl.load(draft_ids_ptr + j), vocab_size)
+        if x >= 0:
             row_ptr = _target_row(logits_ptr, logits_stride, target_rows_ptr, j, HAS_TARGET_ROWS)
             q_ptr = draft_probs_ptr + j.to(tl.int64) * draft_probs_stride
             inv_t, thr = _row_scale(temp_ptr, threshold_ptr, req, j, False, TEMP_MODE, HAS_THRESHOLD)
@@ -55,14 +56,14 @@ def _residual_mass_kernel(
             kk = tl.arange(0, BLOCK // 4)
             ww = tl.arange(0, 4)[None, :]
             acc = tl.full([], 0.0, tl.float32)
-            chunk0 = split * CHUNK
-            limit = tl.minimum(vocab_size, chunk0 + CHUNK)
-            for off in range(0, CHUNK, BLOCK):
-                t, mask, v = _scaled_block(row_ptr, chunk0 + off, kk, ww, limit, inv_t, thr, HAS_THRESHOLD)
+            sub0 = k * SUB
+            limit = tl.minimum(vocab_size, sub0 + SUB)
+            for off in range(0, SUB, BLOCK):
+                t, mask, v = _scaled_block(row_ptr, sub0 + off, kk, ww, limit, inv_t, thr, HAS_THRESHOLD)
                 q = tl.load(q_ptr + t, mask=mask, other=0.0).to(tl.float32)
                 p = tl.exp(v - row_max) / row_sum
                 acc += tl.sum(tl.sum(tl.where(mask, tl.maximum(p - q, 0.0), 0.0), 1), 0)
-            tl.store(part_res_ptr + req * NUM_SPLITS + split, acc)
+            tl.store(part_res_ptr + req * NUM_SUBS + k, acc)
 
 
 @triton.jit(do_not_specialize=["engine_seed"])
@@ -78,35 +79,36 @@ def _recover_race_kernel(
     seeds_ptr, has_seed_ptr, positions_ptr,   # [num_reqs] (HAS_SEEDS)
     step_ptr, engine_seed,                    # [1] int64, int
     rec_j_ptr, rec_ms_ptr,                    # [num_reqs] int32, [num_reqs, 2] fp32 from pass 1
-    part_m_ptr, part_s_ptr, part_x_ptr,       # [T * NUM_SPLITS] x 2, [T * 3] fp32 from pass 1
-    part_res_ptr,                             # [num_reqs * NUM_SPLITS] fp32 from _residual_mass_kernel
+    part_m_ptr, part_sub_ptr, part_x_ptr,     # [T * NUM_SPLITS], [T * NUM_SUBS], [T * 3] fp32 from pass 1
+    part_res_ptr,                             # [num_reqs * NUM_SUBS] fp32 from _residual_mass_kernel
     vocab_size,
-    NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr, NUM_SUBS: tl.constexpr,
+    BLOCK: tl.constexpr, SUB_BLOCK: tl.constexpr,
     HAS_TARGET_ROWS: tl.constexpr, TEMP_MODE: tl.constexpr, HAS_THRESHOLD: tl.constexpr,
     HAS_SEEDS: tl.constexpr,
 ):
-    """One program per request: level 1 over the chunks of its rejected row, level 2 over
-    the tokens of the chosen chunk; writes the token into the output row."""
+    """One program per request: level 1 over the sub-chunks of its rejected row, level 2 over
+    the tokens of the chosen sub-chunk; writes the token into the output row."""
     req = tl.program_id(0)
     j = tl.load(rec_j_ptr + req)
     if j >= 0:
         start = tl.load(cu_ptr + req - 1, mask=req > 0, other=0).to(tl.int32)
         i = j - start
-        x = tl.load(draft_ids_ptr + j).to(tl.int32)
-        valid = (x >= 0) & (x < vocab_size)
+        valid = _valid_draft(tl.load(draft_ids_ptr + j), vocab_size) >= 0
         seeded, seed, position, step = _request_keys(seeds_ptr, has_seed_ptr, positions_ptr, step_ptr, req,
                                                      HAS_SEEDS)
         seed_r, pos_r = _row_key(seeded, seed, position, engine_seed.to(tl.int64), step, i.to(tl.int64), j)
 
-        # level 1: the chunk masses of the residual, or of p when the residual has none
-        cc = tl.arange(0, SPLIT_BLOCK)
-        res = tl.load(part_res_ptr + req * NUM_SPLITS + cc, mask=cc < tl.where(valid, NUM_SPLITS, 0), other=0.0)
+        # level 1: the sub-chunk masses of the residual, or of p when the residual has none
+        kk = tl.arange(0, SUB_BLOCK)
+        res = tl.load(part_res_ptr + req * NUM_SUBS + kk, mask=kk < tl.where(valid, NUM_SUBS, 0), other=0.0)
         use_res = tl.max(res, 0) > 0.0
         log_res = tl.where(res > 0.0, tl.log(tl.where(res > 0.0, res, 1.0)), float("-inf"))
-        log_p = _chunk_log_mass(part_m_ptr, part_s_ptr, part_x_ptr, j, tl.full([], -1, tl.int32), cc, NUM_SPLITS)
-        c, best = _race_chunks(tl.where(use_res, log_res, log_p), cc, seed_r, pos_r)
+        log_p = _sub_log_mass(part_m_ptr, part_sub_ptr, part_x_ptr, j, tl.full([], -1, tl.int32), kk, NUM_SUBS,
+                              CHUNK // SUB, NUM_SPLITS)
+        c, best = _race_chunks(tl.where(use_res, log_res, log_p), kk, seed_r, pos_r)
 
-        # level 2: the per-token race within chunk c
+        # level 2: the per-token race within sub-chunk c
         token = tl.full([], 0, tl.int32)                            # no mass: as torch.argmax
         if best > float("-inf"):
             row_ptr = _target_row(logits_ptr, logits_stride, target_rows_ptr, j, HAS_TARGET_ROWS)
@@ -115,7 +117,7 @@ def _recover_race_kernel(
             row_max = tl.load(rec_ms_ptr + req * 2)
             row_sum = tl.load(rec_ms_ptr + req * 2 + 1)
             token = _race_chunk_tokens(row_ptr, q_ptr, c, -1, use_res, row_max, row_sum, inv_t, thr, seed_r, pos_r,
-                                       vocab_size, CHUNK, BLOCK, True, HAS_THRESHOLD)
+                                       vocab_size, SUB, BLOCK, True, HAS_THRESHOLD)
         tl.store(out_ptr + req.to(tl.int64) * out_stride + i, token)
 
 
@@ -136,6 +138,7 @@ def rejection_recover_pass(
     engine_seed: int,
     pass1: Pass1Result,
     chunk: int,
+    sub_chunk: int | None = None,
     race_block: int | None = None,
     race_warps: int = 16,
 ) -> None:
@@ -143,25 +146,28 @@ def rejection_recover_pass(
 
     Only with draft probs: without them the finalize kernel of pass 1 draws the tokens.
 
-    ``race_block`` (tokens per step of the level-2 race, default min(chunk, 8192)) and
-    ``race_warps`` change speed only.
+    ``sub_chunk`` must be pass 1's (default: the same default). ``race_block`` (tokens per
+    step of the level-2 race, default sub_chunk) and ``race_warps`` change speed only.
     """
     num_reqs = out.shape[0]
     vocab = logits.shape[1]
     num_splits = triton.cdiv(vocab, chunk)
-    race_block = min(chunk, 8192) if race_block is None else race_block
-    assert race_block >= 16 and race_block & (race_block - 1) == 0 and chunk % race_block == 0
+    sub = max(16, chunk // SUBS_PER_CHUNK) if sub_chunk is None else sub_chunk
+    check_sub_chunk(sub, chunk)
+    num_subs = triton.cdiv(vocab, sub)
+    race_block = min(sub, 8192) if race_block is None else race_block
+    assert race_block >= 16 and race_block & (race_block - 1) == 0 and sub % race_block == 0
     temp_mode, temp_arg = temp_mode_of(temperature, inv_temperature, logits)
     rows = dict(target_rows_ptr=target_rows if target_rows is not None else draft_token_ids,
                 draft_ids_ptr=draft_token_ids, draft_probs_ptr=draft_probs,
                 draft_probs_stride=draft_probs.stride(0))
-    part_res = torch.empty(num_reqs * num_splits, dtype=torch.float32, device=logits.device)
-    block = min(chunk, 4096)   # memory bound: wide loads, no noise
-    _residual_mass_kernel[(num_reqs, num_splits)](
+    part_res = torch.empty(num_reqs * num_subs, dtype=torch.float32, device=logits.device)
+    block = min(sub, 4096)   # memory bound: wide loads, no noise
+    _residual_mass_kernel[(num_reqs, num_subs)](
         logits, logits.stride(0), **rows,
         temp_ptr=temp_arg, threshold_ptr=threshold if threshold is not None else logits,
         rec_j_ptr=pass1.rec_j, rec_ms_ptr=pass1.rec_ms, part_res_ptr=part_res, vocab_size=vocab,
-        NUM_SPLITS=num_splits, CHUNK=chunk, BLOCK=block,
+        NUM_SUBS=num_subs, SUB=sub, BLOCK=block,
         HAS_TARGET_ROWS=target_rows is not None, TEMP_MODE=temp_mode, HAS_THRESHOLD=threshold is not None,
         num_warps=8 if block >= 4096 else 4,
     )
@@ -173,9 +179,10 @@ def rejection_recover_pass(
         positions_ptr=positions if positions is not None else step,
         step_ptr=step, engine_seed=engine_seed,
         rec_j_ptr=pass1.rec_j, rec_ms_ptr=pass1.rec_ms,
-        part_m_ptr=pass1.part_m, part_s_ptr=pass1.part_s, part_x_ptr=pass1.part_x, part_res_ptr=part_res,
+        part_m_ptr=pass1.part_m, part_sub_ptr=pass1.part_sub, part_x_ptr=pass1.part_x, part_res_ptr=part_res,
         vocab_size=vocab,
-        NUM_SPLITS=num_splits, CHUNK=chunk, BLOCK=race_block, SPLIT_BLOCK=triton.next_power_of_2(num_splits),
+        NUM_SPLITS=num_splits, CHUNK=chunk, SUB=sub, NUM_SUBS=num_subs, BLOCK=race_block,
+        SUB_BLOCK=triton.next_power_of_2(num_subs),
         HAS_TARGET_ROWS=target_rows is not None, TEMP_MODE=temp_mode, HAS_THRESHOLD=threshold is not None,
         HAS_SEEDS=seeds is not None, num_warps=race_warps,
     )

@@ -3,12 +3,13 @@
 Grid (num_reqs * MAX_K, NUM_SPLITS): program (r, i, c) reads chunk c (CHUNK vocabulary
 entries) of the target row of draft i of request r and writes chunk partials: the max
 and argmax of the scaled logits x = l * (1/T) (tokens below the row's optional threshold,
-e.g. top-k / top-p / min-p, count as -inf), the sum of exp relative to that max, for the
-chunk holding a valid draft token without draft probs the same sum without that token
-(summed directly: no cancellation) and, when FUSE_RACE, the chunk's best recovered-token
-candidate. A second launch, one program per request, combines the partials of all its
-rows, decides acceptance and writes the request's whole output row [K + 1] (a separate
-launch rather than "the last program to finish": no ordering between programs to rely on).
+e.g. top-k / top-p / min-p, count as -inf), the sum of exp relative to that max, the same
+sum over each of its sub-chunks, for the sub-chunk holding a valid draft token without
+draft probs that sum without the token (summed directly: no cancellation) and, when
+FUSE_RACE, each sub-chunk's best recovered-token candidate. A second launch, one
+program per request, combines the partials of all its rows, decides acceptance and writes
+the request's whole output row [K + 1] (a separate launch rather than "the last program
+to finish": no ordering between programs to rely on).
 
 - greedy rows accept draft x while x == argmax of the row; the first mismatch writes the
   argmax and stops;
@@ -18,28 +19,36 @@ launch rather than "the last program to finish": no ordering between programs to
 - every draft accepted: the bonus token is appended.
 
 The recovered token of a random row is drawn from the residual w (without draft probs:
-p with x removed; with them: max(0, p - q)) by a two-level exponential race, exact
-because P(t) = P(chunk c) P(t | c) = (M_c / M) (w_t / M_c) with M_c the mass of chunk c:
+p with x removed; with them: max(0, p - q)) by a two-level exponential race over the row's
+sub-chunks (SUB = sub_chunk_size(V) tokens, CHUNK / SUB of them in each chunk), exact
+because P(t) = P(sub-chunk k) P(t | k) = (M_k / M) (w_t / M_k) with M_k the mass of k:
 
-1. chunk c = argmax_c log(M_c) - log(E_c), E_c Exp(1) from word c % 4 of
-   random_words(seed, pos, STREAM_RECOVER_CHUNK, c // 4) (a stream no per-token draw uses);
-2. within chunk c only, the per-token race: argmax_{t in c, t != x} (x_t - log E_t), or
-   argmax_{t in c} w_t / E_t with draft probs, E_t Exp(1) from word t % 4 of
+1. sub-chunk k = argmax_k log(M_k) - log(E_k), E_k Exp(1) from word k % 4 of
+   random_words(seed, pos, STREAM_RECOVER_CHUNK, k // 4) (a stream no per-token draw uses);
+2. within sub-chunk k only, the per-token race: argmax_{t in k, t != x} (x_t - log E_t), or
+   argmax_{t in k} w_t / E_t with draft probs, E_t Exp(1) from word t % 4 of
    random_words(seed, pos, STREAM_RECOVER, t // 4).
 
-Without draft probs the chunk masses are these partials (M_c = e^{m_c} s_c up to the row's
-normaliser), so nothing re-reads the row's other chunks: the finalize kernel runs level 1
-for the request's rejected row, then level 2 over the chosen chunk (one chunk read, one
-chunk's noise) or, with FUSE_RACE, takes that chunk's winner of the per-token race that
-pass 1 ran in every chunk. With draft probs, rejection_recover.py sums the residual of
-each chunk of the rejected row, then runs both levels. The same chunks and noise, and so
-the same tokens, as specops.spec_decode.rejection_torch.
+Pass 1 writes, besides the chunk partials, the sum of exp(x - m_c) over each sub-chunk of
+chunk c (m_c the chunk's max; each sum added directly over its own tokens, in an order
+fixed by V) and the same sum without the draft token for the sub-chunk holding it. Without
+draft probs these are the sub-chunk masses (M_k = e^{m_c} s_k up to the row's normaliser),
+so nothing re-reads the row: the finalize kernel runs level 1 for the request's rejected
+row, then level 2 over the chosen sub-chunk (one read of SUB tokens, in one step by
+default) or, with FUSE_RACE, takes that sub-chunk's winner of the per-token race that
+pass 1 ran everywhere. With draft probs, rejection_recover.py sums the residual of each
+sub-chunk of the rejected row, then runs both levels. The same sub-chunks and noise, and
+so the same tokens, as specops.spec_decode.rejection_torch. SUB = CHUNK is the one-level
+chunk race of earlier versions (other tokens, the same law).
+
+Draft ids are read as given (int32 or int64): an id outside [0, V) is invalid (-1) before
+any narrowing, so an int64 id past 2**31 cannot wrap into the vocabulary.
 
 Per-row keys follow specops.rng.row_keys with the target rows as rows: a seeded request
 uses (seed, positions[r] + i), an unseeded one (engine_seed, ((j + 1) << 32) | step)
-with j the global target row. CHUNK depends on the vocabulary only (chunk_size), so every
-row is reduced and raced in the same order whatever the batch: seeded requests are batch
-invariant.
+with j the global target row. CHUNK and SUB depend on the vocabulary only (chunk_size,
+sub_chunk_size), so every row is reduced and raced in the same order whatever the batch:
+seeded requests are batch invariant.
 """
 
 from typing import NamedTuple
@@ -113,14 +122,29 @@ def _target_row(logits_ptr, logits_stride, target_rows_ptr, j, HAS_TARGET_ROWS: 
 
 
 @triton.jit
+def _valid_draft(x, vocab_size):
+    """Draft id x (int32 or int64, as stored) -> int32 id, or -1 when outside [0, V): the test
+    is made before any narrowing, so an int64 id past 2**31 cannot wrap into the vocabulary."""
+    return tl.where((x >= 0) & (x < vocab_size), x, -1).to(tl.int32)
+
+
+@triton.jit
+def _load_scaled(row_ptr, t, limit, inv_t, thr, HAS_THRESHOLD: tl.constexpr):
+    """Mask t < limit and scaled logits x / T of tokens t (any shape): -inf outside the mask
+    and, with HAS_THRESHOLD, below thr."""
+    mask = t < limit
+    v = tl.load(row_ptr + t, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
+    if HAS_THRESHOLD:
+        v = tl.where(v >= thr, v, float("-inf"))
+    return mask, v
+
+
+@triton.jit
 def _scaled_block(row_ptr, base, kk, ww, vocab_size, inv_t, thr, HAS_THRESHOLD: tl.constexpr):
     """Tokens t = base + 4 * kk + ww [BLOCK // 4, 4], their mask t < V and scaled logits x / T
     (-inf outside the vocabulary and, with HAS_THRESHOLD, below thr)."""
     t = base + kk[:, None] * 4 + ww
-    mask = t < vocab_size
-    v = tl.load(row_ptr + t, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
-    if HAS_THRESHOLD:
-        v = tl.where(v >= thr, v, float("-inf"))
+    mask, v = _load_scaled(row_ptr, t, vocab_size, inv_t, thr, HAS_THRESHOLD)
     return t, mask, v
 
 
@@ -134,59 +158,61 @@ def _merge_block_max(v, t, best, best_t):
 
 
 @triton.jit
-def _pick_word(w0, w1, w2, w3, sel):
-    """[N] words x 4 -> [N, 4]: column w holds word w (token 4 * k + w uses word w of call k)."""
-    return tl.where(sel == 0, w0[:, None], tl.where(sel == 1, w1[:, None],
-                    tl.where(sel == 2, w2[:, None], w3[:, None])))
+def _token_noise(seed_r, pos_r, quad, ww):
+    """Exp(1) noise of tokens 4 * quad + ww (quad [..., 1], ww [..., 4]): word ww of
+    random_words(seed_r, pos_r, STREAM_RECOVER, quad)."""
+    w0, w1, w2, w3 = random_words(seed_r, pos_r, STREAM_RECOVER, quad)
+    return exponential(tl.where(ww == 0, w0, tl.where(ww == 1, w1, tl.where(ww == 2, w2, w3))))
 
 
 @triton.jit
-def _chunk_log_mass(part_m_ptr, part_s_ptr, part_x_ptr, j, x_chunk, cc, NUM_SPLITS: tl.constexpr):
-    """log of the mass of each chunk cc [SPLIT_BLOCK] of target row j, up to a constant of the
-    row: m_c + log(s_c) from the partials of pass 1, with the sum without the draft token in
-    chunk x_chunk (-1: none excluded); -inf for an empty chunk or past the last one."""
-    cmask = cc < NUM_SPLITS
-    off = j * NUM_SPLITS + cc
-    pm = tl.load(part_m_ptr + off, mask=cmask, other=float("-inf"))
-    ps = tl.load(part_s_ptr + off, mask=cmask, other=0.0)
-    sx = tl.load(part_x_ptr + j * 3 + 2, mask=x_chunk >= 0, other=0.0)
-    ps = tl.where(cc == x_chunk, sx, ps)
+def _sub_log_mass(part_m_ptr, part_sub_ptr, part_x_ptr, j, x_sub, kk, NUM_SUBS: tl.constexpr, SPC: tl.constexpr,
+                  NUM_SPLITS: tl.constexpr):
+    """log of the mass of each sub-chunk kk [SUB_BLOCK] of target row j, up to a constant of
+    the row: m_c + log(s_k) from the partials of pass 1 (chunk c = k // SPC), with the
+    sum without the draft token in sub-chunk x_sub (-1: none excluded); -inf for an empty
+    sub-chunk or past the last one."""
+    kmask = kk < NUM_SUBS
+    pm = tl.load(part_m_ptr + j * NUM_SPLITS + kk // SPC, mask=kmask, other=float("-inf"))
+    ps = tl.load(part_sub_ptr + j * NUM_SUBS + kk, mask=kmask, other=0.0)
+    sx = tl.load(part_x_ptr + j * 3 + 2, mask=x_sub >= 0, other=0.0)
+    ps = tl.where(kk == x_sub, sx, ps)
     return tl.where(ps > 0.0, pm + tl.log(tl.where(ps > 0.0, ps, 1.0)), float("-inf"))
 
 
 @triton.jit
-def _race_chunks(log_mass, cc, seed_r, pos_r):
-    """Level 1 of the recovered-token draw: the chunk argmax_c log(M_c) - log(E_c) over chunks
-    cc [SPLIT_BLOCK] (lowest on ties), E_c = Exp(1) from word c % 4 of
-    random_words(seed_r, pos_r, STREAM_RECOVER_CHUNK, c // 4). Returns (chunk, its key);
-    the key is -inf when no chunk has mass."""
-    w0, w1, w2, w3 = random_words(seed_r, pos_r, STREAM_RECOVER_CHUNK, cc // 4)
-    w = cc % 4
+def _race_chunks(log_mass, kk, seed_r, pos_r):
+    """Level 1 of the recovered-token draw: the sub-chunk argmax_k log(M_k) - log(E_k) over
+    sub-chunks kk [SUB_BLOCK] (lowest on ties), E_k = Exp(1) from word k % 4 of
+    random_words(seed_r, pos_r, STREAM_RECOVER_CHUNK, k // 4). Returns (sub-chunk, its key);
+    the key is -inf when no sub-chunk has mass."""
+    w0, w1, w2, w3 = random_words(seed_r, pos_r, STREAM_RECOVER_CHUNK, kk // 4)
+    w = kk % 4
     word = tl.where(w == 0, w0, tl.where(w == 1, w1, tl.where(w == 2, w2, w3)))
     key = log_mass - tl.log(exponential(word))
     best = tl.max(key, 0)
-    return tl.min(tl.where(key == best, cc, _INT_MAX), 0), best
+    return tl.min(tl.where(key == best, kk, _INT_MAX), 0), best
 
 
 @triton.jit
 def _race_chunk_tokens(row_ptr, q_ptr, c, excluded, use_res, row_max, row_sum, inv_t, thr, seed_r, pos_r,
-                       vocab_size, CHUNK: tl.constexpr, BLOCK: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr,
+                       vocab_size, SUB: tl.constexpr, BLOCK: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr,
                        HAS_THRESHOLD: tl.constexpr):
-    """Level 2 of the recovered-token draw: the token of chunk c winning the per-token race,
-    argmax over t != excluded of x_t / T - log E_t or, with use_res (HAS_DRAFT_PROBS), of
-    max(0, p_t - q_t) / E_t (p_t = exp(x_t / T - row_max) / row_sum); lowest token on ties,
-    0 when every key is -inf. E_t: word t % 4 of random_words(seed_r, pos_r, STREAM_RECOVER, t // 4)."""
+    """Level 2 of the recovered-token draw: the token of sub-chunk c (SUB tokens) winning the
+    per-token race, argmax over t != excluded of x_t / T - log E_t or, with use_res
+    (HAS_DRAFT_PROBS), of max(0, p_t - q_t) / E_t (p_t = exp(x_t / T - row_max) / row_sum);
+    lowest token on ties, 0 when every key is -inf. E_t: word t % 4 of
+    random_words(seed_r, pos_r, STREAM_RECOVER, t // 4)."""
     kk = tl.arange(0, BLOCK // 4)
     ww = tl.arange(0, 4)[None, :]
     kb = tl.full([], float("-inf"), tl.float32)
     kbi = tl.full([], 0, tl.int32)
-    chunk0 = c * CHUNK
-    limit = tl.minimum(vocab_size, chunk0 + CHUNK)
-    for off in range(0, CHUNK, BLOCK):
-        base = chunk0 + off
+    sub0 = c * SUB
+    limit = tl.minimum(vocab_size, sub0 + SUB)
+    for off in range(0, SUB, BLOCK):
+        base = sub0 + off
         t, mask, v = _scaled_block(row_ptr, base, kk, ww, limit, inv_t, thr, HAS_THRESHOLD)
-        w0, w1, w2, w3 = random_words(seed_r, pos_r, STREAM_RECOVER, base // 4 + kk)
-        e = exponential(_pick_word(w0, w1, w2, w3, ww))
+        e = _token_noise(seed_r, pos_r, base // 4 + kk[:, None], ww)
         key = v - tl.log(e)
         if HAS_DRAFT_PROBS:
             q = tl.load(q_ptr + t, mask=t < tl.where(use_res, limit, 0), other=0.0).to(tl.float32)
@@ -198,42 +224,55 @@ def _race_chunk_tokens(row_ptr, q_ptr, c, excluded, use_res, row_max, row_sum, i
 
 
 @triton.jit
-def _reduce_block(t, mask, v, x, seed_r, pos_r, base, kk, ww, m, s, sx, am, kb, kbi, greedy, BLOCK: tl.constexpr,
-                  GREEDY_MODE: tl.constexpr, NEED_SX: tl.constexpr, FUSE_RACE: tl.constexpr):
-    """One block of pass 1 folded into the chunk's running max m / argmax am, sum of exp s,
-    sum sx without the draft token x (NEED_SX; computed directly, never as s - e_x) and,
-    with FUSE_RACE, the best race key kb / token kbi over t != x."""
-    m_new, am = _merge_block_max(v, t, m, am)
+def _reduce_tile(t, mask, v, x, seed_r, pos_r, base, bb, kk, ww, sub_of, ls, m, s_sub, sx, am, kb, kbi, greedy,
+                 BLOCK: tl.constexpr, SB: tl.constexpr, GREEDY_MODE: tl.constexpr, NEED_SX: tl.constexpr,
+                 FUSE_RACE: tl.constexpr):
+    """One block of pass 1, the tile t = base + SB * bb + 4 * kk + ww [NB, SB // 4, 4] whose row b
+    lies in sub-chunk sub_of[b] [NB] of the chunk, folded into the chunk's running max m /
+    argmax am, the sums of exp s_sub [SPC] of its sub-chunks (indices ls [SPC]), the same sums
+    sx [SPC] without the draft token x (NEED_SX; summed directly, never as a difference) and,
+    with FUSE_RACE, each sub-chunk's best race key kb / token kbi [SPC] over t != x."""
+    bm = tl.max(tl.max(tl.max(v, 2), 1), 0)
+    bi = tl.min(tl.min(tl.min(tl.where(v == bm, t, _INT_MAX), 2), 1), 0)
+    am = tl.where(bm > m, bi, am)
+    m_new = tl.maximum(m, bm)
+    hit = ls[:, None] == sub_of[None, :]                            # [SPC, NB]
     if GREEDY_MODE != 1:
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         scale = tl.exp(m - m_safe)
         e = tl.exp(v - m_safe)
-        bs = tl.sum(tl.sum(e, 1), 0)
-        s = s * scale + bs
+        bsub = tl.sum(tl.sum(e, 2), 1)                              # [NB]: one sum per tile row
+        s_sub = s_sub * scale + tl.sum(tl.where(hit, bsub[None, :], 0.0), 1)
         if NEED_SX:
             if (x >= base) & (x < base + BLOCK):
-                bsx = tl.sum(tl.sum(tl.where(t != x, e, 0.0), 1), 0)
+                bsub_x = tl.sum(tl.sum(tl.where(t != x, e, 0.0), 2), 1)
             else:
-                bsx = bs
-            sx = sx * scale + bsx
+                bsub_x = bsub
+            sx = sx * scale + tl.sum(tl.where(hit, bsub_x[None, :], 0.0), 1)
     if FUSE_RACE:
         if not greedy:
-            w0, w1, w2, w3 = random_words(seed_r, pos_r, STREAM_RECOVER, base // 4 + kk)
-            key = v - tl.log(exponential(_pick_word(w0, w1, w2, w3, ww)))
+            quad = (base + bb[:, None] * SB) // 4 + kk[None, :]      # [NB, SB // 4]
+            key = v - tl.log(_token_noise(seed_r, pos_r, quad[:, :, None], ww))
             key = tl.where(mask & (t != x), key, float("-inf"))
-            kb, kbi = _merge_block_max(key, t, kb, kbi)
-    return m_new, s, sx, am, kb, kbi
+            bk = tl.max(tl.max(key, 2), 1)                          # [NB]
+            bki = tl.min(tl.min(tl.where(key == bk[:, None, None], t, _INT_MAX), 2), 1)
+            ck = tl.max(tl.where(hit, bk[None, :], float("-inf")), 1)   # [SPC]
+            cki = tl.max(tl.where(hit, bki[None, :], -1), 1)
+            kbi = tl.where(ck > kb, cki, kbi)
+            kb = tl.maximum(kb, ck)
+    return m_new, s_sub, sx, am, kb, kbi
 
 
 @triton.jit
 def _finalize_request(
     out_ptr, out_stride, draft_ids_ptr, bonus_ptr,
-    part_m_ptr, part_s_ptr, part_idx_ptr, part_key_ptr, part_kidx_ptr, part_x_ptr,
+    part_m_ptr, part_s_ptr, part_idx_ptr, part_sub_ptr, part_key_ptr, part_kidx_ptr, part_x_ptr,
     rec_j_ptr, rec_ms_ptr,
     logits_ptr, logits_stride, target_rows_ptr, temp_ptr, threshold_ptr,
     req, start, n, greedy, seeded, seed, position, engine_seed, step, vocab_size,
-    MAX_K: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr, OUT_BLOCK: tl.constexpr,
-    SPLIT_BLOCK: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, FUSE_RACE: tl.constexpr, GREEDY_MODE: tl.constexpr,
+    MAX_K: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
+    NUM_SUBS: tl.constexpr, OUT_BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr, SUB_BLOCK: tl.constexpr,
+    HAS_DRAFT_PROBS: tl.constexpr, FUSE_RACE: tl.constexpr, GREEDY_MODE: tl.constexpr,
     RACE: tl.constexpr, RACE_BLOCK: tl.constexpr, HAS_TARGET_ROWS: tl.constexpr, TEMP_MODE: tl.constexpr,
     HAS_THRESHOLD: tl.constexpr,
 ):
@@ -247,8 +286,8 @@ def _finalize_request(
     row_max = tl.max(pm, 1)
     pidx = tl.load(part_idx_ptr + poff, mask=m2, other=_INT_MAX)
     argmax = tl.min(tl.where(pm == row_max[:, None], pidx, _INT_MAX), 1)
-    x = tl.load(draft_ids_ptr + jj, mask=rmask, other=-1).to(tl.int32)
-    valid = (x >= 0) & (x < vocab_size)
+    x = _valid_draft(tl.load(draft_ids_ptr + jj, mask=rmask, other=-1), vocab_size)
+    valid = x >= 0
 
     acc_greedy = valid & (x == argmax)
     m_safe = tl.where(row_max == float("-inf"), 0.0, row_max)
@@ -282,28 +321,30 @@ def _finalize_request(
     num_accepted = tl.minimum(first_rej, n)
     rejected = first_rej < n
     if RACE:
-        # no draft probs: the two-level race of the rejected random row right here (its chunk
-        # masses are pass 1's partials), level 2 over the chosen chunk's tokens, or that
-        # chunk's winner which pass 1 already found (FUSE_RACE)
+        # no draft probs: the two-level race of the rejected random row right here (its
+        # sub-chunk masses are pass 1's partials), level 2 over the chosen sub-chunk's tokens,
+        # or that sub-chunk's winner which pass 1 already found (FUSE_RACE)
         recovered = tl.full([], 0, tl.int32)                       # no mass: as torch.argmax
         if rejected & (greedy == 0):
             i_rej = first_rej
             j_rej = start + i_rej
-            x_rej = tl.load(draft_ids_ptr + j_rej).to(tl.int32)
-            x_chunk = tl.where((x_rej >= 0) & (x_rej < vocab_size), x_rej // CHUNK, -1)
-            log_mass = _chunk_log_mass(part_m_ptr, part_s_ptr, part_x_ptr, j_rej, x_chunk, ss, NUM_SPLITS)
+            x_rej = _valid_draft(tl.load(draft_ids_ptr + j_rej), vocab_size)
+            x_sub = tl.where(x_rej >= 0, x_rej // SUB, -1)
+            kk = tl.arange(0, SUB_BLOCK)
+            log_mass = _sub_log_mass(part_m_ptr, part_sub_ptr, part_x_ptr, j_rej, x_sub, kk, NUM_SUBS, CHUNK // SUB,
+                                     NUM_SPLITS)
             # scalar keys of the rejected row (seed_r / pos_r above are [OUT_BLOCK]: a runtime if
             # may not change a live variable's shape)
             seed_j, pos_j = _row_key(seeded, seed, position, engine_seed, step, i_rej.to(tl.int64), j_rej)
-            c, best = _race_chunks(log_mass, ss, seed_j, pos_j)
+            c, best = _race_chunks(log_mass, kk, seed_j, pos_j)
             if best > float("-inf"):
                 if FUSE_RACE:
-                    recovered = tl.load(part_kidx_ptr + j_rej * NUM_SPLITS + c)
+                    recovered = tl.load(part_kidx_ptr + j_rej * NUM_SUBS + c)
                 else:
                     row_ptr = _target_row(logits_ptr, logits_stride, target_rows_ptr, j_rej, HAS_TARGET_ROWS)
                     inv_t, thr = _row_scale(temp_ptr, threshold_ptr, req, j_rej, False, TEMP_MODE, HAS_THRESHOLD)
                     recovered = _race_chunk_tokens(row_ptr, row_ptr, c, x_rej, False, 0.0, 1.0, inv_t, thr,
-                                                   seed_j, pos_j, vocab_size, CHUNK, RACE_BLOCK, False,
+                                                   seed_j, pos_j, vocab_size, SUB, RACE_BLOCK, False,
                                                    HAS_THRESHOLD)
         fill = tl.where(greedy, argmax, recovered)
     else:
@@ -320,8 +361,10 @@ def _finalize_request(
     if RACE:
         rec_j = tl.full([], -1, tl.int32)
     tl.store(rec_j_ptr + req, rec_j)
-    tl.store(rec_ms_ptr + req * 2, tl.sum(tl.where(at_rej, m_safe, 0.0), 0))
-    tl.store(rec_ms_ptr + req * 2 + 1, tl.sum(tl.where(at_rej, row_sum, 0.0), 0))
+    # the rejected row's softmax statistics (-inf without a rejection: not read then); picked by a
+    # max, not a sum, so that no float sum's order depends on the launch (num_warps)
+    tl.store(rec_ms_ptr + req * 2, tl.max(tl.where(at_rej, m_safe, float("-inf")), 0))
+    tl.store(rec_ms_ptr + req * 2 + 1, tl.max(tl.where(at_rej, row_sum, float("-inf")), 0))
 
 
 @triton.jit(do_not_specialize=["num_target_rows", "engine_seed"])
@@ -339,11 +382,13 @@ def _rejection_sample_kernel(
     seeds_ptr, has_seed_ptr, positions_ptr,   # [num_reqs] int64, bool, int64 (HAS_SEEDS)
     step_ptr, engine_seed,                    # [1] int64, int
     part_m_ptr, part_s_ptr, part_idx_ptr,     # [T * NUM_SPLITS]
-    part_key_ptr, part_kidx_ptr,              # [T * NUM_SPLITS] (FUSE_RACE)
-    part_x_ptr,                               # [T, 3] fp32: l_x / T, q(x), s of x's chunk without x
+    part_sub_ptr,                             # [T * NUM_SUBS] fp32 sub-chunk sums of exp(x - chunk max)
+    part_key_ptr, part_kidx_ptr,              # [T * NUM_SUBS] (FUSE_RACE)
+    part_x_ptr,                               # [T, 3] fp32: l_x / T, q(x), s of x's sub-chunk without x
     rec_j_ptr, rec_ms_ptr,                    # [num_reqs] int32, [num_reqs, 2] fp32
     num_target_rows, vocab_size,
     MAX_K: tl.constexpr, GRID_K: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr,
+    SUB: tl.constexpr, NUM_SUBS: tl.constexpr,
     BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
     HAS_TARGET_ROWS: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr,
     TEMP_MODE: tl.constexpr,                  # 0: none, 1: per-request temperature, 2: per-row 1/T
@@ -369,43 +414,57 @@ def _rejection_sample_kernel(
         j = start + i
         row_ptr = _target_row(logits_ptr, logits_stride, target_rows_ptr, j, HAS_TARGET_ROWS)
         inv_t, thr = _row_scale(temp_ptr, threshold_ptr, req, j, greedy, TEMP_MODE, HAS_THRESHOLD)
-        x = tl.load(draft_ids_ptr + j).to(tl.int32)
+        x = _valid_draft(tl.load(draft_ids_ptr + j), vocab_size)
         seed_r, pos_r = _row_key(seeded, seed, position, engine_seed, step, i.to(tl.int64), j)
 
-        kk = tl.arange(0, BLOCK // 4)
-        ww = tl.arange(0, 4)[None, :]
+        # a block is a tile [NB, SB // 4, 4]: row b holds SB consecutive tokens of one sub-chunk
+        SB: tl.constexpr = min(SUB, BLOCK)
+        NB: tl.constexpr = BLOCK // SB
+        SPC: tl.constexpr = CHUNK // SUB        # sub-chunks per chunk
+        bb = tl.arange(0, NB)
+        kk = tl.arange(0, SB // 4)
+        ww = tl.arange(0, 4)[None, None, :]
+        ls = tl.arange(0, SPC)
         m = tl.full([], float("-inf"), tl.float32)
-        s = tl.full([], 0.0, tl.float32)
-        sx = tl.full([], 0.0, tl.float32)
+        s_sub = tl.zeros([SPC], tl.float32)
+        sx = tl.zeros([SPC], tl.float32)
         am = tl.full([], 0, tl.int32)
-        kb = tl.full([], float("-inf"), tl.float32)
-        kbi = tl.full([], 0, tl.int32)
+        kb = tl.full([SPC], float("-inf"), tl.float32)
+        kbi = tl.zeros([SPC], tl.int32)
         chunk0 = split * CHUNK
         limit = tl.minimum(vocab_size, chunk0 + CHUNK)   # t < limit: in the vocabulary and the chunk
         if PREFETCH:
             # load block i + 1 before reducing block i: the same reductions in the same order
-            t, mask, v = _scaled_block(row_ptr, chunk0, kk, ww, limit, inv_t, thr, HAS_THRESHOLD)
+            t = chunk0 + bb[:, None, None] * SB + kk[None, :, None] * 4 + ww
+            mask, v = _load_scaled(row_ptr, t, limit, inv_t, thr, HAS_THRESHOLD)
             for off in range(0, CHUNK, BLOCK):
                 base = chunk0 + off
-                tn, maskn, vn = _scaled_block(row_ptr, base + BLOCK, kk, ww, limit, inv_t, thr, HAS_THRESHOLD)
-                m, s, sx, am, kb, kbi = _reduce_block(t, mask, v, x, seed_r, pos_r, base, kk, ww, m, s, sx, am, kb,
-                                                      kbi, greedy, BLOCK, GREEDY_MODE, NEED_SX, FUSE_RACE)
-                t, mask, v = tn, maskn, vn
+                maskn, vn = _load_scaled(row_ptr, t + BLOCK, limit, inv_t, thr, HAS_THRESHOLD)
+                m, s_sub, sx, am, kb, kbi = _reduce_tile(t, mask, v, x, seed_r, pos_r, base, bb, kk, ww,
+                                                         (off + bb * SB) // SUB, ls, m, s_sub, sx, am, kb, kbi,
+                                                         greedy, BLOCK, SB, GREEDY_MODE, NEED_SX, FUSE_RACE)
+                t, mask, v = t + BLOCK, maskn, vn
         else:
             for off in range(0, CHUNK, BLOCK):
                 base = chunk0 + off
-                t, mask, v = _scaled_block(row_ptr, base, kk, ww, limit, inv_t, thr, HAS_THRESHOLD)
-                m, s, sx, am, kb, kbi = _reduce_block(t, mask, v, x, seed_r, pos_r, base, kk, ww, m, s, sx, am, kb,
-                                                      kbi, greedy, BLOCK, GREEDY_MODE, NEED_SX, FUSE_RACE)
+                t = base + bb[:, None, None] * SB + kk[None, :, None] * 4 + ww
+                mask, v = _load_scaled(row_ptr, t, limit, inv_t, thr, HAS_THRESHOLD)
+                m, s_sub, sx, am, kb, kbi = _reduce_tile(t, mask, v, x, seed_r, pos_r, base, bb, kk, ww,
+                                                         (off + bb * SB) // SUB, ls, m, s_sub, sx, am, kb, kbi,
+                                                         greedy, BLOCK, SB, GREEDY_MODE, NEED_SX, FUSE_RACE)
         p = j * NUM_SPLITS + split
         tl.store(part_m_ptr + p, m)
-        tl.store(part_s_ptr + p, s)
         tl.store(part_idx_ptr + p, am)
+        ps = j * NUM_SUBS + split * SPC + ls
+        smask = split * SPC + ls < NUM_SUBS
+        if GREEDY_MODE != 1:
+            tl.store(part_s_ptr + p, tl.sum(s_sub, 0))   # the chunk's sum: its sub-chunks', in a fixed order
+            tl.store(part_sub_ptr + ps, s_sub, mask=smask)
         if FUSE_RACE:
-            tl.store(part_key_ptr + p, kb)
-            tl.store(part_kidx_ptr + p, kbi)
+            tl.store(part_key_ptr + ps, kb, mask=smask)
+            tl.store(part_kidx_ptr + ps, kbi, mask=smask)
         if split == 0:
-            xc = tl.where((x >= 0) & (x < vocab_size), x, 0)
+            xc = tl.where(x >= 0, x, 0)
             lx = tl.load(row_ptr + xc).to(tl.float32) * inv_t
             if HAS_THRESHOLD:
                 lx = tl.where(lx >= thr, lx, float("-inf"))
@@ -414,8 +473,9 @@ def _rejection_sample_kernel(
                 q_x = tl.load(draft_probs_ptr + j.to(tl.int64) * draft_probs_stride + xc).to(tl.float32)
                 tl.store(part_x_ptr + j * 3 + 1, q_x)
         if NEED_SX:
-            if (x >= 0) & (x < vocab_size) & (x // CHUNK == split):
-                tl.store(part_x_ptr + j * 3 + 2, sx)
+            # x's sub-chunk without x, for level 1 (the other sums without x are not needed)
+            if (x >= 0) & (x // CHUNK == split):
+                tl.store(part_x_ptr + j * 3 + 2 + ls * 0, sx, mask=ls == (x % CHUNK) // SUB)
     else:
         if (i == 0) & (split == 0):
             # a request without drafts: its output is the bonus token
@@ -430,12 +490,13 @@ def _rejection_sample_kernel(
 def _rejection_finalize_kernel(
     out_ptr, out_stride, draft_ids_ptr, bonus_ptr, cu_ptr, greedy_ptr,
     seeds_ptr, has_seed_ptr, positions_ptr, step_ptr, engine_seed,
-    part_m_ptr, part_s_ptr, part_idx_ptr, part_key_ptr, part_kidx_ptr, part_x_ptr,
+    part_m_ptr, part_s_ptr, part_idx_ptr, part_sub_ptr, part_key_ptr, part_kidx_ptr, part_x_ptr,
     rec_j_ptr, rec_ms_ptr,
     logits_ptr, logits_stride, target_rows_ptr, temp_ptr, threshold_ptr,   # as in pass 1 (RACE)
     num_target_rows, vocab_size,
-    MAX_K: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr, OUT_BLOCK: tl.constexpr,
-    SPLIT_BLOCK: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, GREEDY_MODE: tl.constexpr, HAS_SEEDS: tl.constexpr,
+    MAX_K: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
+    NUM_SUBS: tl.constexpr, OUT_BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr, SUB_BLOCK: tl.constexpr,
+    HAS_DRAFT_PROBS: tl.constexpr, GREEDY_MODE: tl.constexpr, HAS_SEEDS: tl.constexpr,
     FUSE_RACE: tl.constexpr,
     RACE: tl.constexpr,                       # draw recovered tokens here (no draft probs, random rows)
     RACE_BLOCK: tl.constexpr, HAS_TARGET_ROWS: tl.constexpr, TEMP_MODE: tl.constexpr, HAS_THRESHOLD: tl.constexpr,
@@ -453,12 +514,12 @@ def _rejection_finalize_kernel(
                                                      HAS_SEEDS)
         _finalize_request(
             out_ptr, out_stride, draft_ids_ptr, bonus_ptr,
-            part_m_ptr, part_s_ptr, part_idx_ptr, part_key_ptr, part_kidx_ptr, part_x_ptr,
+            part_m_ptr, part_s_ptr, part_idx_ptr, part_sub_ptr, part_key_ptr, part_kidx_ptr, part_x_ptr,
             rec_j_ptr, rec_ms_ptr,
             logits_ptr, logits_stride, target_rows_ptr, temp_ptr, threshold_ptr,
             req, start, n, greedy, seeded, seed, position, engine_seed.to(tl.int64), step, vocab_size,
-            MAX_K, NUM_SPLITS, CHUNK, OUT_BLOCK, SPLIT_BLOCK, HAS_DRAFT_PROBS, FUSE_RACE, GREEDY_MODE,
-            RACE, RACE_BLOCK, HAS_TARGET_ROWS, TEMP_MODE, HAS_THRESHOLD)
+            MAX_K, NUM_SPLITS, CHUNK, SUB, NUM_SUBS, OUT_BLOCK, SPLIT_BLOCK, SUB_BLOCK, HAS_DRAFT_PROBS, FUSE_RACE,
+            GREEDY_MODE, RACE, RACE_BLOCK, HAS_TARGET_ROWS, TEMP_MODE, HAS_THRESHOLD)
 
 
 def temp_mode_of(temperature, inv_temperature, dummy):
@@ -476,7 +537,8 @@ class Pass1Result(NamedTuple):
     rec_ms: torch.Tensor   # [num_reqs, 2] fp32 max and sum of exp of that row (softmax statistics)
     part_m: torch.Tensor   # [T * num_chunks] fp32 chunk max of each target row's scaled logits
     part_s: torch.Tensor   # [T * num_chunks] fp32 chunk sum of exp(x - chunk max)
-    part_x: torch.Tensor   # [T * 3] fp32 per row: l_x / T, q(x), sum of x's chunk without x
+    part_sub: torch.Tensor  # [T * num_subs] fp32 sub-chunk sum of exp(x - max of its chunk)
+    part_x: torch.Tensor   # [T * 3] fp32 per row: l_x / T, q(x), sum of x's sub-chunk without x
 
 
 def chunk_size(vocab: int) -> int:
@@ -486,6 +548,24 @@ def chunk_size(vocab: int) -> int:
     the batch (batch invariance of seeded requests).
     """
     return min(8192, max(64, triton.next_power_of_2(triton.cdiv(vocab, 4))))
+
+
+# Sub-chunks per chunk: the recovered-token race picks a sub-chunk of chunk_size(V) //
+# SUBS_PER_CHUNK tokens (2048 at V = 128256), then races its tokens in one step. 1 is the
+# one-level chunk race of earlier versions (other tokens, the same law).
+SUBS_PER_CHUNK = 4
+
+
+def sub_chunk_size(vocab: int) -> int:
+    """Tokens per sub-chunk of the recovered-token race (>= 16): a function of the vocabulary
+    only, like chunk_size, so every row is raced in the same groups whatever the batch."""
+    return chunk_size(vocab) // SUBS_PER_CHUNK
+
+
+def check_sub_chunk(sub_chunk: int, chunk: int) -> None:
+    """A sub-chunk size the kernels take: a power of two in [16, chunk]."""
+    if not (isinstance(sub_chunk, int) and 16 <= sub_chunk <= chunk and sub_chunk & (sub_chunk - 1) == 0):
+        raise ValueError(f"sub_chunk must be a power of two in [16, {chunk}], got {sub_chunk!r}")
 
 
 def rejection_sample_pass(
@@ -507,6 +587,7 @@ def rejection_sample_pass(
     engine_seed: int,
     fuse_race: bool,
     chunk: int,
+    sub_chunk: int | None = None,
     block: int | None = None,
     num_warps: int | None = None,
     prefetch: bool = False,
@@ -517,10 +598,12 @@ def rejection_sample_pass(
 
     Inputs are checked by specops.spec_decode.rejection; this launcher only asserts layout.
     Without draft probs, the finalize kernel also draws the recovered tokens (the recover
-    pass is then not needed). ``block`` (entries per load, default min(chunk, 8192)),
+    pass is then not needed). ``sub_chunk`` (default chunk // SUBS_PER_CHUNK) is the unit
+    of the race's level 2: it changes which tokens are drawn (not their law), so keep it a
+    function of V, as the torch reference's. ``block`` (entries per load, default min(chunk, 8192)),
     ``num_warps`` and ``prefetch`` change speed only: a row's reductions are in an order
     fixed by (V, chunk, block), so callers keep them functions of V (batch invariance).
-    ``race_block`` (tokens per step of the level-2 race, default min(chunk, 8192)) and
+    ``race_block`` (tokens per step of the level-2 race, default sub_chunk) and
     ``race_warps`` (the finalize kernel's warps when it races) change speed only.
     """
     num_reqs, width = out.shape
@@ -532,6 +615,9 @@ def rejection_sample_pass(
     assert draft_probs is None or draft_probs.stride(1) == 1
     dev = logits.device
     num_splits = triton.cdiv(vocab, chunk)
+    sub = max(16, chunk // SUBS_PER_CHUNK) if sub_chunk is None else sub_chunk
+    check_sub_chunk(sub, chunk)
+    num_subs = triton.cdiv(vocab, sub)
     # A whole chunk per load (32 fp32 per thread at 8192): one max / argmax / sum reduction
     # per program. The same block with or without FUSE_RACE, so that both modes reduce every
     # row in the same order (same tokens).
@@ -540,13 +626,14 @@ def rejection_sample_pass(
     if num_warps is None:
         num_warps = 8 if block >= 4096 else 4
     nt = max(num_target_rows, 1)
-    ws_f = torch.empty(3 * nt * num_splits + 3 * nt + 2 * num_reqs, dtype=torch.float32, device=dev)
-    ws_i = torch.empty(2 * nt * num_splits + num_reqs, dtype=torch.int32, device=dev)
-    f = nt * num_splits
-    part_m, part_s, part_key = ws_f[:f], ws_f[f:2 * f], ws_f[2 * f:3 * f]
-    part_x = ws_f[3 * f:3 * f + 3 * nt]
-    rec_ms = ws_f[3 * f + 3 * nt:].view(num_reqs, 2)
-    part_idx, part_kidx, rec_j = ws_i[:f], ws_i[f:2 * f], ws_i[2 * f:]
+    f, g = nt * num_splits, nt * num_subs
+    ws_f = torch.empty(2 * f + 2 * g + 3 * nt + 2 * num_reqs, dtype=torch.float32, device=dev)
+    ws_i = torch.empty(f + g + num_reqs, dtype=torch.int32, device=dev)
+    part_m, part_s = ws_f[:f], ws_f[f:2 * f]
+    part_sub, part_key = ws_f[2 * f:2 * f + g], ws_f[2 * f + g:2 * f + 2 * g]
+    part_x = ws_f[2 * f + 2 * g:2 * f + 2 * g + 3 * nt]
+    rec_ms = ws_f[2 * f + 2 * g + 3 * nt:].view(num_reqs, 2)
+    part_idx, part_kidx, rec_j = ws_i[:f], ws_i[f:f + g], ws_i[f + g:]
     temp_mode, temp_arg = temp_mode_of(temperature, inv_temperature, logits)
     greedy_mode = 0 if isinstance(is_greedy, torch.Tensor) else (1 if is_greedy else 2)
     dummy = draft_token_ids
@@ -564,9 +651,10 @@ def rejection_sample_pass(
         seeds if seeds is not None else step, has_seed if has_seed is not None else step,
         positions if positions is not None else step,
         step, engine_seed,
-        part_m, part_s, part_idx, part_key, part_kidx, part_x, rec_j, rec_ms,
+        part_m, part_s, part_idx, part_sub, part_key, part_kidx, part_x, rec_j, rec_ms,
         num_target_rows, vocab,
-        MAX_K=max_k, GRID_K=max(max_k, 1), NUM_SPLITS=num_splits, CHUNK=chunk, BLOCK=block,
+        MAX_K=max_k, GRID_K=max(max_k, 1), NUM_SPLITS=num_splits, CHUNK=chunk, SUB=sub, NUM_SUBS=num_subs,
+        BLOCK=block,
         OUT_BLOCK=triton.next_power_of_2(max_k + 1), SPLIT_BLOCK=triton.next_power_of_2(num_splits),
         HAS_TARGET_ROWS=target_rows is not None, HAS_DRAFT_PROBS=draft_probs is not None,
         TEMP_MODE=temp_mode, HAS_THRESHOLD=threshold is not None, GREEDY_MODE=greedy_mode,
@@ -575,23 +663,25 @@ def rejection_sample_pass(
         num_warps=num_warps,
     )
     race = draft_probs is None and greedy_mode != 1
-    # one step of 8192 tokens with 16 warps: 7.4 / 8.8 us for the finalize at K = 1 / 8, B = 128
-    # on the H200 against 10.7 / 11.7 for 2048 with 8 warps (exp_rejection_pass1.py --race)
-    race_block = min(chunk, 8192) if race_block is None else race_block
-    assert race_block >= 16 and race_block & (race_block - 1) == 0 and chunk % race_block == 0
+    # the whole sub-chunk in one step: one step of 8192 tokens with 16 warps was 7.4 / 8.8 us for
+    # the finalize at K = 1 / 8, B = 128 on the H200 against 10.7 / 11.7 for 4 steps of 2048 with 8
+    # warps (exp_rejection_pass1.py --race)
+    race_block = min(sub, 8192) if race_block is None else race_block
+    assert race_block >= 16 and race_block & (race_block - 1) == 0 and sub % race_block == 0
     _rejection_finalize_kernel[(num_reqs,)](
         out, out.stride(0), draft_token_ids, bonus_token_ids, cu_num_draft_tokens,
         is_greedy if greedy_mode == 0 else dummy,
         seeds if seeds is not None else step, has_seed if has_seed is not None else step,
         positions if positions is not None else step, step, engine_seed,
-        part_m, part_s, part_idx, part_key, part_kidx, part_x, rec_j, rec_ms,
+        part_m, part_s, part_idx, part_sub, part_key, part_kidx, part_x, rec_j, rec_ms,
         logits, logits.stride(0), target_rows if target_rows is not None else dummy,
         temp_arg, threshold if threshold is not None else logits,
         num_target_rows, vocab,
-        MAX_K=max_k, NUM_SPLITS=num_splits, CHUNK=chunk, OUT_BLOCK=triton.next_power_of_2(max_k + 1),
-        SPLIT_BLOCK=triton.next_power_of_2(num_splits), HAS_DRAFT_PROBS=draft_probs is not None,
+        MAX_K=max_k, NUM_SPLITS=num_splits, CHUNK=chunk, SUB=sub, NUM_SUBS=num_subs,
+        OUT_BLOCK=triton.next_power_of_2(max_k + 1), SPLIT_BLOCK=triton.next_power_of_2(num_splits),
+        SUB_BLOCK=triton.next_power_of_2(num_subs), HAS_DRAFT_PROBS=draft_probs is not None,
         GREEDY_MODE=greedy_mode, HAS_SEEDS=seeds is not None, FUSE_RACE=fuse_race,
         RACE=race, RACE_BLOCK=race_block, HAS_TARGET_ROWS=target_rows is not None, TEMP_MODE=temp_mode,
         HAS_THRESHOLD=threshold is not None, num_warps=race_warps if race and not fuse_race else 4,
     )
-    return Pass1Result(rec_j, rec_ms, part_m, part_s, part_x)
+    return Pass1Result(rec_j, rec_ms, part_m, part_s, part_sub, part_x)

@@ -24,7 +24,8 @@ import triton.language as tl
 STREAM_SAMPLE = tl.constexpr(0)   # exponential noise of the Sampler (and bonus tokens)
 STREAM_ACCEPT = tl.constexpr(1)   # per-draft-position acceptance uniforms (rejection sampling)
 STREAM_RECOVER = tl.constexpr(2)  # exponential noise for recovered tokens (rejection sampling)
-# chunk-level noise of the recovered-token draw: chunk c uses word c % 4 of index c // 4.
+# level-1 noise of the recovered-token draw (rejection sampling): sub-chunk k of the row
+# (tokens [k * SUB, (k + 1) * SUB), SUB = sub_chunk_size(V)) uses word k % 4 of index k // 4.
 # Streams 3 and 4 are taken by pyengine (STREAM_DRAFT, STREAM_SYNTHETIC).
 STREAM_RECOVER_CHUNK = tl.constexpr(5)
 

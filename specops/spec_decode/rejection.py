@@ -1,12 +1,14 @@
 """rejection_sample: verify the drafts of a batch against the target logits (checks + dispatch).
 
-The Triton path reads every target row once (pass 1: per-chunk softmax statistics,
-argmax, acceptance, output row). For requests whose first rejection is a random row, the
-recovered token is drawn by a two-level race (a chunk of the row by its residual mass,
-then a token of that chunk): without draft probs pass 1's finalize kernel does it from
-the chunk statistics and one chunk of the row; with draft probs a second pass reads that
-row and its draft probs once (the chunk residual masses, no noise), then one chunk. Everything stays on the device:
-no host sync, CUDA-graph capturable. The torch path (specops.spec_decode.rejection_torch)
+The Triton path reads every target row once (pass 1: per-chunk softmax statistics and
+per-sub-chunk sums, argmax, acceptance, output row). For requests whose first rejection is
+a random row, the recovered token is drawn by a two-level race (a sub-chunk of the row by
+its residual mass, then a token of that sub-chunk): without draft probs pass 1's finalize
+kernel does it from the sub-chunk sums and one sub-chunk of the row; with draft probs a
+second pass reads that row and its draft probs once (the sub-chunk residual masses, no
+noise), then one sub-chunk. Draft ids are read as given (int32 or int64; an id outside
+[0, V) is invalid inside the kernels). Everything stays on the device: no host sync,
+CUDA-graph capturable. The torch path (specops.spec_decode.rejection_torch)
 is the reference and the CPU fallback.
 """
 
@@ -20,7 +22,8 @@ from specops.spec_decode.metadata import MAX_SPEC_LEN
 from specops.spec_decode.rejection_torch import rejection_sample_torch
 from specops._arg_checks import check_1d, dense
 from specops.triton_kernels.rejection_recover import rejection_recover_pass
-from specops.triton_kernels.rejection_sample import chunk_size, rejection_sample_pass
+from specops.triton_kernels.rejection_sample import (check_sub_chunk, chunk_size, rejection_sample_pass,
+                                                    sub_chunk_size)
 
 _INT_DTYPES = (torch.int32, torch.int64)
 _LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -46,6 +49,7 @@ def rejection_sample(
     engine_seed: int = 0,
     backend: str = "auto",
     fuse_recover: bool | None = None,
+    sub_chunk: int | None = None,
 ) -> torch.Tensor:                             # [num_reqs, max_spec_len + 1] int32
     """Accept or reject each request's drafts; emit accepted drafts + one target token.
 
@@ -56,17 +60,17 @@ def rejection_sample(
     - random requests accept when p(x) >= u * q(x) (q = ``draft_probs``, or q(x) = 1 for
       drafts without probabilities, i.e. accept with probability p(x)); the first
       rejection emits a recovered token drawn from normalise(max(0, p - q)) (for one-hot
-      q: p without x) by an exponential race over the chunks of the row (weighted by their
-      residual mass), then over the tokens of the chosen chunk (exact: see
+      q: p without x) by an exponential race over the sub-chunks of the row (weighted by
+      their residual mass), then over the tokens of the chosen sub-chunk (exact: see
       specops.triton_kernels.rejection_sample);
     - a draft id outside [0, V) (e.g. -1 padding) is always rejected; the token emitted
       there is drawn from p (greedy: the argmax);
     - when every draft is accepted, ``bonus_token_ids[r]`` is appended.
 
     The output row is the emitted tokens followed by -1. Uniforms come from
-    (seed, position + i, STREAM_ACCEPT), recovered noise from STREAM_RECOVER_CHUNK (chunks)
-    and STREAM_RECOVER (tokens) (see specops.rng); chunks are a function of V only
-    (chunk_size), so a seeded request's output depends only on its own inputs.
+    (seed, position + i, STREAM_ACCEPT), recovered noise from STREAM_RECOVER_CHUNK
+    (sub-chunks) and STREAM_RECOVER (tokens) (see specops.rng); sub-chunks are a function
+    of V only (sub_chunk_size), so a seeded request's output depends only on its own inputs.
 
     Parameters
     ----------
@@ -104,9 +108,13 @@ def rejection_sample(
     backend : {"auto", "triton", "torch"}
         "auto": Triton on CUDA, torch elsewhere. "triton" on CPU needs TRITON_INTERPRET=1.
     fuse_recover : bool, optional
-        Without draft probs, run the token level of the race in every chunk of every random
-        row during the first pass (noise for every token) instead of in one chunk of the
-        rejected row in pass 2. Same tokens either way; None (default): pass 2.
+        Without draft probs, run the token level of the race in every sub-chunk of every
+        random row during the first pass (noise for every token) instead of in one sub-chunk
+        of the rejected row after it. Same tokens either way; None (default): after it.
+    sub_chunk : int, optional
+        Tokens per sub-chunk of the recovered-token race, a power of two in
+        [16, chunk_size(V)] (default sub_chunk_size(V)). It changes which tokens are drawn,
+        not their distribution; for experiments (keep it a function of V: batch invariance).
 
     Returns
     -------
@@ -190,6 +198,9 @@ def rejection_sample(
         raise ValueError(f"engine_seed must be an int in [-2^63, 2^64), got {engine_seed!r}")
     if engine_seed >= 1 << 63:
         engine_seed -= 1 << 64   # the same 64 bits as a signed int64, as torch holds seeds
+    chunk = chunk_size(vocab)
+    sub_chunk = sub_chunk_size(vocab) if sub_chunk is None else sub_chunk
+    check_sub_chunk(sub_chunk, chunk)
     if backend not in ("auto", "triton", "torch"):
         raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
     if backend == "auto":
@@ -202,7 +213,8 @@ def rejection_sample(
             logits, draft_token_ids, cu_num_draft_tokens, max_spec_len, bonus_token_ids,
             target_rows=target_rows, draft_probs=draft_probs, temperature=temperature,
             inv_temperature=inv_temperature, threshold=threshold, is_greedy=is_greedy,
-            seeds=seeds, has_seed=has_seed, positions=positions, step=step, engine_seed=engine_seed)
+            seeds=seeds, has_seed=has_seed, positions=positions, step=step, engine_seed=engine_seed,
+            sub_chunk=sub_chunk)
 
     out = torch.empty((num_reqs, max_spec_len + 1), dtype=torch.int32, device=device)
     if num_reqs == 0:
@@ -217,21 +229,16 @@ def rejection_sample(
     if fuse_recover is None:
         fuse_recover = False
     fuse = bool(fuse_recover) and draft_probs is None and is_greedy is not True
-    if draft_token_ids.dtype == torch.int64:
-        # The kernels read draft ids as int32: an id outside [0, V) becomes -1 or V here (one
-        # elementwise op on [T]), so that an id past 2**31 cannot wrap into the vocabulary.
-        draft_token_ids = draft_token_ids.clamp(-1, vocab)
     args = dict(target_rows=dense(target_rows), draft_token_ids=dense(draft_token_ids),
                 draft_probs=draft_probs, cu_num_draft_tokens=dense(cu_num_draft_tokens),
                 temperature=dense(temperature), inv_temperature=dense(inv_temperature), threshold=dense(threshold),
                 seeds=dense(seeds), has_seed=dense(has_seed), positions=dense(positions), step=step,
                 engine_seed=engine_seed)
     is_greedy = dense(is_greedy)
-    chunk = chunk_size(vocab)
     pass1 = rejection_sample_pass(out, logits, bonus_token_ids=dense(bonus_token_ids),
-                                  is_greedy=is_greedy, fuse_race=fuse, chunk=chunk, **args)
+                                  is_greedy=is_greedy, fuse_race=fuse, chunk=chunk, sub_chunk=sub_chunk, **args)
     if draft_probs is not None and is_greedy is not True:
-        rejection_recover_pass(out, logits, pass1=pass1, chunk=chunk, **args)
+        rejection_recover_pass(out, logits, pass1=pass1, chunk=chunk, sub_chunk=sub_chunk, **args)
     return out
 
 

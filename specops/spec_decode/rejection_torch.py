@@ -1,10 +1,10 @@
 """Plain torch reference of rejection sampling (float64, a loop over requests).
 
 It draws with the same counter-based noise as the Triton kernels (specops.rng) and the
-same two-level race for recovered tokens (chunks of chunk_size(V) by their residual mass
-in float64, the kernels in fp32; then the tokens of one chunk), so for the same inputs it
-emits the same tokens except on float near-ties (of two chunk keys, or two token keys)
-far below test sizes.
+same two-level race for recovered tokens (sub-chunks of sub_chunk_size(V) tokens by their
+residual mass in float64, the kernels in fp32; then the tokens of one sub-chunk), so for
+the same inputs it emits the same tokens except on float near-ties (of two sub-chunk keys,
+or two token keys) far below test sizes.
 It is also the CPU path of ``specops.spec_decode.rejection_sample``.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from specops import rng
-from specops.triton_kernels.rejection_sample import chunk_size
+from specops.triton_kernels.rejection_sample import check_sub_chunk, chunk_size, sub_chunk_size
 
 
 def row_keys_for_drafts(
@@ -47,23 +47,24 @@ def row_keys_for_drafts(
 def two_level_race(
     mass: torch.Tensor,         # [T, V] float64 >= 0, the distribution to draw from (unnormalised)
     key: torch.Tensor,          # [T, V] float64 per-token race keys: argmax over a set draws from mass
-    chunk: int,
-    chunk_noise: torch.Tensor,  # [T, num_chunks] float64 Exp(1), num_chunks = ceil(V / chunk)
+    sub_chunk: int,
+    sub_noise: torch.Tensor,    # [T, num_subs] float64 Exp(1), num_subs = ceil(V / sub_chunk)
 ) -> torch.Tensor:              # [T] int64
-    """Token argmax of ``key`` within the chunk argmax_c log(M_c) - log(E_c), M_c = chunk c's mass.
+    """Token argmax of ``key`` within the sub-chunk argmax_k log(M_k) - log(E_k), M_k = the
+    mass of sub-chunk k (tokens [k * sub_chunk, (k + 1) * sub_chunk)).
 
-    The chunk race picks c with probability M_c / sum(M); the token race within c picks t
-    with probability mass_t / M_c (``key`` is an exponential race of ``mass``), so t is
+    The sub-chunk race picks k with probability M_k / sum(M); the token race within k picks
+    t with probability mass_t / M_k (``key`` is an exponential race of ``mass``), so t is
     drawn with probability mass_t / sum(M): exactly the one-level race over the row, with
-    noise for one chunk only. A row without mass picks chunk 0 (where its keys, all -inf,
-    give token 0, as torch.argmax of the one-level race does).
+    noise for one sub-chunk only. A row without mass picks sub-chunk 0 (where its keys, all
+    -inf, give token 0, as torch.argmax of the one-level race does).
     """
     rows, vocab = mass.shape
-    num_chunks = chunk_noise.shape[1]
-    padded = torch.nn.functional.pad(mass, (0, num_chunks * chunk - vocab))
-    chunk_mass = padded.view(rows, num_chunks, chunk).sum(dim=2)                      # [T, num_chunks]
-    best = torch.argmax(torch.log(chunk_mass) - torch.log(chunk_noise), dim=1)        # [T]
-    in_best = torch.arange(vocab, device=mass.device)[None, :] // chunk == best[:, None]
+    num_subs = sub_noise.shape[1]
+    padded = torch.nn.functional.pad(mass, (0, num_subs * sub_chunk - vocab))
+    sub_mass = padded.view(rows, num_subs, sub_chunk).sum(dim=2)                      # [T, num_subs]
+    best = torch.argmax(torch.log(sub_mass) - torch.log(sub_noise), dim=1)            # [T]
+    in_best = torch.arange(vocab, device=mass.device)[None, :] // sub_chunk == best[:, None]
     return torch.argmax(torch.where(in_best, key, float("-inf")), dim=1)
 
 
@@ -85,6 +86,7 @@ def rejection_sample_torch(
     positions: torch.Tensor | None = None,     # [num_reqs] int64
     step: torch.Tensor | None = None,          # [] / [1] int64
     engine_seed: int = 0,
+    sub_chunk: int | None = None,              # tokens per sub-chunk of the race (None: sub_chunk_size(V))
 ) -> torch.Tensor:                             # [num_reqs, max_spec_len + 1] int32
     """Reference of ``specops.spec_decode.rejection_sample``; same arguments and output.
 
@@ -139,20 +141,21 @@ def rejection_sample_torch(
 
     # the token each row emits if it is its request's first rejection: a two-level race
     noise = rng.vocab_noise(row_seeds, row_pos, rng.STREAM_RECOVER, vocab).double()   # [T, V] Exp(1)
-    chunk = chunk_size(vocab)
-    chunk_noise = rng.vocab_noise(row_seeds, row_pos, rng.STREAM_RECOVER_CHUNK,
-                                  (vocab + chunk - 1) // chunk).double()             # [T, num_chunks]
+    sub = sub_chunk_size(vocab) if sub_chunk is None else sub_chunk
+    check_sub_chunk(sub, chunk_size(vocab))
+    sub_noise = rng.vocab_noise(row_seeds, row_pos, rng.STREAM_RECOVER_CHUNK,
+                                (vocab + sub - 1) // sub).double()                   # [T, num_subs]
     plain_key = scaled - torch.log(noise)               # race over p
     plain_mass = p
     if draft_probs is None:                             # one-hot q: p without the draft
         drop = torch.zeros_like(p, dtype=torch.bool).scatter(1, xc, valid[:, None])
         plain_key = plain_key.masked_fill(drop, float("-inf"))
         plain_mass = p.masked_fill(drop, 0.0)
-    recovered = two_level_race(plain_mass, plain_key, chunk, chunk_noise)
+    recovered = two_level_race(plain_mass, plain_key, sub, sub_noise)
     if draft_probs is not None:
         residual = torch.clamp(p - draft_probs.double(), min=0.0)
         use_residual = valid & (residual.max(dim=1).values > 0)
-        recovered = torch.where(use_residual, two_level_race(residual, residual / noise, chunk, chunk_noise),
+        recovered = torch.where(use_residual, two_level_race(residual, residual / noise, sub, sub_noise),
                                 recovered)
     emitted = torch.where(accepted, x, torch.where(greedy, target_argmax, recovered))
 
