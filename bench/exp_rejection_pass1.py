@@ -76,8 +76,8 @@ def run_pass1(inputs, batch, k, chunk, block, warps, prefetch, race_block=None, 
     return out, res
 
 
-def kernel_us(fn, name="_rejection_sample_kernel", iters=20) -> float:
-    """Median device time of the kernel `name` over `iters` calls of fn, from the profiler."""
+def profiled_events(fn, iters: int):
+    """The profiler's CUDA events of `iters` calls of fn, after 3 warm-up calls."""
     from torch.profiler import ProfilerActivity, profile
     for _ in range(3):
         fn()
@@ -86,7 +86,12 @@ def kernel_us(fn, name="_rejection_sample_kernel", iters=20) -> float:
         for _ in range(iters):
             fn()
         torch.cuda.synchronize()
-    times = sorted(e.device_time for e in prof.events() if name in e.name and e.device_time > 0)
+    return prof.events()
+
+
+def kernel_us(fn, name="_rejection_sample_kernel", iters=20) -> float:
+    """Median device time of the kernel `name` over `iters` calls of fn, from the profiler."""
+    times = sorted(e.device_time for e in profiled_events(fn, iters) if name in e.name and e.device_time > 0)
     return times[len(times) // 2] if times else float("nan")
 
 
@@ -151,8 +156,6 @@ def breakdown_table(t0) -> None:
     issue 4's table, and the floor: target rows once + the draft-prob rows of rejected requests."""
     from collections import defaultdict
 
-    from torch.profiler import ProfilerActivity, profile
-
     from specops.spec_decode import rejection_sample
     print(f"{'K':>2} {'B':>4} {'probs':>5}  {'total us':>8} {'floor us':>8} {'x floor':>7}  per kernel (us)")
     for k, batch, with_probs in [(1, 128, False), (1, 128, True), (4, 128, False), (8, 128, False),
@@ -170,15 +173,8 @@ def breakdown_table(t0) -> None:
         rejected = int(((out >= 0).sum(1) < k + 1).sum())
         floor = (batch * k + (rejected if with_probs else 0)) * VOCAB * 4 / BANDWIDTH * 1e6
         iters = 20
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(iters):
-                fn()
-            torch.cuda.synchronize()
         per = defaultdict(float)
-        for e in prof.events():
+        for e in profiled_events(fn, iters):
             if e.device_time > 0 and "kernel" in e.name.lower():
                 per[e.name] += e.device_time / iters
         total = sum(per.values())
