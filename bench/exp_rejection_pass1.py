@@ -83,8 +83,8 @@ def run_pass1(inputs, batch, k, chunk, block, warps, prefetch, race_block=None, 
     return out, res
 
 
-def kernel_us(fn, name="_rejection_sample_kernel", iters=20) -> float:
-    """Median device time of the kernel `name` over `iters` calls of fn, from the profiler."""
+def profiled_events(fn, iters: int):
+    """The profiler's CUDA events of `iters` calls of fn, after 3 warm-up calls."""
     from torch.profiler import ProfilerActivity, profile
     for _ in range(3):
         fn()
@@ -93,7 +93,12 @@ def kernel_us(fn, name="_rejection_sample_kernel", iters=20) -> float:
         for _ in range(iters):
             fn()
         torch.cuda.synchronize()
-    times = sorted(e.device_time for e in prof.events() if name in e.name and e.device_time > 0)
+    return prof.events()
+
+
+def kernel_us(fn, name="_rejection_sample_kernel", iters=20) -> float:
+    """Median device time of the kernel `name` over `iters` calls of fn, from the profiler."""
+    times = sorted(e.device_time for e in profiled_events(fn, iters) if name in e.name and e.device_time > 0)
     return times[len(times) // 2] if times else float("nan")
 
 
@@ -164,8 +169,6 @@ def breakdown_table(subs, t0) -> None:
     (float near-ties aside)."""
     from collections import defaultdict
 
-    from torch.profiler import ProfilerActivity, profile
-
     from specops.spec_decode import rejection_sample
     print(f"{'K':>2} {'B':>4} {'probs':>5} {'sub':>5} {'ref':>3}  {'total us':>8} {'floor us':>8} {'x floor':>7}  "
           f"per kernel (us)")
@@ -186,15 +189,8 @@ def breakdown_table(subs, t0) -> None:
         rejected = int(((out >= 0).sum(1) < k + 1).sum())
         floor = (batch * k + (rejected if with_probs else 0)) * VOCAB * 4 / BANDWIDTH * 1e6
         iters = 20
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(iters):
-                fn()
-            torch.cuda.synchronize()
         per = defaultdict(float)
-        for e in prof.events():
+        for e in profiled_events(fn, iters):
             if e.device_time > 0 and "kernel" in e.name.lower():
                 per[e.name] += e.device_time / iters
         total = sum(per.values())
