@@ -14,7 +14,7 @@ Implementations
   kernels on a strided view, no copy) + the kernels. Floor: as above + the bonus rows.
 - specops-fused / specops-2pass (no draft probs): the token level of the recovered-token
   race run in every sub-chunk during pass 1, or in the one chosen sub-chunk (sub_chunk_size(V)
-  tokens, 2048 at V = 128256) of the rejected row by the finalize kernel (same tokens; the
+  tokens, 4096 at V = 128256) of the rejected row by the finalize kernel (same tokens; the
   default, `fuse_recover=None`, is the latter).
 - flashinfer-kernel: flashinfer.sampling.chain_speculative_sampling on probabilities
   prepared outside the timing (draft probs, or one-hot draft probs for n-gram drafts).

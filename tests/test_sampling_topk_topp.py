@@ -654,6 +654,7 @@ def test_direct_top_k_variants_match_default():
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.timeout(400)      # one compilation per variant: 205 s for nine on the H200 with 6 workers
 def test_cuda_direct_top_k_variants_match_default():
     g = fresh_gen()
     R, V = 48, 128256
@@ -666,10 +667,18 @@ def test_cuda_direct_top_k_variants_match_default():
     seeds, pos = torch.arange(R, device="cuda") + 5, torch.arange(R, device="cuda") * 3
     pa = {}
     a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", paths=pa)
-    for var in DIRECT_VARIANTS + [dict(direct_top=True, direct_group=128), dict(direct_group=64, direct_pipe=True)]:
+    # one variant of each knob (the interpreter test runs them all): tile top, spread, pipelined
+    # groups, wide groups, another plan layout
+    for var in [dict(direct_top=True, direct_group=128), dict(direct_in="spread"),
+                dict(direct_group=64, direct_pipe=True), dict(plan_warps=4)]:
         pb = {}
         b = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", paths=pb, **var)
-        _assert_same_results(a, b, pa, pb)
+        # tokens and paths bitwise; a variant's sums may run in another order on a GPU, so its
+        # float outputs may differ by an ulp (seen on the H200: 7 of 48 rows, 1.2e-7 at most)
+        assert torch.equal(a.tokens, b.tokens), var
+        assert torch.equal(pa["mode"], pb["mode"]), var
+        for x, y in zip((a.threshold, a.row_max, a.log_norm), (b.threshold, b.row_max, b.log_norm)):
+            torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-6, equal_nan=True, msg=lambda m: f"{var}: {m}")
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")

@@ -551,9 +551,12 @@ def chunk_size(vocab: int) -> int:
 
 
 # Sub-chunks per chunk: the recovered-token race picks a sub-chunk of chunk_size(V) //
-# SUBS_PER_CHUNK tokens (2048 at V = 128256), then races its tokens in one step. 1 is the
-# one-level chunk race of earlier versions (other tokens, the same law).
-SUBS_PER_CHUNK = 4
+# SUBS_PER_CHUNK tokens (4096 at V = 128256), then races its tokens in one step. 1 is the
+# one-level chunk race of earlier versions (other tokens, the same law). On the H200 sub-chunks
+# of 2048 / 4096 / 8192 took 33.1 / 31.0 / 31.3 us at K = 1, B = 128 and 200.7 / 181.2 / 177.6
+# at K = 8 (pass 1's 3-D tiles cost more the smaller the sub-chunk, the race less):
+# exp_rejection_pass1.py --breakdown --sub, 2026-11-30.
+SUBS_PER_CHUNK = 2
 
 
 def sub_chunk_size(vocab: int) -> int:
