@@ -124,6 +124,24 @@ def time_us(fn: Callable[[], object], graph: bool = True, warmup: int = 10, iter
     return _median_events(fn, iters)
 
 
+def kernel_us(call: Callable[[], object], n: int = 10) -> dict[str, float]:
+    """Average device µs per call of each kernel of `call()` (torch.profiler, after one warm-up call)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            call()
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+        if total > 0 and "kernel" in e.key and "Launch" not in e.key:   # Triton's by name, torch's by template
+            out[e.key] = out.get(e.key, 0.0) + total / n
+    return out
+
+
 def _median_events(fn: Callable[[], object], iters: int) -> float:
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]

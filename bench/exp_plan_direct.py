@@ -80,24 +80,6 @@ def precompile(variants: list[str]) -> None:
         pool.map(_compile, variants)
 
 
-def kernel_us(call, n: int = 10) -> dict[str, float]:
-    """Average device µs per call of each kernel of `call()` (torch.profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    call()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            call()
-        torch.cuda.synchronize()
-    out = {}
-    for e in prof.key_averages():
-        total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
-        if total > 0 and "kernel" in e.key and "Launch" not in e.key:   # Triton's by name, torch's by template
-            out[e.key] = out.get(e.key, 0.0) + total / n
-    return out
-
-
 def equal(x: torch.Tensor, y: torch.Tensor) -> bool:
     """Bit for bit, up to the sign of zero; NaN equals NaN."""
     both_nan = x.isnan() & y.isnan() if x.is_floating_point() else torch.zeros_like(x, dtype=torch.bool)
@@ -115,7 +97,7 @@ def same(a, b, pa, pb, paths: bool) -> str:
 
 def run(name: str, mix, B: int, variants: list[str]) -> None:
     from bench.bench_sampling import make_logits, metadata
-    from bench.common import time_us
+    from bench.common import kernel_us, time_us
     from specops.sampling import sample
     from specops.triton_kernels import sampling_select as sel
 

@@ -16,28 +16,17 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.bench_sampling import make_logits, metadata, MIX
-from bench.common import time_us
+from bench.common import kernel_us, time_us
 from specops.sampling import sample
-from torch.profiler import profile, ProfilerActivity
 
 SHAPES = [(151936, 128, torch.bfloat16), (128256, 128, torch.bfloat16), (151936, 512, torch.bfloat16),
           (151936, 128, torch.float32)]
 
 
 def kernels(fn) -> str:
-    """The seven longest kernels of one call of fn: name, launches x device µs."""
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
-            fn()
-        torch.cuda.synchronize()
-    out = {}
-    for e in prof.key_averages():
-        if e.device_type.name == "CUDA" and e.count:
-            out[e.key[:28]] = (e.count // 5, e.device_time_total / 5)
-    top = sorted(out.items(), key=lambda kv: -kv[1][1])[:7]
-    return ", ".join(f"{name} {n}x{t:.1f}" for name, (n, t) in top)
+    """The seven longest kernels of one call of fn, device µs each."""
+    top = sorted(kernel_us(fn, n=5).items(), key=lambda kv: -kv[1])[:7]
+    return ", ".join(f"{name[:28]} {t:.1f}" for name, t in top)
 
 
 def bench_shapes() -> None:

@@ -144,15 +144,20 @@ def run_engine(lm, graphs: bool, **config):
     return steps, eng.runner.sampler
 
 
-@cuda_only
-def test_engine_with_graphs_samples_what_eager_samples(tiny_checkpoint):  # noqa: F811
+def assert_graphs_give_eager_steps(run, tiny_checkpoint):
+    """run(lm, graphs) -> (steps, sampler): with graphs on, the same steps, replayed from graphs."""
     lm = load_model(tiny_checkpoint, device="cuda", dtype=torch.float32)
-    eager, s_eager = run_engine(lm, graphs=False)
-    graphed, s_graph = run_engine(lm, graphs=True)
+    eager, s_eager = run(lm, graphs=False)
+    graphed, s_graph = run(lm, graphs=True)
     assert s_eager.graph.num_replays == 0
     assert s_graph.graph.num_captures >= 2 and s_graph.graph.num_replays >= 10, \
         (s_graph.graph.num_captures, s_graph.graph.num_replays)
     assert graphed == eager
+
+
+@cuda_only
+def test_engine_with_graphs_samples_what_eager_samples(tiny_checkpoint):  # noqa: F811
+    assert_graphs_give_eager_steps(run_engine, tiny_checkpoint)
 
 
 def run_greedy_engine(lm, graphs: bool):
@@ -173,13 +178,7 @@ def run_greedy_engine(lm, graphs: bool):
 
 @cuda_only
 def test_plain_greedy_steps_replayed_from_a_graph(tiny_checkpoint):  # noqa: F811
-    lm = load_model(tiny_checkpoint, device="cuda", dtype=torch.float32)
-    eager, s_eager = run_greedy_engine(lm, graphs=False)
-    graphed, s_graph = run_greedy_engine(lm, graphs=True)
-    assert s_eager.graph.num_replays == 0
-    assert s_graph.graph.num_captures >= 2 and s_graph.graph.num_replays >= 10, \
-        (s_graph.graph.num_captures, s_graph.graph.num_replays)
-    assert graphed == eager
+    assert_graphs_give_eager_steps(run_greedy_engine, tiny_checkpoint)
 
 
 @cuda_only
