@@ -388,6 +388,28 @@ def test_cuda_flat_distribution_fallback_matches_reference():
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("V,dtype", [(128256, torch.float32), (151936, torch.bfloat16)])
+def test_cuda_top_k_with_top_p_takes_no_single_program_search(V, dtype):
+    # top_k 129 .. 1000 with top-p over dense rows: the k-th value is refined and top-p cut
+    # among the collected top-k set; none of these rows needs the single-program search
+    from specops.triton_kernels import sampling_select as sel
+    rows = [(1.0, kk, pp, 0.0) for kk in (129, 200, 500, 700, 1000) for pp in (0.5, 0.9, 0.95, 0.99)]
+    rows += [(0.7, 500, 0.95, 0.01), (1.3, 300, 0.9, 0.0)]
+    x, inv, k, p, mp, seeds, pos = _top_k_top_p_rows(V, dtype, rows, device="cuda", scale=2.0)
+    paths = {}
+    a = sample(x, inv, k, p, mp, seeds, pos, backend="triton", paths=paths)
+    b = sample(x, inv, k, p, mp, seeds, pos, backend="torch")
+    assert_same_draw(a, b, x, inv, seeds, pos, p)
+    # a row fits the candidates (cap 1024) when its tokens >= the k-th value do, with room
+    # for the rest of that value's sub-bin; bf16 ties at k = 1000 may not (those are exact too)
+    xs = scale_logits(x, inv)
+    mode = paths["mode"].tolist()
+    fits = [int((xs[i] >= xs[i].topk(int(k[i])).values[-1]).sum()) <= 1024 - 32 for i in range(len(rows))]
+    assert sum(fits) >= len(rows) - 4, fits
+    assert all(mo != int(sel.FALLBACK.value) for mo, f in zip(mode, fits) if f), (mode, fits)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("params", [(0.8, 50, 0.9, 0.0), (1.0, 0, 0.95, 0.0), (1.0, 0, 1.0, 0.0), (0.7, 0, 1.0, 0.05)])
 def test_cuda_kernel_statistics_full_vocab(params):
     # 16384 draws from one shared row (row stride 0) against the exact target on its support
@@ -462,6 +484,44 @@ def test_every_search_path_is_taken_and_exact():
     final = paths["mode"].tolist()
     assert {COLLECT, REFINE_COUNT, REFINE_MASS, FALLBACK, DONE} <= planned, planned
     assert final.count(COLLECT) >= 10 and FALLBACK in final, final
+
+
+def _top_k_top_p_rows(V: int, dtype: torch.dtype, rows: list, device: str = "cpu", scale: float = 1.0):
+    """Dense rows (randn * scale: the k-th value's level-1 bin holds many tokens) with the
+    given (temperature, top_k, top_p, min_p) per row, and the seeds / positions."""
+    g = fresh_gen()
+    x = (torch.randn(len(rows), V, generator=g) * scale).to(dtype).to(device)
+    inv = torch.tensor([1 / t for t, *_ in rows], device=device)
+    k = torch.tensor([r[1] for r in rows], dtype=torch.int32, device=device)
+    p = torch.tensor([r[2] for r in rows], device=device)
+    mp = torch.tensor([r[3] for r in rows], device=device)
+    seeds = torch.arange(len(rows), device=device) * 11 + 3
+    pos = torch.arange(len(rows), device=device) * 7
+    return x, inv, k, p, mp, seeds, pos
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter test")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_top_k_with_top_p_refines_the_k_th_value(dtype):
+    # top-k (above kmax, at most cap) with top-p whose bracket holds more than cap tokens:
+    # the plan refines the k-th value (REFINE_COUNT) instead of taking the single-program
+    # search, the collect stores every token from its sub-bin up and the finish cuts top-p.
+    # Before this path these rows all took FALLBACK. k = cap + 1 still does.
+    from specops.triton_kernels import sampling_select as sel
+    M = {n: int(getattr(sel, n).value) for n in ("COLLECT", "REFINE_COUNT", "FALLBACK")}
+    cap = 64
+    rows = [(1.0, 56, 0.9, 0.0), (0.8, 50, 0.95, 0.0), (1.0, 64, 0.99, 0.0), (1.0, 55, 0.9, 0.001),
+            (1.0, 64, 0.5, 0.0), (1.2, 30, 0.97, 0.0), (0.5, 40, 0.8, 0.0), (1.0, 65, 0.9, 0.0)]
+    x, inv, k, p, mp, seeds, pos = _top_k_top_p_rows(20000, dtype, rows)
+    paths = {}
+    a = sample(x, inv, k, p, mp, seeds, pos, backend="triton", paths=paths, kmax=0, cap=cap)
+    b = sample(x, inv, k, p, mp, seeds, pos, backend="torch")
+    assert_same_draw(a, b, x, inv, seeds, pos, p)
+    planned, final = paths["planned"].tolist(), paths["mode"].tolist()
+    assert planned.count(M["REFINE_COUNT"]) >= 5, planned
+    # k = cap itself fits unless ties at the k-th value overflow (bf16): either path is exact
+    assert all(f == M["COLLECT"] for f, (_, kk, *_) in zip(final, rows) if kk <= cap - 8), final
+    assert final[-1] == M["FALLBACK"], final
 
 
 class _PoisonedTorch:

@@ -14,8 +14,11 @@ many programs per row, no host sync:
    - COLLECT: the bracket holds at most CAP tokens;
    - REFINE_COUNT / REFINE_MASS: more than CAP tokens: a finer histogram is needed;
    - FALLBACK: anything the bounds cannot settle (the k-th value or the top-p cut below
-     the 31-unit window, top-k with top-p and a huge k): the exact single-program
-     search of sampling_topk_topp.py.
+     the 31-unit window, top-k above CAP with top-p and a bracket of more than CAP
+     tokens): the exact single-program search of sampling_topk_topp.py.
+   With top-k (at most CAP) and top-p, a bracket of more than CAP tokens is refined like
+   top-k alone (REFINE_COUNT); the collect then stores every token from the k-th value's
+   sub-bin up (at most k plus that sub-bin's tokens), and the finish cuts top-p among them.
 2. refine (programs per row), twice: 63 equal sub-bins of [lo, hi), the exact count and
    mass above hi and in [lo, hi) and the exact mass above the min-p threshold;
    refine_combine narrows the bracket to a few sub-bins (COLLECT when they hold at most
@@ -134,6 +137,13 @@ def plan_filtered(hist_row, top_row, NBLK, n_fin, m, z, k, p, tau_min, has_k, ha
             hi = (A - J_top + 1).to(tl.float32) * _W
             c = tl.sum(tl.where((J >= J_top) & (J <= J_low), H, 0), axis=0)
             mode = tl.where(c <= CAP, COLLECT, tl.where(exact_t1, REFINE_MASS, FALLBACK))
+            if (mode == FALLBACK) & has_k & (k <= CAP):
+                # the top-p base is the mass of the top-k set, which fits the candidates once the
+                # k-th value is narrowed: refine it as for top-k alone, then collect every token
+                # above it (refine_combine) and let the finish cut top-p among them
+                mode = k * 0 + REFINE_COUNT
+                lo = (A - Jk).to(tl.float32) * _W
+                hi = lo + _W
     # every token >= lo fits in the candidates: collect them all, no race over the row
     n_from_lo = tl.sum(tl.where(J <= tl.minimum(J_low, W - 1), H, 0), axis=0)
     if ((mode == COLLECT) | (mode == DRAW)) & (J_low < W) & (n_from_lo <= CAP):
@@ -262,6 +272,8 @@ def _refine_combine_kernel(
         s_lo = mode * 0
         s_hi = s_lo
         target = tl.full([], -1.0, tl.float32)
+        # top-k with top-p: collect every token from the k-th value's sub-bin up (hi = +inf)
+        whole = (mode == REFINE_COUNT) & (tl.load(top_p_ptr + r) < 1.0)
         if mode == REFINE_COUNT:
             k = tl.load(top_k_ptr + r)
             above_c = n_above + (tl.sum(H, axis=0) - tl.cumsum(H, axis=0))   # tokens above sub-bin s
@@ -288,6 +300,8 @@ def _refine_combine_kernel(
                 new_mode = mode * 0 + COLLECT
         if new_mode == COLLECT:
             c = tl.sum(tl.where((sb >= s_lo) & (sb <= s_hi), H, 0), axis=0)
+            if whole:
+                c = n_above + tl.sum(tl.where(real & (sb >= s_lo), H, 0), axis=0)
             if c > CAP:
                 if LAST:
                     new_mode = mode * 0 + FALLBACK
@@ -296,7 +310,7 @@ def _refine_combine_kernel(
             lo2 = tl.sum(tl.where(sb == s_lo, e_lo, 0.0), axis=0)
             hi2 = tl.sum(tl.where(sb == s_hi, e_hi, 0.0), axis=0)
             tl.store(st_f_ptr + r * 6 + 2, tl.where(s_lo == 0, lo, lo2))
-            tl.store(st_f_ptr + r * 6 + 3, hi2)
+            tl.store(st_f_ptr + r * 6 + 3, tl.where(whole & (new_mode == COLLECT), float("inf"), hi2))
             tl.store(st_f_ptr + r * 6 + 5, target)
         tl.store(st_i_ptr + r * 4, new_mode)
 

@@ -164,11 +164,13 @@ def row_stats_pass(
     hist,              # [R, S * iters, HIST_BINS] int16 out (see blocks_per_row)
     hist_top,          # [R, S * iters] int32 out
     block: int = 2048,
-    num_warps: int = 4,
+    num_warps: int = 4,          # 4 warps within 96 registers: 5 programs per SM
     kmax: int = 0,
+    maxnreg: int | None = 96,
 ):
     """Launch pass 1 over `num_chunks` programs per row (see module docstring); rows with
-    1 <= top_k <= kmax get no histogram."""
+    1 <= top_k <= kmax get no histogram. `num_warps` and `maxnreg` change speed only (and the
+    rounding of the chunk sums: keep them functions of the vocabulary, for batch invariance)."""
     R, V = logits.shape
     NT = tile_max.shape[1]
     tiles_per_prog, tpb, iters = pass1_geometry(NT, tile, num_chunks, block)
@@ -176,5 +178,5 @@ def row_stats_pass(
         logits, logits.stride(0), inv_temperature, top_k, top_p, log_min_p,
         seeds, positions, tile_max, part_f, part_i, hist, hist_top,
         V, NT, tiles_per_prog, num_chunks, stream, iters, kmax,
-        TILE=tile, TPB=tpb, num_warps=num_warps, maxnreg=96,   # 5 programs per SM
+        TILE=tile, TPB=tpb, num_warps=num_warps, **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )

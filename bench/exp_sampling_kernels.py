@@ -1,0 +1,48 @@
+"""Where the sampler's device time goes, per kernel, for one parameter mix at a time.
+
+    python bench/exp_sampling_kernels.py     (GPU machine, repo root, after bench/gpu_check.sh's build)
+
+bench_sampling's 'llm' logits at V = 128256, B = 128, fp32 and bf16; every row of a batch
+has the same (temperature, top_k, top_p, min_p), so each kernel's time belongs to one path
+of pass 1: greedy rows (no histogram, no noise), plain rows (the noise of every token),
+top-k <= 128 rows (direct: no histogram, no noise), top-p / min-p / top-k > 128 rows (the
+level-1 histogram), and the bench's mixed batch. Prints each kernel's device µs (torch
+profiler, mean of 10 calls) and the whole sample's time from CUDA-graph replays.
+"""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.bench_sampling import MIX, make_logits, metadata  # noqa: E402
+from bench.common import kernel_us, time_us  # noqa: E402
+from specops.sampling import sample  # noqa: E402
+
+MIXES = {
+    "greedy": [(0.0, 0, 1.0, 0.0)],
+    "plain T=1": [(1.0, 0, 1.0, 0.0)],
+    "top_k=50": [(1.0, 50, 1.0, 0.0)],
+    "top_p=0.9": [(1.0, 0, 0.9, 0.0)],
+    "min_p=0.05": [(1.0, 0, 1.0, 0.05)],
+    "top_k=500 top_p=0.95": [(1.0, 500, 0.95, 0.0)],
+    "bench MIX": MIX,
+}
+
+
+def main() -> None:
+    V, B = 128256, 128
+    print(f"{torch.cuda.get_device_name()}, V={V}, B={B}, device us per kernel (mean of 10 calls)", flush=True)
+    for dtype in (torch.float32, torch.bfloat16):
+        logits = make_logits(B, V, dtype, "llm", seed=B * 7 + V)
+        for name, mix in MIXES.items():
+            md = metadata(B, V, seeded=False, mix=mix)
+            args = (logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions)
+            t = time_us(lambda: sample(*args, backend="triton"), warmup=3, iters=20, replays_per_graph=5)
+            per = kernel_us(lambda: sample(*args, backend="triton"))
+            parts = ", ".join(f"{k.split('(')[0][:24]} {v:.1f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1]))
+            print(f"{str(dtype)[6:]:8s} {name:22s} {t:7.1f} us | {parts}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
