@@ -124,18 +124,24 @@ def time_us(fn: Callable[[], object], graph: bool = True, warmup: int = 10, iter
     return _median_events(fn, iters)
 
 
-def kernel_us(call: Callable[[], object], n: int = 10) -> dict[str, float]:
-    """Average device µs per call of each kernel of `call()` (torch.profiler, after one warm-up call)."""
+def profiled(call: Callable[[], object], n: int, warmup: int = 1):
+    """torch.profiler of `n` calls of `call()` (CUDA activity), after `warmup` calls."""
     from torch.profiler import ProfilerActivity, profile
 
-    call()
+    for _ in range(warmup):
+        call()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(n):
             call()
         torch.cuda.synchronize()
+    return prof
+
+
+def kernel_us(call: Callable[[], object], n: int = 10) -> dict[str, float]:
+    """Average device µs per call of each kernel of `call()` (torch.profiler, after one warm-up call)."""
     out = {}
-    for e in prof.key_averages():
+    for e in profiled(call, n).key_averages():
         total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
         if total > 0 and "kernel" in e.key and "Launch" not in e.key:   # Triton's by name, torch's by template
             out[e.key] = out.get(e.key, 0.0) + total / n

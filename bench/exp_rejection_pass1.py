@@ -36,6 +36,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.common import profiled  # noqa: E402
 from specops.triton_kernels.rejection_sample import chunk_size, rejection_sample_pass, sub_chunk_size  # noqa: E402
 
 VOCAB = 128256
@@ -85,15 +86,7 @@ def run_pass1(inputs, batch, k, chunk, block, warps, prefetch, race_block=None, 
 
 def profiled_events(fn, iters: int):
     """The profiler's CUDA events of `iters` calls of fn, after 3 warm-up calls."""
-    from torch.profiler import ProfilerActivity, profile
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    return prof.events()
+    return profiled(fn, iters, warmup=3).events()
 
 
 def kernel_us(fn, name="_rejection_sample_kernel", iters=20) -> float:
