@@ -28,6 +28,9 @@ STREAM_RECOVER = tl.constexpr(2)  # exponential noise for recovered tokens (reje
 # (tokens [k * SUB, (k + 1) * SUB), SUB = sub_chunk_size(V)) uses word k % 4 of index k // 4.
 # Streams 3 and 4 are taken by pyengine (STREAM_DRAFT, STREAM_SYNTHETIC).
 STREAM_RECOVER_CHUNK = tl.constexpr(5)
+# the sampler's draw on stream s picks a sub-chunk of the row with the noise of stream
+# s + SUB_STREAM (sub-chunk k: word k % 4 of index k // 4), then a token inside it (stream s)
+SUB_STREAM = tl.constexpr(1 << 16)
 
 
 @triton.jit

@@ -8,8 +8,9 @@ size. Each program writes
   search of sampling_topk_topp.py use it (bounds of the thresholds, tiles worth reading);
 - its chunk's max and sum exp(x - max) (NaN when the chunk holds a NaN or +inf) and its
   number of finite tokens;
-- for rows that need no threshold (random, no top-k / top-p / min-p) the draw itself:
-  the chunk's best exp(x - max) / E and its index, E being the row's Exp(1) noise;
+- for rows that need no threshold (random, no top-k / top-p / min-p) the sum of
+  exp(x - tile max) of every tile (`tile_sum`), from which the plan draws the row's
+  sub-chunk (sampling_topk_topp.py: a two-level race, the token noise of one sub-chunk only);
 - for rows with top-k or top-p (but not rows with 1 <= top_k <= KMAX, which the plan
   decides from the tile maxima alone), a count histogram of every block (TPB tiles) over the
   absolute value grid a(x) = floor(x * BINS_PER_UNIT): bin j counts the tokens with
@@ -23,10 +24,6 @@ x = logits * (1 / temperature) on random rows and the logits themselves on greed
 import triton
 import triton.language as tl
 
-from .rng import exponential, random_words
-from .sampling_common import select_word
-
-_BIG = tl.constexpr(2147483647)
 BINS_PER_UNIT = 2          # level-1 histogram: 2 bins per unit of scaled logit (grid_bin)
 HIST_BINS = 64             # WINDOW = 62 bins (31 units), + underflow, + nothing (Triton's histogram
                            # costs about 3 + bins / 8 instructions per token: keep it small)
@@ -41,26 +38,24 @@ def grid_bin(x):
     return tl.floor(tl.minimum(tl.maximum(x * 2.0, -1.0e9), 1.0e9)).to(tl.int32)
 
 
-@triton.jit(do_not_specialize=["NT", "TILES_PER_PROG", "S", "stream", "ITERS", "KMAX"])
+@triton.jit(do_not_specialize=["NT", "TILES_PER_PROG", "S", "ITERS", "KMAX"])
 def _row_stats_kernel(
     logits_ptr, stride_row,       # [R, V] fp32/bf16/fp16, unit column stride
     inv_temp_ptr,                 # [R] fp32: 1/T, -1 on greedy rows
     top_k_ptr, top_p_ptr,         # [R] int32 / fp32
     log_min_p_ptr,                # [R] fp32: log(min_p), -inf = off
-    seed_ptr, pos_ptr,            # [R] int64
     tile_max_ptr,                 # [R, NT] fp32 out
-    part_f_ptr,                   # [R, S, 4] fp32 out: max, sumexp, best score, finite tokens
-    part_i_ptr,                   # [R, S] int32 out: best index
+    tile_sum_ptr,                 # [R, NT] fp32 out: sum exp(x - tile max) (unfiltered rows only)
+    part_f_ptr,                   # [R, S, 4] fp32 out: max, sumexp, (unused), finite tokens
     hist_ptr,                     # [R, S * ITERS, HIST_BINS] int16 out (filtered rows)
     hist_top_ptr,                 # [R, S * ITERS] int32 out: a(block max) (filtered rows)
-    V, NT, TILES_PER_PROG, S, stream, ITERS,
+    V, NT, TILES_PER_PROG, S, ITERS,
     KMAX,                         # rows with 1 <= top_k <= KMAX (< V) need no histogram (0: none)
     TILE: tl.constexpr, TPB: tl.constexpr,
 ):
     # The block is [TPB tiles, TILE]: a tile row lies inside one warp, so the per-tile
     # reductions need no barrier; running statistics are kept per tile slot and reduced
-    # across slots (and warps) once, at the end. The Philox call of token t is t >> 2 and
-    # its word t & 3: the 4 tokens a thread holds share one call (the compiler merges them).
+    # across slots (and warps) once, at the end.
     r = tl.program_id(0)
     s = tl.program_id(1)
     row = logits_ptr + r.to(tl.int64) * stride_row
@@ -71,8 +66,6 @@ def _row_stats_kernel(
     unfiltered = unfiltered & (tl.load(log_min_p_ptr + r) == float("-inf"))
     direct = (k >= 1) & (k <= KMAX) & (k < V)
     filtered = (inv_t > 0) & ~unfiltered & ~direct
-    seed = tl.load(seed_ptr + r)
-    pos = tl.load(pos_ptr + r)
 
     tt = tl.arange(0, TPB)
     cols = tl.arange(0, TILE)[None, :]
@@ -81,8 +74,6 @@ def _row_stats_kernel(
     t_end = tl.minimum(t_begin + TILES_PER_PROG, NT)
     m_slot = tl.full([TPB], float("-inf"), tl.float32)
     z_slot = tl.zeros([TPB], tl.float32)
-    b_slot = tl.zeros([TPB], tl.float32)       # best exp(x - m_slot) / E
-    i_slot = tl.full([TPB], _BIG, tl.int32)
     n_fin = tl.zeros([TPB], tl.int32)
     for it in range(0, ITERS):
         t0 = t_begin + it * TPB
@@ -109,28 +100,17 @@ def _row_stats_kernel(
             tl.store(hist_ptr + blk * _HB + tl.arange(0, _HB), h.to(tl.int16))
             tl.store(hist_top_ptr + blk, top)
         if unfiltered:
-            # call index written so that the compiler sees the 4 tokens of a thread share it
-            w0, w1, w2, w3 = random_words(seed, pos, stream, tile * (TILE // 4) + (cols >> 2))
-            score = e / exponential(select_word(w0, w1, w2, w3, offs & 3))
-            tb = tl.max(score, axis=1)
-            ti = tl.min(tl.where(score == tb[:, None], offs, _BIG), axis=1)
-            prev = b_slot * alpha
-            better = tb > prev
-            b_slot = tl.where(better, tb, prev)
-            i_slot = tl.where(better, ti, i_slot)
+            t_ref = tl.where(tmax == float("-inf"), 0.0, tmax)
+            t_sum = tl.sum(tl.exp(x - t_ref[:, None]), axis=1)
+            tl.store(tile_sum_ptr + r.to(tl.int64) * NT + tid, t_sum, mask=tid < t_end)
         m_slot = m_new
     m = tl.max(m_slot, axis=0)
     w = tl.exp(m_slot - tl.where(m == float("-inf"), 0.0, m))
     z = tl.sum(z_slot * w, axis=0)
-    sb = b_slot * w
-    best = tl.max(sb, axis=0)
-    bidx = tl.min(tl.where(sb == best, i_slot, _BIG), axis=0)
     base = (r * S + s).to(tl.int64)
     tl.store(part_f_ptr + base * 4 + 0, m)
     tl.store(part_f_ptr + base * 4 + 1, z)
-    tl.store(part_f_ptr + base * 4 + 2, best)
     tl.store(part_f_ptr + base * 4 + 3, tl.sum(n_fin, axis=0).to(tl.float32))
-    tl.store(part_i_ptr + base, bidx)
 
 
 def _next_pow2(n: int) -> int:
@@ -154,13 +134,11 @@ def row_stats_pass(
     inv_temperature,   # [R] fp32
     top_k, top_p,      # [R] int32 / fp32
     log_min_p,         # [R] fp32, -inf = off
-    seeds, positions,  # [R] int64
-    stream: int,
     tile: int,
     num_chunks: int,
     tile_max,          # [R, NT] fp32 out
+    tile_sum,          # [R, NT] fp32 out (unfiltered rows)
     part_f,            # [R, S, 4] fp32 out
-    part_i,            # [R, S] int32 out
     hist,              # [R, S * iters, HIST_BINS] int16 out (see blocks_per_row)
     hist_top,          # [R, S * iters] int32 out
     block: int = 2048,
@@ -176,7 +154,7 @@ def row_stats_pass(
     tiles_per_prog, tpb, iters = pass1_geometry(NT, tile, num_chunks, block)
     _row_stats_kernel[(R, num_chunks)](
         logits, logits.stride(0), inv_temperature, top_k, top_p, log_min_p,
-        seeds, positions, tile_max, part_f, part_i, hist, hist_top,
-        V, NT, tiles_per_prog, num_chunks, stream, iters, kmax,
+        tile_max, tile_sum, part_f, hist, hist_top,
+        V, NT, tiles_per_prog, num_chunks, iters, kmax,
         TILE=tile, TPB=tpb, num_warps=num_warps, **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )

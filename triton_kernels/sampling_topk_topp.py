@@ -2,13 +2,14 @@
 exponential-noise draw. The launcher `sample_top_k_top_p_triton` runs, with no host sync:
 
 1. pass 1 (sampling_stats.py, many programs per row): per-chunk max / sum-exp, the max
-   of every tile, the unfiltered draw, and a count histogram of every block of rows with
-   a filter (except rows with a small top-k);
+   of every tile, the sum exp(x - tile max) of every tile of rows without a filter, and a
+   count histogram of every block of rows with a filter (except rows with a small top-k);
 2. plan (`_plan_kernel`, one program per row): combines the chunks: max m, normaliser Z;
    a NaN or +inf logit makes Z NaN and the row invalid (token -1), and so does a row with
-   every logit -inf. Greedy rows take the argmax; rows without top-k / top-p / min-p take
-   the best exp(x - m) / E of pass 1 (noise E from specops.rng, STREAM given by the
-   caller). Rows with 1 <= top_k <= kmax (128) are decided here (`_direct_top_k`): the
+   every logit -inf. Greedy rows take the argmax; rows without top-k / top-p / min-p draw
+   a sub-chunk of `draw_sub_chunk(V)` tokens by its mass, then a token inside it
+   (`_draw_unfiltered`: a two-level exponential race, noise from specops.rng, STREAM given
+   by the caller; its sub-chunk noise on STREAM + SUB_STREAM). Rows with 1 <= top_k <= kmax (128) are decided here (`_direct_top_k`): the
    tiles whose max reaches the k-th largest tile max hold every token the filters keep;
    their tokens are collected and finished as in step 4 (ties or overflow: the exact
    search of step 4); launcher knobs (see `sample_top_k_top_p_triton`) trade how this
@@ -28,6 +29,7 @@ exponential-noise draw. The launcher `sample_top_k_top_p_triton` runs, with no h
    over the row's tiles until at most CAP tokens are left, then a sort).
 5. the draw: argmax over kept tokens of exp(x - m) / E_t, ties to the smallest index;
    the noise is computed only for kept tokens' blocks (collect) or candidates (finish).
+   Rows without a filter draw in two levels instead (step 2, `_draw_unfiltered`).
 
 Outputs per row: token (int64, -1 when invalid), threshold tau (-inf when nothing is
 cut), m and log(sum over kept of exp(x - m)): the processed distribution.
@@ -37,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .rng import exponential, random_words
+from .rng import SUB_STREAM, exponential, random_words
 from .sampling_common import float_key, key_float, pack_key, select_word, token_noise, unpack_key
 from .sampling_select import (COLLECT, DIRECT, DONE, DRAW, FALLBACK, SPREAD, STATE_F, STATE_I, SUB_BINS,
                               _collect_kernel, _refine_combine_kernel, _refine_kernel, collect_program, merge_best,
@@ -556,24 +558,53 @@ def _direct_top_k(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p, tau
 
 
 @triton.jit
-def _combine_chunks(part_f_ptr, part_i_ptr, r, S, S_P2: tl.constexpr):
-    """Row max m, normaliser Z = sum exp(x - m), the unfiltered draw of pass 1 and the
-    number of finite tokens."""
+def _combine_chunks(part_f_ptr, r, S, S_P2: tl.constexpr):
+    """Row max m, normaliser Z = sum exp(x - m) and the number of finite tokens."""
     si = tl.arange(0, S_P2)
     sm = si < S
     pb = (r * S + si).to(tl.int64)
     m_s = tl.load(part_f_ptr + pb * 4 + 0, mask=sm, other=float("-inf"))
     z_s = tl.load(part_f_ptr + pb * 4 + 1, mask=sm, other=0.0)
-    b_s = tl.load(part_f_ptr + pb * 4 + 2, mask=sm, other=0.0)
     n_fin = tl.sum(tl.load(part_f_ptr + pb * 4 + 3, mask=sm, other=0.0), axis=0).to(tl.int32)
-    i_s = tl.load(part_i_ptr + pb, mask=sm, other=_BIG)
     m = tl.max(m_s, axis=0)
     w_s = tl.exp(m_s - tl.where(m == float("-inf"), 0.0, m))
     z = tl.sum(z_s * w_s, axis=0)
-    sb = b_s * w_s
-    bb = tl.max(sb, axis=0)
-    bidx = tl.min(tl.where(sm & (sb == bb), i_s, _BIG), axis=0)
-    return m, z, bidx, n_fin
+    return m, z, n_fin
+
+
+@triton.jit
+def _draw_unfiltered(row, tm_row, ts_row, NT, V, scale, m, seed, pos, stream,
+                     TILE: tl.constexpr, NT_P2: tl.constexpr, SUB: tl.constexpr):
+    """The draw of a row without top-k / top-p / min-p: a two-level exponential race.
+
+    Sub-chunk c (tokens [c * SUB, (c + 1) * SUB)) has the mass M_c = sum of exp(x - m) over
+    its tiles (pass 1's tile sums, exp(tile max - m) each); the race argmax_c M_c / E_c (E_c:
+    word c % 4 of index c // 4 on stream + SUB_STREAM) picks c with probability M_c / Z, then
+    argmax over c's tokens of exp(x - m) / E_t (the token noise of stream) picks t with
+    probability exp(x_t - m) / M_c: t is drawn with probability exp(x_t - m) / Z, with the
+    noise of SUB tokens only. Ties go to the lowest sub-chunk, then the lowest token.
+    """
+    TPS: tl.constexpr = SUB // TILE                 # tiles per sub-chunk
+    t = tl.arange(0, NT_P2)
+    tm = tl.load(tm_row + t, mask=t < NT, other=float("-inf"))
+    ts = tl.load(ts_row + t, mask=t < NT, other=0.0)
+    w = tl.where(tm > float("-inf"), ts * tl.exp(tm - m), 0.0)
+    if TPS <= NT_P2:
+        NC: tl.constexpr = NT_P2 // TPS
+        mass = tl.sum(tl.reshape(w, [NC, TPS]), axis=1)           # [NC]: tiles of a sub-chunk are consecutive
+    else:
+        NC: tl.constexpr = 1
+        mass = tl.sum(tl.reshape(w, [1, NT_P2]), axis=1)          # one sub-chunk holds the row
+    c = tl.arange(0, NC)
+    w0, w1, w2, w3 = random_words(seed, pos, stream + SUB_STREAM, c >> 2)
+    score = tl.where(mass > 0.0, mass / exponential(select_word(w0, w1, w2, w3, c & 3)), -1.0)
+    best = tl.max(score, axis=0)
+    c_win = tl.min(tl.where(score == best, c, NC), axis=0)
+    offs = c_win * SUB + tl.arange(0, SUB)
+    x = tl.load(row + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * scale
+    sc = tl.where(x > float("-inf"), tl.exp(x - m) / token_noise(seed, pos, stream, offs), -1.0)
+    bs = tl.max(sc, axis=0)
+    return tl.min(tl.where(sc == bs, offs, _BIG), axis=0)
 
 
 @triton.jit(do_not_specialize=["NT", "S", "NBLK", "stream", "KMAX"])
@@ -583,7 +614,8 @@ def _plan_kernel(
     top_k_ptr, top_p_ptr,              # [R] int32 / fp32
     log_min_p_ptr,                     # [R] fp32: log(min_p), -inf = off
     tile_max_ptr,                      # [R, NT] fp32 (pass 1)
-    part_f_ptr, part_i_ptr,            # [R, S, 4] fp32, [R, S] int32 (pass 1)
+    tile_sum_ptr,                      # [R, NT] fp32 (pass 1, unfiltered rows)
+    part_f_ptr,                        # [R, S, 4] fp32 (pass 1)
     hist_ptr, hist_top_ptr,            # [R, NBLK, HB] int16, [R, NBLK] int32 (pass 1)
     seed_ptr, pos_ptr,                 # [R] int64
     list_ptr,                          # [R, NT_P2] int32 scratch
@@ -593,7 +625,7 @@ def _plan_kernel(
     st_i_ptr, st_f_ptr,                # [R, 4] int32, [R, 6] fp32 out: row states
     V, NT, S, NBLK, stream, KMAX,
     TILE: tl.constexpr, NT_P2: tl.constexpr, S_P2: tl.constexpr, CAP: tl.constexpr,
-    GB: tl.constexpr, SELECT: tl.constexpr, HB: tl.constexpr, G: tl.constexpr, SMALL: tl.constexpr,
+    GB: tl.constexpr, SELECT: tl.constexpr, HB: tl.constexpr, G: tl.constexpr, SMALL: tl.constexpr, SUB: tl.constexpr,
     TOPT: tl.constexpr = 0, GD: tl.constexpr = 16, PIPE: tl.constexpr = False, DS: tl.constexpr = 0,
     DEFER: tl.constexpr = 0,
 ):
@@ -614,7 +646,7 @@ def _plan_kernel(
     has_k = (k > 0) & (k < V)
     has_p = p < 1.0
     has_mp = lmp > float("-inf")
-    m, z, bidx, n_fin = _combine_chunks(part_f_ptr, part_i_ptr, r, S, S_P2)
+    m, z, n_fin = _combine_chunks(part_f_ptr, r, S, S_P2)
     invalid = (z != z) | (m == float("-inf")) | (m == float("inf"))
 
     mode = r * 0 + DONE
@@ -632,7 +664,9 @@ def _plan_kernel(
         if inv_t <= 0:
             tok = _first_argmax(logits_ptr + r64 * stride_row, tile_max_ptr + r64 * NT, NT, m, V, TILE, NT_P2)
         elif (~has_k) & (~has_p) & (~has_mp):
-            tok = bidx
+            tok = _draw_unfiltered(logits_ptr + r64 * stride_row, tile_max_ptr + r64 * NT, tile_sum_ptr + r64 * NT,
+                                   NT, V, inv_t, m, tl.load(seed_ptr + r), tl.load(pos_ptr + r), stream,
+                                   TILE, NT_P2, SUB)
         elif SELECT:
             if has_k & (k <= KMAX):
                 mode = r * 0 + DIRECT
@@ -879,6 +913,14 @@ def _finish_kernel(
         tl.store(st_i_ptr + r * 4, mode)         # the path taken (sample_top_k_top_p_triton's `paths`)
 
 
+def draw_sub_chunk(vocab: int) -> int:
+    """Tokens per sub-chunk of the two-level draw of rows without a filter (`_draw_unfiltered`;
+    specops.sampling.sampler_torch mirrors it): 2048, or an eighth of a small vocabulary, and
+    never less than a tile. A function of the vocabulary only, so a seeded row draws the same
+    token whatever its batch."""
+    return max(tile_size(vocab), min(2048, _next_pow2(-(-vocab // 8))))
+
+
 def sample_top_k_top_p_triton(
     logits: torch.Tensor,            # [R, V] fp32/bf16/fp16, unit column stride (row stride may be 0)
     inv_temperature: torch.Tensor,   # [R] fp32: 1/T, -1 on greedy rows
@@ -949,6 +991,9 @@ def sample_top_k_top_p_triton(
         raise ValueError(f"direct_in must be 'plan', 'collect' or 'spread', got {direct_in!r}")
     NT = -(-V // tile)
     NT_P2 = max(16, _next_pow2(NT))
+    sub = draw_sub_chunk(V)
+    if tile > sub:
+        raise ValueError(f"tile must be at most the draw's sub-chunk ({sub} tokens at V={V}), got {tile}")
     if num_chunks is None:
         # one block of 2048 tokens per program: many small programs keep enough loads in
         # flight to stream the logits at full bandwidth without software pipelining
@@ -981,7 +1026,7 @@ def sample_top_k_top_p_triton(
     f32, i32 = torch.float32, torch.int32
     tile_max = torch.empty(R, NT, dtype=f32, device=dev)
     part_f = torch.empty(R, S, 4, dtype=f32, device=dev)
-    part_i = torch.empty(R, S, dtype=i32, device=dev)
+    tile_sum = torch.empty(R, NT, dtype=f32, device=dev)
     hist = torch.empty(R, nblk, HIST_BINS, dtype=torch.int16, device=dev)
     hist_top = torch.empty(R, nblk, dtype=i32, device=dev)
     st_i = torch.empty(R, STATE_I, dtype=i32, device=dev)
@@ -992,14 +1037,14 @@ def sample_top_k_top_p_triton(
     pi = torch.empty(R, s3, dtype=i32, device=dev)
     tile_list = torch.empty(R, NT_P2, dtype=i32, device=dev)
     cand = torch.empty(R, cap, dtype=torch.int64, device=dev)
-    row_stats_pass(logits, inv_temperature, top_k, top_p, log_min_p, seeds, positions, stream, tile, S,
-                   tile_max, part_f, part_i, hist, hist_top, kmax=kmax)
+    row_stats_pass(logits, inv_temperature, top_k, top_p, log_min_p, tile, S,
+                   tile_max, tile_sum, part_f, hist, hist_top, kmax=kmax)
     _plan_kernel[(R,)](
         logits, logits.stride(0), inv_temperature, top_k, top_p, log_min_p,
-        tile_max, part_f, part_i, hist, hist_top, seeds, positions, tile_list, cand,
+        tile_max, tile_sum, part_f, hist, hist_top, seeds, positions, tile_list, cand,
         tokens, thr, rmax, lnorm, st_i, st_f,
         V, NT, S, nblk, stream, kmax,
-        TILE=tile, NT_P2=NT_P2, S_P2=MAX_CHUNKS, CAP=cap, GB=32, SELECT=select, HB=HIST_BINS, G=G,
+        TILE=tile, NT_P2=NT_P2, S_P2=MAX_CHUNKS, CAP=cap, GB=32, SELECT=select, HB=HIST_BINS, G=G, SUB=sub,
         SMALL=min(256, cap), TOPT=topt, GD=gd, PIPE=direct_pipe, DS=ds, DEFER=defer,
         num_warps=plan_warps,
     )

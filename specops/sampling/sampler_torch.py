@@ -163,6 +163,30 @@ def invalid_rows(x: torch.Tensor) -> torch.Tensor:
     return torch.isnan(x).any(dim=-1) | torch.isposinf(x).any(dim=-1) | torch.isneginf(x).all(dim=-1)
 
 
+def two_level_race(
+    mass: torch.Tensor,         # [T, V] float64 >= 0, the distribution to draw from (unnormalised)
+    key: torch.Tensor,          # [T, V] float64 per-token race keys: argmax over a set draws from mass
+    sub_chunk: int,
+    sub_noise: torch.Tensor,    # [T, num_subs] float64 Exp(1), num_subs = ceil(V / sub_chunk)
+) -> torch.Tensor:              # [T] int64
+    """Token argmax of ``key`` within the sub-chunk argmax_k log(M_k) - log(E_k), M_k = the
+    mass of sub-chunk k (tokens [k * sub_chunk, (k + 1) * sub_chunk)).
+
+    The sub-chunk race picks k with probability M_k / sum(M); the token race within k picks
+    t with probability mass_t / M_k (``key`` is an exponential race of ``mass``), so t is
+    drawn with probability mass_t / sum(M): exactly the one-level race over the row, with
+    noise for one sub-chunk only. A row without mass picks sub-chunk 0 (where its keys, all
+    -inf, give token 0, as torch.argmax of the one-level race does).
+    """
+    rows, vocab = mass.shape
+    num_subs = sub_noise.shape[1]
+    padded = torch.nn.functional.pad(mass, (0, num_subs * sub_chunk - vocab))
+    sub_mass = padded.view(rows, num_subs, sub_chunk).sum(dim=2)                      # [T, num_subs]
+    best = torch.argmax(torch.log(sub_mass) - torch.log(sub_noise), dim=1)            # [T]
+    in_best = torch.arange(vocab, device=mass.device)[None, :] // sub_chunk == best[:, None]
+    return torch.argmax(torch.where(in_best, key, float("-inf")), dim=1)
+
+
 def noise_argmax(
     x: torch.Tensor,          # [R, V] fp32, masked logits (-inf = not kept)
     seeds: torch.Tensor,      # [R] int64
@@ -179,6 +203,40 @@ def noise_argmax(
         m = xs.max(dim=-1, keepdim=True).values
         score = torch.exp(xs - m) / noise
         out[r0:r0 + step] = torch.nan_to_num(score, nan=-1.0).argmax(dim=-1)
+    return out
+
+
+def filtered_rows(rows: int, vocab: int, top_k, top_p, min_p, device) -> torch.Tensor:
+    """[rows] bool: rows with top-k (0 < k < vocab), top-p (< 1) or min-p (> 0) on."""
+    out = torch.zeros(rows, dtype=torch.bool, device=device)
+    for t, on in ((top_k, lambda v: (v > 0) & (v < vocab)), (top_p, lambda v: v < 1.0), (min_p, lambda v: v > 0.0)):
+        if t is not None:
+            out |= on(t.to(device))
+    return out
+
+
+def sub_chunk_draw(
+    x: torch.Tensor,          # [R, V] fp32 scaled logits, every token kept
+    seeds: torch.Tensor,      # [R] int64
+    positions: torch.Tensor,  # [R] int64
+    stream: int = rng.STREAM_SAMPLE,
+) -> torch.Tensor:            # [R] int64
+    """The draw of rows without a filter, as the kernels make it: the sub-chunk of
+    draw_sub_chunk(V) tokens by an exponential race of its mass (noise on stream +
+    rng.SUB_STREAM), then the token of that sub-chunk by the race of exp(x - max) / E."""
+    from specops.triton_kernels.sampling_topk_topp import draw_sub_chunk
+    R, V = x.shape
+    sub = draw_sub_chunk(V)
+    num_subs = -(-V // sub)
+    out = torch.empty(R, dtype=torch.int64, device=x.device)
+    step = max(1, _NOISE_CHUNK // max(V, 1))
+    for r0 in range(0, R, step):
+        xs = x[r0:r0 + step].double()
+        s, p = seeds[r0:r0 + step], positions[r0:r0 + step]
+        mass = torch.exp(xs - xs.max(dim=-1, keepdim=True).values)
+        noise = rng.vocab_noise(s, p, stream, V).to(x.device).double()
+        sub_noise = rng.vocab_noise(s, p, stream + rng.SUB_STREAM, num_subs).to(x.device).double()
+        out[r0:r0 + step] = two_level_race(mass, torch.nan_to_num(mass / noise, nan=-1.0), sub, sub_noise)
     return out
 
 
@@ -203,6 +261,10 @@ def sample_torch(
     tau = torch.where(random, tau, torch.full_like(tau, float("-inf")))
     xm = torch.where(xs >= tau.unsqueeze(1), xs, torch.full_like(xs, float("-inf")))
     tokens = torch.where(random, noise_argmax(xm, seeds, positions, stream), xs.argmax(dim=-1))
+    unfiltered = random & ~filtered_rows(R, V, top_k, top_p, min_p, x.device)
+    if bool(unfiltered.any()):     # the kernels' two-level draw (sub-chunk, then token)
+        on_keys = unfiltered.to(seeds.device)
+        tokens[unfiltered] = sub_chunk_draw(xs[unfiltered], seeds[on_keys], positions[on_keys], stream)
     m = xs.max(dim=-1).values
     log_norm = torch.log(torch.exp(xm.double() - m.double().unsqueeze(1)).sum(dim=-1)).float()
     nan = torch.full_like(tau, float("nan"))

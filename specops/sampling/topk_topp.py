@@ -76,7 +76,10 @@ def sample(
     Parameter values follow specops.sampling.metadata (validated there, once, on the host).
     Random rows draw argmax over kept tokens of exp(x - max) / E with E the Exp(1) noise of
     specops.rng keyed by (seeds[r], positions[r], stream): a seeded row's token depends on
-    its seed, position and logits only. Greedy rows take the argmax of the logits. Rows
+    its seed, position and logits only. Rows without top-k, top-p or min-p draw the same
+    law in two levels: a sub-chunk of draw_sub_chunk(V) tokens by the race of its mass
+    (noise on stream + rng.SUB_STREAM), then the token inside it by the race above; only
+    one sub-chunk's token noise is computed. Greedy rows take the argmax of the logits. Rows
     with a NaN or +inf logit, or with all logits -inf, get token -1.
 
     Returns

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from specops import rng
+from specops.sampling.sampler_torch import two_level_race
 from specops.triton_kernels.rejection_sample import check_sub_chunk, chunk_size, sub_chunk_size
 
 
@@ -42,30 +43,6 @@ def row_keys_for_drafts(
     step = torch.zeros((), dtype=torch.int64, device=device) if step is None else step.reshape(())
     return rng.row_keys(seeds.long()[req], has_seed.bool()[req], positions.long()[req] + within,
                         engine_seed, step)
-
-
-def two_level_race(
-    mass: torch.Tensor,         # [T, V] float64 >= 0, the distribution to draw from (unnormalised)
-    key: torch.Tensor,          # [T, V] float64 per-token race keys: argmax over a set draws from mass
-    sub_chunk: int,
-    sub_noise: torch.Tensor,    # [T, num_subs] float64 Exp(1), num_subs = ceil(V / sub_chunk)
-) -> torch.Tensor:              # [T] int64
-    """Token argmax of ``key`` within the sub-chunk argmax_k log(M_k) - log(E_k), M_k = the
-    mass of sub-chunk k (tokens [k * sub_chunk, (k + 1) * sub_chunk)).
-
-    The sub-chunk race picks k with probability M_k / sum(M); the token race within k picks
-    t with probability mass_t / M_k (``key`` is an exponential race of ``mass``), so t is
-    drawn with probability mass_t / sum(M): exactly the one-level race over the row, with
-    noise for one sub-chunk only. A row without mass picks sub-chunk 0 (where its keys, all
-    -inf, give token 0, as torch.argmax of the one-level race does).
-    """
-    rows, vocab = mass.shape
-    num_subs = sub_noise.shape[1]
-    padded = torch.nn.functional.pad(mass, (0, num_subs * sub_chunk - vocab))
-    sub_mass = padded.view(rows, num_subs, sub_chunk).sum(dim=2)                      # [T, num_subs]
-    best = torch.argmax(torch.log(sub_mass) - torch.log(sub_noise), dim=1)            # [T]
-    in_best = torch.arange(vocab, device=mass.device)[None, :] // sub_chunk == best[:, None]
-    return torch.argmax(torch.where(in_best, key, float("-inf")), dim=1)
 
 
 def rejection_sample_torch(
