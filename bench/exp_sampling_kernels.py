@@ -4,7 +4,7 @@
 
 bench_sampling's 'llm' logits at V = 128256, B = 128, fp32 and bf16; every row of a batch
 has the same (temperature, top_k, top_p, min_p), so each kernel's time belongs to one path
-of pass 1: greedy rows (no histogram, no noise), plain rows (the noise of every token),
+of pass 1: greedy rows (no histogram, no noise), plain rows (tile sums, then the noise of one sub-chunk),
 top-k <= 128 rows (direct: no histogram, no noise), top-p / min-p / top-k > 128 rows (the
 level-1 histogram), and the bench's mixed batch. Prints each kernel's device µs (torch
 profiler, mean of 10 calls) and the whole sample's time from CUDA-graph replays.

@@ -3,8 +3,8 @@
     python bench/exp_sampling_pass1.py     (GPU machine, repo root, after bench/gpu_check.sh's build)
 
 bench_sampling's 'llm' logits at V = 128256, B = 128, fp32 and bf16, one parameter mix per
-batch (greedy rows: no histogram and no noise; plain rows: the noise of every token; top-p
-rows: the level-1 histogram; the bench's mix). For each (num_warps, maxnreg, programs per
+batch (greedy rows: no histogram and no noise; plain rows: the tile sums of the two-level
+draw; top-p rows: the level-1 histogram; the bench's mix). For each (num_warps, maxnreg, programs per
 row) of pass 1: its median device time (profiler) and whether the whole sample's tokens
 equal the default geometry's (the chunk sums round differently with another layout, so a
 top-p boundary may move by an ulp of mass; NO is not an error, it says how often).

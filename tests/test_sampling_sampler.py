@@ -31,7 +31,8 @@ def same_draw(a, b, sampler, logits, md):
     from test_sampling_topk_topp import assert_same_draw
     proc = sampler.process(logits.clone(), md)
     top_p = md.top_p if md.top_p is not None else torch.ones(md.num_rows)
-    assert_same_draw(a.result, b.result, proc.logits, proc.inv_temperature, md.seeds, md.positions, top_p)
+    assert_same_draw(a.result, b.result, proc.logits, proc.inv_temperature, md.seeds, md.positions, top_p,
+                     top_k=md.top_k, min_p=proc.min_p)
 
 
 def params(**kw):

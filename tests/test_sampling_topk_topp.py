@@ -54,12 +54,16 @@ def noise_scores(x: torch.Tensor, tau: torch.Tensor, seeds, positions) -> torch.
     return torch.where(x >= tau.double().cpu().unsqueeze(1), s, torch.zeros_like(s))
 
 
+def sub_chunk_size(V: int) -> int:
+    from specops.triton_kernels.sampling_topk_topp import draw_sub_chunk
+    return draw_sub_chunk(V)
+
+
 def sub_chunk_scores(x: torch.Tensor, tau: torch.Tensor, seeds, positions) -> torch.Tensor:
     """M_c / E_c of every sub-chunk of the two-level draw (rows without a filter), M_c the
     kept mass exp(x - max) of sub-chunk c ([R, num_subs] fp64, reference noise)."""
-    from specops.triton_kernels.sampling_topk_topp import draw_sub_chunk
     R, V = x.shape
-    sub = draw_sub_chunk(V)
+    sub = sub_chunk_size(V)
     n = -(-V // sub)
     x = x.double().cpu()
     w = torch.exp(x - x.max(dim=-1, keepdim=True).values)
@@ -68,15 +72,20 @@ def sub_chunk_scores(x: torch.Tensor, tau: torch.Tensor, seeds, positions) -> to
     return mass / rng.vocab_noise(seeds.cpu(), positions.cpu(), rng.STREAM_SAMPLE + rng.SUB_STREAM, n).double()
 
 
-def assert_same_draw(a, b, logits, inv, seeds, positions, top_p=None, mass_rtol=2e-5):
+def assert_same_draw(a, b, logits, inv, seeds, positions, top_p=None, mass_rtol=2e-5, *, top_k=None, min_p=None):
     """Kernel result `a` equals reference `b`.
 
     Thresholds are equal, or (top-p boundaries, which the kernel decides in fp32 and the
     reference in fp64) keep masses within `mass_rtol` of each other; tokens are equal up to
-    float near-ties of the noise argmax (checked to be ties: of two tokens, or of two
-    sub-chunks for rows without a filter) or tokens in the band between two such
-    thresholds. Rows without top-p (`top_p` >= 1) must have equal thresholds.
+    float near-ties of the draw or tokens in the band between two such thresholds. A
+    near-tie is checked by the row's own draw: rows with a filter (top_k / top_p / min_p
+    as passed here; None = off) race every kept token, so the kernel's token must score
+    within 1e-5 of the reference's; rows without one draw a sub-chunk first, so the two
+    tokens are near-tied inside one sub-chunk, or the two sub-chunks are near-tied and the
+    kernel's token is the best of its own sub-chunk. Rows without top-p (`top_p` >= 1)
+    must have equal thresholds.
     """
+    from specops.sampling.sampler_torch import filtered_rows
     bad = torch.isnan(b.threshold)
     assert torch.equal(torch.isnan(a.threshold), bad)
     assert torch.equal(a.tokens[bad], b.tokens[bad]) and bool((b.tokens[bad] == -1).all())
@@ -84,6 +93,7 @@ def assert_same_draw(a, b, logits, inv, seeds, positions, top_p=None, mass_rtol=
     ta, tb = a.threshold.cpu(), b.threshold.cpu()
     torch.testing.assert_close(a.row_max[ok].cpu(), b.row_max[ok].cpu())
     x_all = scale_logits(logits, inv).cpu()
+    R, V = x_all.shape
     band = torch.zeros(len(ta), dtype=torch.bool)
     for r in (ok & (ta != tb)).nonzero().flatten().tolist():
         assert top_p is None or float(top_p[r]) < 1.0, f"row {r} without top-p: {ta[r]} vs {tb[r]}"
@@ -104,19 +114,23 @@ def assert_same_draw(a, b, logits, inv, seeds, positions, top_p=None, mass_rtol=
         near.append(r)
     if near:
         near = torch.tensor(near)
-        s = noise_scores(x_all[near], tb[near], seeds.cpu()[near], positions.cpu()[near])
-        sa = s.gather(1, a.tokens.cpu()[near].clamp(min=0).unsqueeze(1)).squeeze(1)
-        sb = s.gather(1, b.tokens.cpu()[near].clamp(min=0).unsqueeze(1)).squeeze(1)
         assert not bool((inv.cpu()[near] <= 0).any()), "greedy rows must agree exactly"
-        tie = sa >= sb * (1 - 1e-5)
-        # rows without a filter draw a sub-chunk first: their tokens may differ by a near-tie
-        # of two sub-chunks' races instead
-        from specops.triton_kernels.sampling_topk_topp import draw_sub_chunk
-        sub = draw_sub_chunk(x_all.shape[1])
+        two_level = ~filtered_rows(R, V, top_k, top_p, min_p, "cpu")[near]
+        s = noise_scores(x_all[near], tb[near], seeds.cpu()[near], positions.cpu()[near])
+        tok_a, tok_b = a.tokens.cpu()[near].clamp(min=0), b.tokens.cpu()[near].clamp(min=0)
+        sa = s.gather(1, tok_a.unsqueeze(1)).squeeze(1)
+        sb = s.gather(1, tok_b.unsqueeze(1)).squeeze(1)
+        tie = sa >= sb * (1 - 1e-5)                     # one race over the kept tokens
+        sub = sub_chunk_size(V)
+        n = -(-V // sub)
+        best_in_sub = torch.nn.functional.pad(s, (0, n * sub - V)).view(len(near), n, sub).max(dim=2).values
         c = sub_chunk_scores(x_all[near], tb[near], seeds.cpu()[near], positions.cpu()[near])
-        ca = c.gather(1, (a.tokens.cpu()[near].clamp(min=0) // sub).unsqueeze(1)).squeeze(1)
-        cb = c.gather(1, (b.tokens.cpu()[near].clamp(min=0) // sub).unsqueeze(1)).squeeze(1)
-        tie |= (ca >= cb * (1 - 1e-5)) & (a.tokens.cpu()[near] // sub != b.tokens.cpu()[near] // sub)
+        sub_a, sub_b = tok_a // sub, tok_b // sub
+        ca = c.gather(1, sub_a.unsqueeze(1)).squeeze(1)
+        cb = c.gather(1, sub_b.unsqueeze(1)).squeeze(1)
+        own_best = best_in_sub.gather(1, sub_a.unsqueeze(1)).squeeze(1)
+        tie_two = torch.where(sub_a == sub_b, tie, (ca >= cb * (1 - 1e-5)) & (sa >= own_best * (1 - 1e-5)))
+        tie = torch.where(two_level, tie_two, tie)
         assert bool(tie.all()), f"rows {near.tolist()}: kernel {sa} / {ca} vs reference {sb} / {cb}"
     assert len(diff) <= max(1, len(a.tokens) // 50)
 
@@ -208,6 +222,32 @@ def test_reference_two_level_draw_matches_target():
     assert ok, f"chi-square {stat:.1f} >= {q:.1f}"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_without_a_filter_draw_the_reference_tokens(dtype):
+    # many temperature-only rows over several sub-chunks: the kernel's two-level draw gives
+    # the reference's very tokens (fixed logits: no near-tie among these rows), in every row
+    g = torch.Generator().manual_seed(20261130)
+    V, R = (1000, 32) if not CUDA else (151936, 64)
+    device = "cuda" if CUDA else "cpu"
+    logits = (torch.randn(R, V, generator=g) * 3).to(dtype).to(device)
+    inv = (0.5 + torch.rand(R, generator=g)).to(device)
+    seeds = torch.randint(0, 2**62, (R,), generator=g).to(device)
+    pos = torch.randint(0, 2**32, (R,), generator=g).to(device)
+    kw = {} if CUDA else dict(tile=16, num_chunks=2)
+    assert -(-V // draw_sub_chunk_of(V)) >= 8
+    a = sample(logits, inv, None, None, None, seeds, pos, backend="triton", **kw)
+    b = sample(logits, inv, None, None, None, seeds, pos, backend="torch")
+    assert torch.equal(a.tokens.cpu(), b.tokens.cpu())
+    # and they spread over the sub-chunks (the test would not see a wrong sub-chunk race if
+    # every row's mass sat in one)
+    assert len(set((b.tokens.cpu() // draw_sub_chunk_of(V)).tolist())) >= 6
+
+
+def draw_sub_chunk_of(V: int) -> int:
+    from specops.triton_kernels.sampling_topk_topp import draw_sub_chunk
+    return draw_sub_chunk(V)
+
+
 def test_reference_detects_a_wrong_sampler():
     # Guard of the statistical test itself: dropping the top-p boundary token must fail.
     g = fresh_gen()
@@ -275,7 +315,7 @@ def test_triton_matches_reference_small(V, tile, cap, chunks, guess):
     a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", tile=tile, cap=cap, num_chunks=chunks,
                guess=guess)
     b = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")
-    assert_same_draw(a, b, logits, inv, seeds, pos, p)
+    assert_same_draw(a, b, logits, inv, seeds, pos, p, top_k=k, min_p=mp)
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter test")
@@ -291,7 +331,7 @@ def test_triton_half_precision_strides_and_broadcast_rows():
     for logits in cases:
         a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", tile=16, cap=64, num_chunks=2)
         b = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")
-        assert_same_draw(a, b, logits, inv, seeds, pos, p)
+        assert_same_draw(a, b, logits, inv, seeds, pos, p, top_k=k, min_p=mp)
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter test")
@@ -310,7 +350,7 @@ def test_triton_ties_and_masked_tokens():
     for cap in (16, 256):
         a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", tile=16, cap=cap, num_chunks=3)
         b = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")
-        assert_same_draw(a, b, logits, inv, seeds, pos, p)
+        assert_same_draw(a, b, logits, inv, seeds, pos, p, top_k=k, min_p=mp)
         assert bool((logits.gather(1, a.tokens.unsqueeze(1)) > float("-inf")).all())
         assert a.tokens[5].item() == 1
 
@@ -334,11 +374,13 @@ def test_invalid_rows_give_minus_one(backend):
     assert bool(torch.isnan(res.threshold[:4]).all()) and not bool(torch.isnan(res.threshold[4:]).any())
 
 
-def _seed_invariance(backend: str, V: int, kw: dict, device: str = "cpu"):
+def _seed_invariance(backend: str, V: int, kw: dict, device: str = "cpu", unfiltered_row: bool = False):
     g = fresh_gen()
     R = 5
     logits = (torch.randn(R, V, generator=g) * 2).to(device)
     inv, k, p, mp, seeds, pos = mixed_params(R, V, g, greedy_frac=0.0, device=device)
+    if unfiltered_row:                       # row 2 without a filter: the two-level draw
+        k[2], p[2], mp[2] = 0, 1.0, 0.0
     full = sample(logits, inv, k, p, mp, seeds, pos, backend=backend, **kw).tokens
     again = sample(logits, inv, k, p, mp, seeds, pos, backend=backend, **kw).tokens
     assert torch.equal(full, again)
@@ -355,10 +397,12 @@ def _seed_invariance(backend: str, V: int, kw: dict, device: str = "cpu"):
 @pytest.mark.timeout(300)      # on CUDA it compiles the kernels' variants: 117 s under 4 workers on the H200
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_seeded_rows_are_batch_invariant(backend):
-    if backend == "triton" and CUDA:
-        _seed_invariance(backend, 128256, {}, "cuda")
-    else:
-        _seed_invariance(backend, 300, dict(tile=16, cap=64) if backend == "triton" else {})
+    for unfiltered_row in (False, True):
+        if backend == "triton" and CUDA:
+            _seed_invariance(backend, 128256, {}, "cuda", unfiltered_row)
+        else:
+            _seed_invariance(backend, 300, dict(tile=16, cap=64) if backend == "triton" else {},
+                             unfiltered_row=unfiltered_row)
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter test")
@@ -413,7 +457,7 @@ def test_cuda_full_shapes_match_reference(V, R, dtype):
         p[4:8] = torch.tensor([0.99, 0.999, 0.5, 0.95])
     a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton")
     b = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")
-    assert_same_draw(a, b, logits, inv, seeds, pos, p)
+    assert_same_draw(a, b, logits, inv, seeds, pos, p, top_k=k, min_p=mp)
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
@@ -425,7 +469,7 @@ def test_cuda_flat_distribution_fallback_matches_reference():
     p = torch.full((R,), 0.9, device="cuda")
     a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton")
     b = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")
-    assert_same_draw(a, b, logits, inv, seeds, pos, p)
+    assert_same_draw(a, b, logits, inv, seeds, pos, p, top_k=k, min_p=mp)
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
@@ -440,7 +484,7 @@ def test_cuda_top_k_with_top_p_takes_no_single_program_search(V, dtype):
     paths = {}
     a = sample(x, inv, k, p, mp, seeds, pos, backend="triton", paths=paths)
     b = sample(x, inv, k, p, mp, seeds, pos, backend="torch")
-    assert_same_draw(a, b, x, inv, seeds, pos, p)
+    assert_same_draw(a, b, x, inv, seeds, pos, p, top_k=k, min_p=mp)
     # a row fits the candidates (cap 1024) when its tokens >= the k-th value do, with room
     # for the rest of that value's sub-bin; bf16 ties at k = 1000 may not (those are exact too)
     xs = scale_logits(x, inv)
@@ -491,7 +535,7 @@ def test_exact_search_alone_matches_reference(V, tile, cap, chunks, guess):
     a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", tile=tile, cap=cap, num_chunks=chunks,
                guess=guess, select=False)
     b = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")
-    assert_same_draw(a, b, logits, inv, seeds, pos, p)
+    assert_same_draw(a, b, logits, inv, seeds, pos, p, top_k=k, min_p=mp)
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter test")
@@ -520,7 +564,7 @@ def test_every_search_path_is_taken_and_exact():
     paths = {}
     a = sample(x, inv, k, p, mp, seeds, pos, backend="triton", paths=paths, kmax=0)   # no direct path
     b = sample(x, inv, k, p, mp, seeds, pos, backend="torch")
-    assert_same_draw(a, b, x, inv, seeds, pos, p)
+    assert_same_draw(a, b, x, inv, seeds, pos, p, top_k=k, min_p=mp)
     planned = set(paths["planned"].tolist())
     final = paths["mode"].tolist()
     assert {COLLECT, REFINE_COUNT, REFINE_MASS, FALLBACK, DONE} <= planned, planned
@@ -560,7 +604,7 @@ def test_top_k_with_top_p_refines_the_k_th_value(dtype):
     paths = {}
     a = sample(x, inv, k, p, mp, seeds, pos, backend="triton", paths=paths, kmax=0, cap=cap)
     b = sample(x, inv, k, p, mp, seeds, pos, backend="torch")
-    assert_same_draw(a, b, x, inv, seeds, pos, p)
+    assert_same_draw(a, b, x, inv, seeds, pos, p, top_k=k, min_p=mp)
     planned, final = paths["planned"].tolist(), paths["mode"].tolist()
     assert planned.count(M["REFINE_COUNT"]) >= 3, planned
     # k = cap itself fits unless ties at the k-th value overflow (bf16): either path is exact
@@ -668,7 +712,7 @@ def test_direct_top_k_path_is_taken_and_exact(dtype, monkeypatch):
     paths = {}
     a = sample(logits, *args, backend="triton", paths=paths, **kw)
     b = sample(logits, *args, backend="torch")
-    assert_same_draw(a, b, logits, inv, seeds, pos, p)
+    assert_same_draw(a, b, logits, inv, seeds, pos, p, top_k=k, min_p=mp)
     assert_same_with_poisoned_workspaces(monkeypatch, a, logits, *args, **kw)   # no unwritten slot is read
     planned, mode = paths["planned"].tolist(), paths["mode"].tolist()
     M = _modes()
@@ -706,7 +750,7 @@ def test_direct_top_k_candidate_overflow_falls_back():
     a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", tile=16, cap=16, num_chunks=2, kmax=64,
                paths=paths)
     b = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")
-    assert_same_draw(a, b, logits, inv, seeds, pos, p)
+    assert_same_draw(a, b, logits, inv, seeds, pos, p, top_k=k, min_p=mp)
     M = _modes()
     assert paths["mode"].tolist() == [M["FALLBACK"], M["FALLBACK"], M["DIRECT"], M["FALLBACK"]]
 
@@ -804,7 +848,7 @@ def test_cuda_direct_top_k_matches_plan_and_reference(dtype, monkeypatch):
     a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", paths=paths)
     b = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")
     c = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", kmax=0)
-    assert_same_draw(a, b, logits, inv, seeds, pos, p)
+    assert_same_draw(a, b, logits, inv, seeds, pos, p, top_k=k, min_p=mp)
     assert_same_with_poisoned_workspaces(monkeypatch, a, logits, inv, k, p, mp, seeds, pos)
     d = (paths["mode"] == _modes()["DIRECT"]).cpu()
     assert bool(d[:2].all()) and not bool(d[2]) and int(d.sum()) >= R - 4, paths["mode"].tolist()

@@ -9,7 +9,8 @@ exponential-noise draw. The launcher `sample_top_k_top_p_triton` runs, with no h
    every logit -inf. Greedy rows take the argmax; rows without top-k / top-p / min-p draw
    a sub-chunk of `draw_sub_chunk(V)` tokens by its mass, then a token inside it
    (`_draw_unfiltered`: a two-level exponential race, noise from specops.rng, STREAM given
-   by the caller; its sub-chunk noise on STREAM + SUB_STREAM). Rows with 1 <= top_k <= kmax (128) are decided here (`_direct_top_k`): the
+   by the caller; its sub-chunk noise on STREAM + SUB_STREAM). Rows with
+   1 <= top_k <= kmax (128) are decided here (`_direct_top_k`): the
    tiles whose max reaches the k-th largest tile max hold every token the filters keep;
    their tokens are collected and finished as in step 4 (ties or overflow: the exact
    search of step 4); launcher knobs (see `sample_top_k_top_p_triton`) trade how this

@@ -13,9 +13,11 @@ request's committed tokens. ``propose`` does, for the requests that want drafts:
    (usually the one token sampled last step, plus any accepted drafts it did not write,
    or a whole prompt) and samples draft 1 from its last position; steps 2..K feed the
    previous draft back, one token per request. Sampling is argmax for greedy requests
-   and otherwise the specops Sampler's draw (``specops.sampling.topk_topp.sample``: an
-   exponential race argmax p / E, E ~ Exp(1) keyed by the request's (seed, position) on
-   Philox stream ``STREAM_DRAFT``; temperature only, p = softmax(logits / T)). Nothing
+   and otherwise the specops Sampler's draw (``specops.sampling.topk_topp.sample``,
+   temperature only, p = softmax(logits / T): a sub-chunk of the vocabulary by an
+   exponential race of its mass, then argmax p / E inside it, E ~ Exp(1) keyed by the
+   request's (seed, position) on Philox streams ``STREAM_DRAFT`` + ``SUB_STREAM`` and
+   ``STREAM_DRAFT``). Nothing
    is read back to the host between steps; the draft distributions [num_reqs, K, vocab]
    are kept for probabilistic verification;
 3. one copy of the [num_reqs, K] drafts to the host.

@@ -260,11 +260,14 @@ def sample_torch(
     tau = row_thresholds_torch(xs, top_k, top_p, min_p)
     tau = torch.where(random, tau, torch.full_like(tau, float("-inf")))
     xm = torch.where(xs >= tau.unsqueeze(1), xs, torch.full_like(xs, float("-inf")))
-    tokens = torch.where(random, noise_argmax(xm, seeds, positions, stream), xs.argmax(dim=-1))
-    unfiltered = random & ~filtered_rows(R, V, top_k, top_p, min_p, x.device)
-    if bool(unfiltered.any()):     # the kernels' two-level draw (sub-chunk, then token)
-        on_keys = unfiltered.to(seeds.device)
-        tokens[unfiltered] = sub_chunk_draw(xs[unfiltered], seeds[on_keys], positions[on_keys], stream)
+    tokens = xs.argmax(dim=-1)                                      # greedy rows
+    filtered = filtered_rows(R, V, top_k, top_p, min_p, x.device)
+    # rows with a filter: one race over the kept tokens; without: the kernels' two-level draw
+    for rows, draw_rows in ((random & filtered, lambda r, s, p: noise_argmax(xm[r], s, p, stream)),
+                            (random & ~filtered, lambda r, s, p: sub_chunk_draw(xs[r], s, p, stream))):
+        if bool(rows.any()):
+            on_keys = rows.to(seeds.device)
+            tokens[rows] = draw_rows(rows, seeds[on_keys], positions[on_keys]).to(tokens.device)
     m = xs.max(dim=-1).values
     log_norm = torch.log(torch.exp(xm.double() - m.double().unsqueeze(1)).sum(dim=-1)).float()
     nan = torch.full_like(tau, float("nan"))

@@ -47,8 +47,9 @@ def check_sample_args(logits, inv_temperature, top_k, top_p, min_p, seeds, posit
     _check_rows("min_p", min_p, R, (torch.float32,), dev, optional=True)
     _check_rows("seeds", seeds, R, (torch.int64,), dev)
     _check_rows("positions", positions, R, (torch.int64,), dev)
-    if isinstance(stream, bool) or not isinstance(stream, int) or not 0 <= stream < 2**32:
-        raise ValueError(f"stream must be an int in [0, 2**32), got {stream!r}")
+    if isinstance(stream, bool) or not isinstance(stream, int) or not 0 <= stream < rng.SUB_STREAM:
+        # streams from 2**16 up hold the sub-chunk noise of the two-level draw (stream + SUB_STREAM)
+        raise ValueError(f"stream must be an int in [0, 2**16), got {stream!r}")
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
@@ -124,10 +125,14 @@ def draw(
     stream: int = rng.STREAM_SAMPLE,
     backend: str = "auto",
 ) -> torch.Tensor:                         # [R] int64
-    """The draw alone: argmax of exp(x - max) / E on random rows, argmax on greedy rows.
+    """The draw alone, on random rows: a sub-chunk by the race of its mass, then argmax of
+    exp(x - max) / E inside it (the two-level draw of `sample`'s rows without a filter);
+    argmax on greedy rows.
 
-    For logits that went through the processing already (e.g. `Sampler.process`), this is
-    the same draw that `sample` makes, with the same noise.
+    For logits that went through the processing already (e.g. `Sampler.process`), this
+    draws from the same distribution as `sample`, with the same noise keys. The token is
+    `sample`'s own for rows `sample` drew without a filter; for rows it filtered (top-k,
+    top-p, min-p: one race over the kept tokens) it may be another token of the same law.
     """
     if not isinstance(greedy, torch.Tensor) or greedy.dtype != torch.bool:
         raise TypeError("greedy must be a bool tensor of shape [rows]")
