@@ -234,18 +234,13 @@ def test_rows_without_a_filter_draw_the_reference_tokens(dtype):
     seeds = torch.randint(0, 2**62, (R,), generator=g).to(device)
     pos = torch.randint(0, 2**32, (R,), generator=g).to(device)
     kw = {} if CUDA else dict(tile=16, num_chunks=2)
-    assert -(-V // draw_sub_chunk_of(V)) >= 8
+    assert -(-V // sub_chunk_size(V)) >= 8
     a = sample(logits, inv, None, None, None, seeds, pos, backend="triton", **kw)
     b = sample(logits, inv, None, None, None, seeds, pos, backend="torch")
     assert torch.equal(a.tokens.cpu(), b.tokens.cpu())
     # and they spread over the sub-chunks (the test would not see a wrong sub-chunk race if
     # every row's mass sat in one)
-    assert len(set((b.tokens.cpu() // draw_sub_chunk_of(V)).tolist())) >= 6
-
-
-def draw_sub_chunk_of(V: int) -> int:
-    from specops.triton_kernels.sampling_topk_topp import draw_sub_chunk
-    return draw_sub_chunk(V)
+    assert len(set((b.tokens.cpu() // sub_chunk_size(V)).tolist())) >= 6
 
 
 def test_reference_detects_a_wrong_sampler():

@@ -262,12 +262,14 @@ def sample_torch(
     xm = torch.where(xs >= tau.unsqueeze(1), xs, torch.full_like(xs, float("-inf")))
     tokens = xs.argmax(dim=-1)                                      # greedy rows
     filtered = filtered_rows(R, V, top_k, top_p, min_p, x.device)
-    # rows with a filter: one race over the kept tokens; without: the kernels' two-level draw
-    for rows, draw_rows in ((random & filtered, lambda r, s, p: noise_argmax(xm[r], s, p, stream)),
-                            (random & ~filtered, lambda r, s, p: sub_chunk_draw(xs[r], s, p, stream))):
-        if bool(rows.any()):
-            on_keys = rows.to(seeds.device)
-            tokens[rows] = draw_rows(rows, seeds[on_keys], positions[on_keys]).to(tokens.device)
+    raced = random & filtered        # one race over the kept tokens
+    if bool(raced.any()):
+        keys = raced.to(seeds.device)
+        tokens[raced] = noise_argmax(xm[raced], seeds[keys], positions[keys], stream).to(tokens.device)
+    two_level = random & ~filtered   # the kernels' two-level draw (sub-chunk, then token)
+    if bool(two_level.any()):
+        keys = two_level.to(seeds.device)
+        tokens[two_level] = sub_chunk_draw(xs[two_level], seeds[keys], positions[keys], stream).to(tokens.device)
     m = xs.max(dim=-1).values
     log_norm = torch.log(torch.exp(xm.double() - m.double().unsqueeze(1)).sum(dim=-1)).float()
     nan = torch.full_like(tau, float("nan"))
