@@ -5,7 +5,9 @@
 Implementations, same logits, same per-row parameters:
 
 - specops: `specops.sampling.sample` (two fused Triton passes, counter-based noise), with
-  unseeded rows (engine seed + step) and with every row seeded ("seeded");
+  unseeded rows (engine seed + step) and with every row seeded ("seeded"), given the
+  kernel options the Sampler derives from the metadata (`sample_options`: at batch 1 and 2
+  every filtered row of MIX is a top_k <= 128, so the search kernels are left out);
 - torch-sort: vLLM's sort-based recipe in plain torch (sort, top-k gather, top-p cumsum,
   softmax, exponential noise, argmax);
 - flashinfer: `flashinfer.sampling.top_k_top_p_sampling_from_logits` with per-row top_k /
@@ -112,11 +114,12 @@ def check(logits, md, name: str) -> str:
     """
     from specops.sampling import sample, sample_torch
     from specops.sampling.sampler_torch import scale_logits
+    from specops.sampling.topk_topp import sample_options
     n = min(16, logits.shape[0])
     args = (logits[:n], md.inv_temperature[:n], None if md.top_k is None else md.top_k[:n],
             None if md.top_p is None else md.top_p[:n], None if md.min_p is None else md.min_p[:n],
             md.seeds[:n], md.positions[:n])
-    a = sample(*args, backend="triton")
+    a = sample(*args, backend="triton", **sample_options(md, md.min_p))
     b = sample_torch(*args)
     x = scale_logits(logits[:n], md.inv_temperature[:n]).double()
     w = torch.exp(x - x.max(dim=-1, keepdim=True).values)
@@ -134,6 +137,7 @@ def check(logits, md, name: str) -> str:
 
 def bench_case(rows, fs, V, B, dname, kind, do_torch=True):
     from specops.sampling import sample
+    from specops.sampling.topk_topp import sample_options
     dtype = DTYPES[dname]
     logits = make_logits(B, V, dtype, kind, seed=B * 7 + V)
     md_u = metadata(B, V, seeded=False)
@@ -145,9 +149,10 @@ def bench_case(rows, fs, V, B, dname, kind, do_torch=True):
     shape = dict(V=V, batch=B, dtype=dname, logits=kind)
     flo = floor_us(min_bytes)
 
-    def ours(md):
+    def ours(md):   # as the Sampler calls it: with the host's knowledge of the batch's filters
+        opts = sample_options(md, md.min_p)
         return lambda: sample(logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions,
-                              backend="triton")
+                              backend="triton", **opts)
 
     _progress(tag, "specops")
     t_u = time_us(ours(md_u), **FAST)
@@ -247,9 +252,13 @@ def main() -> int:
                 print(f"diag {kind} V={V} B=8 {prm}: cap1024 {ts[0]:.1f} us, cap4096 {ts[1]:.1f} us", flush=True)
         return 0
     if os.environ.get("SAMPLING_QUICK"):   # a few shapes, no torch-sort rows, separate results file
-        for V in VOCABS:
+        for V in VOCABS:   # (written after each vocabulary: a run cut short keeps what it measured)
             for B in (1, 8, 32, 512):
                 guarded(bench_case, rows, fs, V, B, "fp32", "llm", do_torch=False)
+            write_results("sampling_quick", rows, notes=NOTES)
+        for B in (1, 32):
+            guarded(bench_plain, rows, fs, 128256, B, "fp32")
+        write_results("sampling_quick", rows, notes=NOTES)
         guarded(bench_case, rows, fs, 128256, 32, "fp32", "flat", do_torch=False)
         path = write_results("sampling_quick", rows, notes=NOTES)
         print(f"wrote {path} in {time.time() - t0:.0f} s")

@@ -1,8 +1,8 @@
 """Where the sampler's device time goes, per kernel, for one parameter mix at a time.
 
-    python bench/exp_sampling_kernels.py     (GPU machine, repo root, after bench/gpu_check.sh's build)
+    python bench/exp_sampling_kernels.py [B ...]   (GPU machine, repo root, after gpu_check.sh's build)
 
-bench_sampling's 'llm' logits at V = 128256, B = 128, fp32 and bf16; every row of a batch
+bench_sampling's 'llm' logits at V = 128256, B = 128 (or the batch sizes given), fp32 and bf16; every row of a batch
 has the same (temperature, top_k, top_p, min_p), so each kernel's time belongs to one path
 of pass 1: greedy rows (no histogram, no noise), plain rows (tile sums, then the noise of one sub-chunk),
 top-k <= 128 rows (direct: no histogram, no noise), top-p / min-p / top-k > 128 rows (the
@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.bench_sampling import MIX, make_logits, metadata  # noqa: E402
 from bench.common import kernel_us, time_us  # noqa: E402
 from specops.sampling import sample  # noqa: E402
+from specops.sampling.topk_topp import sample_options  # noqa: E402
 
 MIXES = {
     "greedy": [(0.0, 0, 1.0, 0.0)],
@@ -31,15 +32,20 @@ MIXES = {
 
 
 def main() -> None:
-    V, B = 128256, 128
+    for B in [int(b) for b in sys.argv[1:]] or [128]:
+        run(128256, B)
+
+
+def run(V: int, B: int) -> None:
     print(f"{torch.cuda.get_device_name()}, V={V}, B={B}, device us per kernel (mean of 10 calls)", flush=True)
     for dtype in (torch.float32, torch.bfloat16):
         logits = make_logits(B, V, dtype, "llm", seed=B * 7 + V)
         for name, mix in MIXES.items():
             md = metadata(B, V, seeded=False, mix=mix)
             args = (logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions)
-            t = time_us(lambda: sample(*args, backend="triton"), warmup=3, iters=20, replays_per_graph=5)
-            per = kernel_us(lambda: sample(*args, backend="triton"))
+            opts = sample_options(md, md.min_p)   # as the Sampler calls it
+            t = time_us(lambda: sample(*args, backend="triton", **opts), warmup=3, iters=20, replays_per_graph=5)
+            per = kernel_us(lambda: sample(*args, backend="triton", **opts))
             parts = ", ".join(f"{k.split('(')[0][:24]} {v:.1f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1]))
             print(f"{str(dtype)[6:]:8s} {name:22s} {t:7.1f} us | {parts}", flush=True)
 

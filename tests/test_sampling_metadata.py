@@ -1,5 +1,7 @@
 """SamplingMetadata: validation with clear errors, normalisation, short cuts, keys, expand."""
 
+import math
+
 import pytest
 import torch
 
@@ -54,6 +56,36 @@ def test_normalisation_and_short_cuts():
     assert off.all_greedy and off.top_k is None and off.top_p is None and off.no_penalties
     assert build(2, temperature=[0.3, 2.0]).all_random
     assert torch.equal(inv_temperature(torch.tensor([0.0, 4.0])), torch.tensor([-1.0, 0.25]))
+
+
+def test_max_filtered_top_k_bounds_the_filters_of_random_rows():
+    # the widest top-k of a random row with any filter; a filter without top-k counts as
+    # infinity; greedy rows and unfiltered random rows count 0
+    assert build(3).max_filtered_top_k == 0
+    assert build(3, temperature=[0.0, 1.0, 1.0], top_k=[500, 0, 40], top_p=[0.5, 1.0, 0.9]).max_filtered_top_k == 40
+    assert build(2, top_k=[7, V + 3]).max_filtered_top_k == 7          # top_k >= V is off
+    assert build(2, top_k=[7, 0], top_p=[1.0, 0.99]).max_filtered_top_k == math.inf
+    assert build(2, top_k=[7, 0], min_p=[0.0, 0.1]).max_filtered_top_k == math.inf
+    assert build(2, temperature=[0.0, 0.0], top_p=[0.5, 0.5]).max_filtered_top_k == 0
+    rows = build(3, top_k=[3, 9, 0]).expand([0, 0, 1])   # a subset of the rows: the bound holds
+    assert rows.max_filtered_top_k == 9
+
+
+def test_sample_options_leave_out_the_search_only_when_no_row_needs_it():
+    from specops.sampling.topk_topp import sample_options
+    from specops.triton_kernels.sampling_topk_topp import DIRECT_TOP_K
+    direct = build(2, vocab_size=1000, top_k=[DIRECT_TOP_K, 20], top_p=[0.9, 1.0], min_p=[0.0, 0.1])
+    assert sample_options(direct, direct.min_p) == {"search": False}
+    assert sample_options(direct, direct.min_p, {"cap": 64}) == {"cap": 64, "search": False}
+    assert sample_options(direct, direct.min_p, {"kmax": 16}) == {"kmax": 16}          # 128 > 16
+    assert sample_options(direct, direct.min_p, {"search": True}) == {"search": True}
+    assert sample_options(direct, direct.min_p.clone()) == {}    # min-p from a processor: unknown
+    wide = build(2, vocab_size=1000, top_k=[DIRECT_TOP_K + 1, 0])
+    assert sample_options(wide, wide.min_p) == {}
+    assert sample_options(build(1, top_p=[0.9]), None) == {}   # top-p without top-k, whatever V
+    unknown = build(1)
+    unknown.max_filtered_top_k = None
+    assert sample_options(unknown, None) == {}
 
 
 def test_keys_follow_the_rng_convention():

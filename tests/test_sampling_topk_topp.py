@@ -400,6 +400,28 @@ def test_seeded_rows_are_batch_invariant(backend):
                              unfiltered_row=unfiltered_row)
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_nan_parameters_count_as_off(backend):
+    # sample() takes parameter tensors unchecked (SamplingMetadata validates them): a NaN
+    # top_p / min_p is off and a NaN 1/T is greedy, alike in pass 1, the plan and the
+    # reference, so that no row reads what pass 1 did not write
+    g = fresh_gen()
+    V = 300
+    device = "cuda" if CUDA else "cpu"
+    logits = (torch.randn(4, V, generator=g) * 2).to(device)
+    nan = float("nan")
+    inv = torch.tensor([1.0, 1.0, nan, 0.7], device=device)
+    p = torch.tensor([nan, 1.0, 1.0, nan], device=device)
+    mp = torch.tensor([0.0, nan, 0.0, nan], device=device)
+    k = torch.zeros(4, dtype=torch.int32, device=device)
+    seeds, pos = torch.arange(4, device=device) + 5, torch.arange(4, device=device)
+    kw = dict(tile=16, cap=64) if backend == "triton" and not CUDA else {}
+    a = sample(logits, inv, k, p, mp, seeds, pos, backend=backend, **kw)
+    b = sample(logits, torch.tensor([1.0, 1.0, -1.0, 0.7], device=device), None, None, None, seeds, pos,
+               backend="torch")
+    assert torch.equal(a.tokens.cpu(), b.tokens.cpu()), (a.tokens, b.tokens)
+
+
 @pytest.mark.skipif(CUDA, reason="interpreter test")
 def test_triton_defaults_and_knob_checks():
     x = torch.randn(2, 17)
@@ -564,6 +586,57 @@ def test_every_search_path_is_taken_and_exact():
     final = paths["mode"].tolist()
     assert {COLLECT, REFINE_COUNT, REFINE_MASS, FALLBACK, DONE} <= planned, planned
     assert final.count(COLLECT) >= 10 and FALLBACK in final, final
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter test")
+def test_search_false_skips_the_search_launches_and_stays_exact(monkeypatch):
+    # search=False promises that every random row is unfiltered or a direct top-k: the refine
+    # and collect kernels are not launched. Rows that keep the promise are decided in the plan
+    # (the same draws as search=True); rows that break it (top-p, min-p, top-k > kmax) take the
+    # finish's exact single-program search: the reference's draws all the same.
+    from specops.triton_kernels import sampling_select as sel
+    from specops.triton_kernels import sampling_topk_topp as tk
+    DIRECT, DONE, FALLBACK = (int(c.value) for c in (sel.DIRECT, sel.DONE, sel.FALLBACK))
+    launched = []
+    for name in ("_refine_kernel", "_refine_combine_kernel", "_collect_kernel"):
+        kernel = getattr(tk, name)
+        monkeypatch.setattr(tk, name, _CountingKernel(kernel, name, launched))
+    V = 20000
+    kept = [(0.8, 40, 0.95, 0.0), (0.0, 0, 1.0, 0.0), (1.0, 0, 1.0, 0.0), (0.6, 20, 0.8, 0.02), (1.0, 128, 1.0, 0.0)]
+    broken = [(1.0, 0, 0.9, 0.0), (1.0, 0, 1.0, 0.05), (1.0, 3000, 1.0, 0.0), (1.0, 129, 0.9, 0.0)]
+    g = fresh_gen()
+    for rows, expect in ((kept, {DIRECT, DONE}), (kept + broken, {DIRECT, DONE, FALLBACK})):
+        R = len(rows)
+        x = torch.randn(R, V, generator=g) * 2
+        x.scatter_add_(1, torch.randint(0, V, (R, 32), generator=g), 6 + 6 * torch.rand(R, 32, generator=g))
+        inv = torch.tensor([1 / t if t > 0 else -1.0 for t, *_ in rows])
+        k = torch.tensor([r[1] for r in rows], dtype=torch.int32)
+        p = torch.tensor([r[2] for r in rows])
+        mp = torch.tensor([r[3] for r in rows])
+        seeds, pos = torch.arange(R) + 3, torch.arange(R) * 7
+        paths = {}
+        a = sample(x, inv, k, p, mp, seeds, pos, backend="triton", paths=paths, search=False)
+        b = sample(x, inv, k, p, mp, seeds, pos, backend="torch")
+        assert launched == [], launched
+        assert_same_draw(a, b, x, inv, seeds, pos, p, top_k=k, min_p=mp)
+        assert set(paths["mode"].tolist()) == expect, paths["mode"]
+        if rows is kept:   # the promise kept: the very tokens and thresholds of the full pipeline
+            c = sample(x, inv, k, p, mp, seeds, pos, backend="triton")
+            assert len(launched) == 5, launched
+            launched.clear()
+            assert torch.equal(a.tokens, c.tokens) and torch.equal(a.threshold, c.threshold)
+            assert torch.allclose(a.log_norm, c.log_norm, rtol=0, atol=1e-6)
+
+
+class _CountingKernel:
+    """A Triton kernel whose launches are recorded by name."""
+
+    def __init__(self, kernel, name, launched):
+        self.kernel, self.name, self.launched = kernel, name, launched
+
+    def __getitem__(self, grid):
+        self.launched.append(self.name)
+        return self.kernel[grid]
 
 
 def _top_k_top_p_rows(V: int, dtype: torch.dtype, rows: list, device: str = "cpu", scale: float = 1.0,

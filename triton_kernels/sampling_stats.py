@@ -62,8 +62,9 @@ def _row_stats_kernel(
     inv_t = tl.load(inv_temp_ptr + r)
     scale = tl.where(inv_t > 0, inv_t, 1.0)
     k = tl.load(top_k_ptr + r)
-    unfiltered = (inv_t > 0) & ((k <= 0) | (k >= V)) & (tl.load(top_p_ptr + r) >= 1.0)
-    unfiltered = unfiltered & (tl.load(log_min_p_ptr + r) == float("-inf"))
+    # the plan's tests, negated as written there (a NaN parameter counts as off in both)
+    unfiltered = (inv_t > 0) & ((k <= 0) | (k >= V)) & ~(tl.load(top_p_ptr + r) < 1.0)
+    unfiltered = unfiltered & ~(tl.load(log_min_p_ptr + r) > float("-inf"))
     direct = (k >= 1) & (k <= KMAX) & (k < V)
     filtered = (inv_t > 0) & ~unfiltered & ~direct
 

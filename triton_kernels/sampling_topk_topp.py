@@ -628,7 +628,7 @@ def _plan_kernel(
     TILE: tl.constexpr, NT_P2: tl.constexpr, S_P2: tl.constexpr, CAP: tl.constexpr,
     GB: tl.constexpr, SELECT: tl.constexpr, HB: tl.constexpr, G: tl.constexpr, SMALL: tl.constexpr, SUB: tl.constexpr,
     TOPT: tl.constexpr = 0, GD: tl.constexpr = 16, PIPE: tl.constexpr = False, DS: tl.constexpr = 0,
-    DEFER: tl.constexpr = 0,
+    DEFER: tl.constexpr = 0, SEARCH: tl.constexpr = True,
 ):
     """Rows without a threshold get their token here, and so do rows with 1 <= top_k <= KMAX
     (`_direct_top_k`, mode DIRECT; FALLBACK when it cannot decide: pass 1 gave them no
@@ -637,7 +637,9 @@ def _plan_kernel(
     parallel with the other rows' refine and collect instead of before them. DEFER = 2: the
     plan only lists their top tiles (mode SPREAD, lo = t_k, hi = +inf, top tiles in the
     state's 4th int); the collect launch reads them, many programs per row, and the finish
-    decides the row with the same `_finish_collected` call as `_direct_top_k`."""
+    decides the row with the same `_finish_collected` call as `_direct_top_k`. SEARCH = False
+    (no refine or collect launch follows): the rows that would need the bracket search take
+    the finish's exact single-program search (FALLBACK) instead."""
     r = tl.program_id(0)
     r64 = r.to(tl.int64)
     inv_t = tl.load(inv_temp_ptr + r)
@@ -662,7 +664,7 @@ def _plan_kernel(
     if ~invalid:
         tau = tl.full([], float("-inf"), tl.float32)
         lnorm = tl.log(z)
-        if inv_t <= 0:
+        if ~(inv_t > 0):  # greedy (a NaN 1/T too, as in pass 1 and the reference)
             tok = _first_argmax(logits_ptr + r64 * stride_row, tile_max_ptr + r64 * NT, NT, m, V, TILE, NT_P2)
         elif (~has_k) & (~has_p) & (~has_mp):
             tok = _draw_unfiltered(logits_ptr + r64 * stride_row, tile_max_ptr + r64 * NT, tile_sum_ptr + r64 * NT,
@@ -688,9 +690,11 @@ def _plan_kernel(
                         lnorm = tl.log(mass_d)
                     else:
                         mode = r * 0 + FALLBACK
-            else:
+            elif SEARCH:
                 mode, lo, hi, t1_exact = plan_filtered(hist_ptr + r64 * NBLK * HB, hist_top_ptr + r64 * NBLK, NBLK,
                                                        n_fin, m, z, k, p, tau_min, has_k, has_p, has_mp, CAP, GB)
+            else:
+                mode = r * 0 + FALLBACK
         elif (~has_k) & (~has_p):
             mode = r * 0 + DRAW
         else:
@@ -902,9 +906,13 @@ def _finish_kernel(
             if not GUESS:                   # test knob: start from the max, a wrong guess
                 c_k = m
                 c_p = m
-            tau, tok, mass = _resolve_filtered(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p,
-                                               tau_min, has_k, has_p, c_k, c_p, seed, pos, stream,
-                                               TILE, G, NT_P2, CAP)
+            if has_k | has_p:
+                tau, tok, mass = _resolve_filtered(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p,
+                                                   tau_min, has_k, has_p, c_k, c_p, seed, pos, stream,
+                                                   TILE, G, NT_P2, CAP)
+            else:   # min-p alone (the plan's FALLBACK without the search launches): tau is known
+                tau = tau_min
+                tok = r * 0 - 1
             if tok < 0:
                 tok, mass = _draw_tiles(row, tm_row, list_row, V, NT, scale, m, tau, seed, pos, stream,
                                         TILE, G, NT_P2)
@@ -912,6 +920,12 @@ def _finish_kernel(
         tl.store(thr_ptr + r, tau)
         tl.store(lnorm_ptr + r, tl.log(mass))
         tl.store(st_i_ptr + r * 4, mode)         # the path taken (sample_top_k_top_p_triton's `paths`)
+
+
+DIRECT_TOP_K = 128
+"""Default largest top_k decided in the plan (`kmax`): the common top_k values (20 .. 100)
+and at most ~k * TILE tokens read from L2 by one program, whose ~k candidates fit the
+small sort (256)."""
 
 
 def draw_sub_chunk(vocab: int) -> int:
@@ -937,7 +951,7 @@ def sample_top_k_top_p_triton(
     num_chunks: int | None = None,
     guess: bool = True,
     select: bool = True,
-    kmax: int = 128,
+    kmax: int = DIRECT_TOP_K,
     paths: dict | None = None,
     plan_warps: int = 8,
     direct_top: bool = False,
@@ -945,6 +959,7 @@ def sample_top_k_top_p_triton(
     direct_pipe: bool = False,
     direct_small: int = 0,
     direct_in: str = "plan",
+    search: bool = True,
 ):
     """Pass 1 (row statistics, tile maxima, histograms), plan, refine, collect and finish.
 
@@ -956,6 +971,10 @@ def sample_top_k_top_p_triton(
     `select=False` sends every filtered row to that search (sampling_select.py skipped).
     Rows with 1 <= top_k <= `kmax` (and top_k < V) are decided in the plan from their top
     tiles (`_direct_top_k`); `kmax=0` turns that off, and so does `select=False`.
+    `search=False` is a promise that no row needs the bracket search (every random row is
+    unfiltered, or has 1 <= top_k <= `kmax` and top_k < V): the refine and collect launches
+    are left out (5 of the 9 kernels). A row that breaks the promise still gets an exact
+    draw, from the finish's single-program search (slow on a wide row, never wrong).
     `paths`, when a dict, receives "mode": [R] int32, the path each row took
     (sampling_select.DONE / DRAW / COLLECT / FALLBACK / DIRECT).
 
@@ -1001,14 +1020,16 @@ def sample_top_k_top_p_triton(
         num_chunks = -(-NT // max(1, 2048 // tile))
     S = max(1, min(int(num_chunks), NT, MAX_CHUNKS))
     G = max(1, 2048 // tile)
-    # 128: the common top_k values (20 .. 100) and at most ~k * TILE tokens read from L2 by
-    # one program (16K at V = 128256), whose ~k candidates fit the small sort (256)
     kmax = max(0, int(kmax)) if select else 0
     # topk width: k <= TOPT for every direct row, or k > NT_P2 (fewer tiles than k: t_k = -inf)
     topt = min(_next_pow2(max(kmax, 1)), NT_P2) if direct_top else 0
     gd = min(direct_group or 64, topt) if direct_top else (direct_group or G)
     ds = direct_small if 0 < direct_small < min(256, cap) else 0
     defer = {"plan": 0, "collect": 1, "spread": 2}[direct_in] if kmax > 0 else 0
+    # no filter tensor at all: no row can need the search; the direct rows of defer > 0 and
+    # the DRAW rows of select=False need the collect launch
+    search = (bool(search) and (top_k is not None or top_p is not None or min_p is not None)) or not select \
+        or defer != 0
     tokens = torch.empty(R, dtype=torch.int64, device=dev)
     thr = torch.empty(R, dtype=torch.float32, device=dev)
     rmax = torch.empty_like(thr)
@@ -1046,12 +1067,12 @@ def sample_top_k_top_p_triton(
         tokens, thr, rmax, lnorm, st_i, st_f,
         V, NT, S, nblk, stream, kmax,
         TILE=tile, NT_P2=NT_P2, S_P2=MAX_CHUNKS, CAP=cap, GB=32, SELECT=select, HB=HIST_BINS, G=G, SUB=sub,
-        SMALL=min(256, cap), TOPT=topt, GD=gd, PIPE=direct_pipe, DS=ds, DEFER=defer,
+        SMALL=min(256, cap), TOPT=topt, GD=gd, PIPE=direct_pipe, DS=ds, DEFER=defer, SEARCH=search,
         num_warps=plan_warps,
     )
     if paths is not None:
         paths["planned"] = st_i[:, 0].clone()
-    if select:
+    if select and search:
         for last in (False, True):
             _refine_kernel[(R, s3)](logits, logits.stride(0), inv_temperature, st_i, st_f, h2, pn, pf,
                                     V, s3, bpp, BLOCK=2048, num_warps=8)
@@ -1067,7 +1088,7 @@ def sample_top_k_top_p_triton(
             BLOCK=2048, CAP=cap, TILE=tile, G=G, NT_P2=NT_P2, SMALL=min(256, cap), TOPT=topt, GD=gd,
             PIPE=direct_pipe, DS=ds, TPP=_next_pow2(-(-2 * kmax // s3)),
             DEFER=defer, num_warps=8)
-    else:
+    elif search:
         _collect_kernel[(R, s3)](logits, logits.stride(0), inv_temperature, seeds, positions, st_i, st_f, cand,
                                  pn, pf, pi, V, s3, bpp, stream, BLOCK=2048, CAP=cap, num_warps=8)
     _finish_kernel[(R,)](

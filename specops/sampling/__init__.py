@@ -4,7 +4,8 @@
   `expand` for rows that are not 1:1 with requests (speculative decoding).
 - `sample` / `draw`: temperature + min-p + top-k + top-p + exponential-noise draw (fused
   Triton passes on CUDA, sort-based torch reference elsewhere); `sample_torch` is the
-  reference.
+  reference; `sample_options` the kernel options a `SamplingMetadata` allows (the Sampler
+  passes them itself).
 - `Sampler`: the whole vLLM-v1 pipeline, with `process` / `sample_processed` halves.
 - `logits_processors`: the LogitsProcessor interface, BatchUpdate, built-ins, loader.
 """
@@ -16,12 +17,13 @@ from .metadata import GREEDY_EPS, LOGPROBS_MODES, SamplingMetadata, inv_temperat
 from .sampler import ProcessedLogits, Sampler, SamplerOutput, processed_probs
 from .sampler_torch import (SampleResult, apply_penalties_torch, row_thresholds_torch, sample_torch,
                             target_probs_torch, top_k_top_p_min_p_mask_torch)
-from .topk_topp import draw, sample
+from .topk_topp import draw, sample, sample_options
 
 __all__ = [
     "BatchUpdate", "GREEDY_EPS", "LOGPROBS_MODES", "LogitsProcessor", "LogitsProcessors", "LogitsRows",
     "LogprobsTensors", "MoveDirectionality", "ProcessedLogits", "SampleResult", "Sampler", "SamplerOutput",
     "SamplingMetadata", "apply_penalties_torch", "build_logits_processors", "compute_logprobs", "draw",
-    "inv_temperature", "processed_probs", "row_thresholds_torch", "sample", "sample_torch", "target_probs_torch",
+    "inv_temperature", "processed_probs", "row_thresholds_torch", "sample", "sample_options", "sample_torch",
+    "target_probs_torch",
     "top_k_top_p_min_p_mask_torch",
 ]

@@ -191,6 +191,11 @@ class SamplingMetadata:
         batch index i).
     all_greedy, all_random, no_penalties : bool
         Host short cuts.
+    max_filtered_top_k : int, float or None
+        Host: the largest top_k of a random row with a filter (top-k, top-p or min-p);
+        inf when such a row has no top-k, 0 when no random row has a filter, None when
+        unknown. `sample_options` reads it to leave out the search kernels that only
+        wide filters need.
     request_seeds, has_seed, token_positions : torch.Tensor
         [R] int64 / bool / int64: the ingredients of seeds/positions, kept so that
         `expand` can recompute the keys of new rows.
@@ -224,6 +229,7 @@ class SamplingMetadata:
     max_num_logprobs: int | None = None
     logitsprocs: Any = None
     rows: LogitsRows | None = None
+    max_filtered_top_k: int | float | None = None
 
     @property
     def num_rows(self) -> int:
@@ -420,7 +426,7 @@ class SamplingMetadata:
             output_counts=output_counts if rep is not None else None,
             allowed_token_mask=_allowed_mask(allowed, n, V, dev) if allowed is not None else None,
             bad_words_token_ids=bad, output_token_ids=output_token_ids, max_num_logprobs=max_num_logprobs,
-            logitsprocs=logitsprocs, rows=rows,
+            logitsprocs=logitsprocs, rows=rows, max_filtered_top_k=_max_filtered_top_k(temps, ks, ps, mps),
         )
 
     @classmethod
@@ -499,6 +505,16 @@ class SamplingMetadata:
             presence_penalties=take(self.presence_penalties), prompt_mask=take(self.prompt_mask),
             output_counts=take(self.output_counts), allowed_token_mask=take(self.allowed_token_mask),
             bad_words_token_ids=bad, output_token_ids=output_token_ids, rows=rows)
+
+
+def _max_filtered_top_k(temps: list, ks: list | None, ps: list | None, mps: list | None) -> int | float:
+    """SamplingMetadata.max_filtered_top_k of normalised host lists (top_k 0 = off)."""
+    widest = 0
+    for i, t in enumerate(temps):
+        k = ks[i] if ks is not None else 0
+        if t > 0.0 and (k > 0 or (ps is not None and ps[i] < 1.0) or (mps is not None and mps[i] > 0.0)):
+            widest = max(widest, k if k > 0 else math.inf)
+    return widest
 
 
 def _inv_temperature(temperature: torch.Tensor) -> torch.Tensor:

@@ -35,7 +35,7 @@ from .logprobs import LogprobsTensors, compute_logprobs
 from .metadata import LOGPROBS_MODES, SamplingMetadata
 from .sampler_torch import (SampleResult, apply_allowed_token_mask_, apply_bad_words_, apply_penalties_torch,
                             scale_logits, target_probs_torch)
-from .topk_topp import resolve_backend, sample
+from .topk_topp import resolve_backend, sample, sample_options
 
 
 @dataclass
@@ -212,7 +212,7 @@ class Sampler:
         backend = resolve_backend(self.backend, processed.logits.device)
         return sample(processed.logits, processed.inv_temperature, *filters, md.seeds, md.positions,
                       self.stream if stream is None else stream, backend,
-                      **(self.kernel_options if backend == "triton" else {}))
+                      **(sample_options(md, filters[2], self.kernel_options) if backend == "triton" else {}))
 
 
 def processed_probs(processed: ProcessedLogits, result: SampleResult) -> torch.Tensor:

@@ -117,6 +117,24 @@ def sample(
     return SampleResult(tokens=tokens, threshold=thr, row_max=rmax, log_norm=lnorm)
 
 
+def sample_options(metadata, min_p: torch.Tensor | None, kernel_options: dict | None = None) -> dict:
+    """Triton kernel options for `sample` on the rows of `metadata` (a SamplingMetadata):
+    `kernel_options`, plus search=False when the host knows that no row needs the bracket
+    search (every random row unfiltered, or with top_k <= the plan's direct limit): 5 of
+    the 9 kernels are then left out. `min_p` is the one `sample` gets; one that is not the
+    metadata's own (a processor added it) counts as unknown.
+    """
+    from specops.triton_kernels.sampling_topk_topp import DIRECT_TOP_K
+
+    opts = dict(kernel_options or {})
+    widest = getattr(metadata, "max_filtered_top_k", None)
+    if "search" not in opts and widest is not None and min_p is metadata.min_p:
+        kmax = opts.get("kmax", DIRECT_TOP_K) if opts.get("select", True) else 0
+        if widest <= kmax:
+            opts["search"] = False
+    return opts
+
+
 def draw(
     logits: torch.Tensor,                  # [R, V] processed logits: scaled and masked (-inf) already
     greedy: torch.Tensor,                  # [R] bool: rows that take the argmax

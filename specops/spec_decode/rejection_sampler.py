@@ -25,6 +25,7 @@ import torch
 
 from specops.sampling import LogitsRows, Sampler, SamplerOutput, SamplingMetadata
 from specops.sampling.logits_processors.builtin import MinPLogitsProcessor
+from specops.sampling.topk_topp import resolve_backend, sample_options
 from specops.sampling.topk_topp import sample as sample_with_thresholds
 from specops.spec_decode.metadata import SpecDecodeMetadata
 from specops.spec_decode.rejection import rejection_sample
@@ -206,9 +207,10 @@ class RejectionSampler:
         processed = self.sampler.process(logits[target_idx], t_md)   # a gathered copy: may be written
         threshold = None
         if filters and total:
+            backend = resolve_backend(self.sampler.backend, processed.logits.device)
+            opts = sample_options(t_md, processed.min_p, self.sampler.kernel_options) if backend == "triton" else {}
             res = sample_with_thresholds(processed.logits, processed.inv_temperature, t_md.top_k, t_md.top_p,
-                                         processed.min_p, t_md.seeds, t_md.positions,
-                                         backend=self.sampler.backend)
+                                         processed.min_p, t_md.seeds, t_md.positions, backend=backend, **opts)
             threshold = res.threshold
         out = rejection_sample(
             processed.logits, draft_token_ids, cu, spec.max_spec_len, bonus.sampled_token_ids,
