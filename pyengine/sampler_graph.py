@@ -3,8 +3,8 @@
 In steady decoding every row of the persistent batch samples, and from one step to the
 next only the logits and the generator keys change: the sampler issues the same device
 work on the same tensors. `SteadyStepGraph` captures that work once and replays it, so the
-host cost of a step falls from dozens of eager ops and eight Triton launches to one graph
-launch:
+host cost of a step falls from dozens of eager ops and up to eight Triton launches to one
+graph launch:
 
 - the caller may compute the logits straight into the graph's input (`input_buffer`);
   other logits are copied there;

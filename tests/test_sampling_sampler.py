@@ -8,8 +8,10 @@
 - Logprobs in the four modes, ranks, invalid rows.
 """
 
+import math
 import sys
 import textwrap
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -193,12 +195,13 @@ def test_triton_sampler_matches_torch_sampler_small():
     assert torch.equal(a.logprobs.token_ids[:, 1:], b.logprobs.token_ids[:, 1:])
 
 
-@pytest.mark.parametrize("wide", [None, "top_p", "min_p", "top_k"])
+@pytest.mark.parametrize("wide", [None, "top_p", "min_p", "min_p_proc", "top_k"])
 def test_sampler_leaves_out_the_search_kernels_when_no_row_needs_them(wide, monkeypatch):
     # greedy, plain and top_k <= 128 rows are all decided in the plan: the Sampler tells the
     # kernels so (sample_options) and the refine / collect kernels are not launched. One row
-    # with a wider filter (top-p alone, min-p through its processor, top_k > 128) brings
-    # them back. The draws are the reference's either way.
+    # with a wider filter (top-p alone; min-p, in the metadata or, as the engine passes it,
+    # through its processor only; top_k > 128) brings them back. The draws are the
+    # reference's either way.
     from test_sampling_topk_topp import _CountingKernel
     from specops.triton_kernels import sampling_topk_topp as tk
     launched = []
@@ -209,7 +212,7 @@ def test_sampler_leaves_out_the_search_kernels_when_no_row_needs_them(wide, monk
     plist = [params(temperature=0.0), params(), params(top_k=20, seed=5), params(top_k=128, top_p=0.8),
              params(temperature=0.7, top_k=1, logit_bias={3: 2.0})]
     plist += {None: [], "top_p": [params(top_p=0.9)], "min_p": [params(min_p=0.05)],
-              "top_k": [params(top_k=129)]}[wide]
+              "min_p_proc": [params(min_p=0.05)], "top_k": [params(top_k=129)]}[wide]
     n = len(plist)
     outputs = [torch.randint(0, V, (3,), generator=g).tolist() for _ in range(n)]
     prompts = [torch.randint(0, V, (6,), generator=g).tolist() for _ in range(n)]
@@ -218,6 +221,9 @@ def test_sampler_leaves_out_the_search_kernels_when_no_row_needs_them(wide, monk
     md, _ = batch(V, plist, outputs, prompts, device=device)
     a = Sampler(backend="torch")(logits.clone(), md)
     md2, _ = batch(V, plist, outputs, prompts, device=device)
+    if wide == "min_p_proc":
+        md2 = replace(md2, min_p=None)   # pyengine.sampling's way: the MinP processor supplies it
+        assert md2.max_filtered_top_k == math.inf
     opts = {} if CUDA else dict(tile=16, cap=64)
     b = Sampler(backend="triton", kernel_options=opts)(logits.clone(), md2)
     same_draw(b, a, Sampler(backend="torch"), logits, md)

@@ -910,7 +910,7 @@ def _finish_kernel(
                 tau, tok, mass = _resolve_filtered(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p,
                                                    tau_min, has_k, has_p, c_k, c_p, seed, pos, stream,
                                                    TILE, G, NT_P2, CAP)
-            else:   # min-p alone (the plan's FALLBACK without the search launches): tau is known
+            else:   # min-p alone (the plan's FALLBACK under SEARCH=False, or a failed collect): tau is known
                 tau = tau_min
                 tok = r * 0 - 1
             if tok < 0:
@@ -974,7 +974,9 @@ def sample_top_k_top_p_triton(
     `search=False` is a promise that no row needs the bracket search (every random row is
     unfiltered, or has 1 <= top_k <= `kmax` and top_k < V): the refine and collect launches
     are left out (5 of the 9 kernels). A row that breaks the promise still gets an exact
-    draw, from the finish's single-program search (slow on a wide row, never wrong).
+    draw, from the finish's single-program search (slow on a wide row, never wrong). It is
+    False anyway when no filter tensor is given, and True with select=False or direct_in
+    other than "plan" (whose rows need the collect launch).
     `paths`, when a dict, receives "mode": [R] int32, the path each row took
     (sampling_select.DONE / DRAW / COLLECT / FALLBACK / DIRECT).
 

@@ -192,10 +192,14 @@ class SamplingMetadata:
     all_greedy, all_random, no_penalties : bool
         Host short cuts.
     max_filtered_top_k : int, float or None
-        Host: the largest top_k of a random row with a filter (top-k, top-p or min-p);
-        inf when such a row has no top-k, 0 when no random row has a filter, None when
-        unknown. `sample_options` reads it to leave out the search kernels that only
-        wide filters need.
+        Host: a bound on the top_k of the random rows with a filter (top-k, top-p or
+        min-p): their largest top_k (after `expand`, of the rows expanded from), inf when
+        such a row has no top-k, 0 when no random row has a filter, None when unknown.
+        It describes the filter tensors it was computed for (`filters_of_hint`, by
+        identity): `filter_bound` returns it only while they are this metadata's own, so
+        a `dataclasses.replace` of temperature, top_k, top_p or min_p turns it off.
+        `sample_options` reads it to leave out the search kernels that only wide filters
+        need.
     request_seeds, has_seed, token_positions : torch.Tensor
         [R] int64 / bool / int64: the ingredients of seeds/positions, kept so that
         `expand` can recompute the keys of new rows.
@@ -230,10 +234,20 @@ class SamplingMetadata:
     logitsprocs: Any = None
     rows: LogitsRows | None = None
     max_filtered_top_k: int | float | None = None
+    filters_of_hint: tuple = field(default=(), repr=False, compare=False)
 
     @property
     def num_rows(self) -> int:
         return self.temperature.shape[0]
+
+    def filter_bound(self, min_p: torch.Tensor | None | str = "own") -> int | float | None:
+        """`max_filtered_top_k` while it still describes these rows (their temperature, top_k,
+        top_p and min_p are the tensors it was computed for; `min_p`: the one a kernel will
+        get, by default this metadata's), else None (unknown)."""
+        filters = (self.temperature, self.top_k, self.top_p, self.min_p if isinstance(min_p, str) else min_p)
+        if len(self.filters_of_hint) != 4 or any(a is not b for a, b in zip(filters, self.filters_of_hint)):
+            return None
+        return self.max_filtered_top_k
 
     @property
     def no_penalties(self) -> bool:
@@ -413,7 +427,7 @@ class SamplingMetadata:
         if step_t is None:
             step_t = to_device(step, torch.int64, dev)
         row_seeds, row_pos = rng.row_keys(req_seeds, has_t, tok_pos, engine_seed, step_t)
-        return cls(
+        md = cls(
             temperature=temp_t,
             inv_temperature=_inv_temperature(temp_t),
             seeds=row_seeds, positions=row_pos, request_seeds=req_seeds, has_seed=has_t,
@@ -428,6 +442,8 @@ class SamplingMetadata:
             bad_words_token_ids=bad, output_token_ids=output_token_ids, max_num_logprobs=max_num_logprobs,
             logitsprocs=logitsprocs, rows=rows, max_filtered_top_k=_max_filtered_top_k(temps, ks, ps, mps),
         )
+        md.filters_of_hint = (md.temperature, md.top_k, md.top_p, md.min_p)
+        return md
 
     @classmethod
     def from_sampling_params(cls, params: Sequence[Any], *, vocab_size: int, device="cpu",
@@ -496,11 +512,13 @@ class SamplingMetadata:
         bad = {}
         if self.bad_words_token_ids:
             bad = {j: self.bad_words_token_ids[i] for j, i in enumerate(host_idx) if i in self.bad_words_token_ids}
-        temp = take(self.temperature)
+        temp, top_k, top_p, min_p = (take(t) for t in (self.temperature, self.top_k, self.top_p, self.min_p))
+        bound = self.filter_bound()   # the new rows are some of these: it still bounds them
         return replace(
             self, temperature=temp, inv_temperature=take(self.inv_temperature), seeds=row_seeds,
             positions=row_pos, request_seeds=req_seeds, has_seed=has, token_positions=tok_pos,
-            top_k=take(self.top_k), top_p=take(self.top_p), min_p=take(self.min_p),
+            top_k=top_k, top_p=top_p, min_p=min_p, max_filtered_top_k=bound,
+            filters_of_hint=(temp, top_k, top_p, min_p) if bound is not None else (),
             repetition_penalties=take(self.repetition_penalties), frequency_penalties=take(self.frequency_penalties),
             presence_penalties=take(self.presence_penalties), prompt_mask=take(self.prompt_mask),
             output_counts=take(self.output_counts), allowed_token_mask=take(self.allowed_token_mask),

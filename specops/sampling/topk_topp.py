@@ -122,13 +122,14 @@ def sample_options(metadata, min_p: torch.Tensor | None, kernel_options: dict | 
     `kernel_options`, plus search=False when the host knows that no row needs the bracket
     search (every random row unfiltered, or with top_k <= the plan's direct limit): 5 of
     the 9 kernels are then left out. `min_p` is the one `sample` gets; one that is not the
-    metadata's own (a processor added it) counts as unknown.
+    metadata's own (a processor added it) counts as unknown (`SamplingMetadata.filter_bound`).
+    An explicit "search" in `kernel_options` stands.
     """
     from specops.triton_kernels.sampling_topk_topp import DIRECT_TOP_K
 
     opts = dict(kernel_options or {})
-    widest = getattr(metadata, "max_filtered_top_k", None)
-    if "search" not in opts and widest is not None and min_p is metadata.min_p:
+    widest = metadata.filter_bound(min_p)
+    if "search" not in opts and widest is not None:
         kmax = opts.get("kmax", DIRECT_TOP_K) if opts.get("select", True) else 0
         if widest <= kmax:
             opts["search"] = False
