@@ -2,7 +2,9 @@
 
     python bench/exp_plan_direct.py [--variants a,b,..] [--batches 8,32]
     (GPU machine, repo root; exits 0 without CUDA. Every variant's kernels are first compiled
-    in parallel worker processes (Triton's disk cache), then measured: < 90 s in all.)
+    in parallel worker processes (Triton's disk cache), for each batch size, then measured.
+    Session 9 compiled at batch 8 only: the other batch sizes compiled again while measured,
+    and 480 s covered 13 rows.)
 
 V = 128256 fp32 "llm" logits (bench_sampling.make_logits, as exp_sampling_direct.py),
 seeded rows, two parameter sets: "engine" (every row T 0.8, top-k 50, top-p 0.9, min-p
@@ -59,25 +61,30 @@ SPILLING = ("top-g128", "top-w4", "g64-pipe")
 TIMING = dict(warmup=2, iters=10, replays_per_graph=5)
 
 
-def _compile(variant: str) -> str:
-    """One small call of a variant, in a worker process: fills Triton's on-disk cache."""
+def _compile(job: tuple[str, int]) -> str:
+    """One small call of a variant at one batch size, in a worker process: fills Triton's
+    on-disk cache. Each batch size compiles anew: the metadata's per-row tensors are views of
+    one [k, B] tensor, so their pointers' 16-byte alignment (a Triton specialisation) follows B."""
     from bench.bench_sampling import MIX, make_logits, metadata
     from specops.sampling import sample
 
-    md = metadata(8, V, seeded=True, mix=MIX)
-    logits = make_logits(8, V, torch.float32, "llm", seed=1)
-    sample(logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions, backend="triton",
-           **VARIANTS[variant])
+    variant, B = job
+    for mix in (ENGINE, MIX):
+        md = metadata(B, V, seeded=True, mix=mix)
+        logits = make_logits(B, V, torch.float32, "llm", seed=1)
+        sample(logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions, backend="triton",
+               **VARIANTS[variant])
     torch.cuda.synchronize()
     return variant
 
 
-def precompile(variants: list[str]) -> None:
+def precompile(variants: list[str], batches: list[int]) -> None:
     """Compile the variants' kernels in parallel processes (each one is seconds of one core)."""
     import multiprocessing as mp
 
-    with mp.get_context("spawn").Pool(min(len(variants), os.cpu_count() or 1)) as pool:
-        pool.map(_compile, variants)
+    jobs = [(v, B) for v in variants for B in batches]
+    with mp.get_context("spawn").Pool(min(len(jobs), os.cpu_count() or 1)) as pool:
+        pool.map(_compile, jobs)
 
 
 def equal(x: torch.Tensor, y: torch.Tensor) -> bool:
@@ -135,8 +142,9 @@ def main() -> int:
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         raise SystemExit(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
+    batches = [int(b) for b in a.batches.split(",")]
     t0 = time.time()
-    precompile(variants)
+    precompile(variants, batches)
     print(f"compiled / loaded every variant in {time.time() - t0:.0f} s", flush=True)
     print(f"{torch.cuda.get_device_name()}, triton {triton.__version__}, V={V} fp32 llm logits, seeded rows; "
           f"µs per call: plan / collect / finish / all kernels (profiler), graph = whole call in a CUDA graph; "
@@ -144,7 +152,7 @@ def main() -> int:
     print(f"{'params':6s} {'B':>4s} {'dir':>4s}  {'variant':10s} {'plan':>6s} {'collect':>7s} {'finish':>6s} "
           f"{'kernels':>7s} {'graph':>7s}  vs default", flush=True)
     for name, mix in (("engine", ENGINE), ("mix", MIX)):
-        for B in map(int, a.batches.split(",")):
+        for B in batches:
             run(name, mix, B, variants)
     return 0
 
