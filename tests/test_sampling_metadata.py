@@ -96,6 +96,21 @@ def test_sample_options_leave_out_the_search_only_when_no_row_needs_it():
     assert sample_options(unknown, None) == {}
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+def test_row_tensors_start_16_byte_aligned_at_any_batch(n):
+    # Triton specialises kernels on 16-byte pointer alignment: rows that are views of one
+    # [k, n] host copy would start misaligned when n % 4 != 0 and compile a second variant
+    md = build(n, top_k=[5] * n, top_p=[0.9] * n, min_p=[0.1] * n, repetition_penalties=[1.2] * n,
+               frequency_penalties=[0.1] * n, presence_penalties=[0.1] * n,
+               prompt_mask=torch.zeros(n, V, dtype=torch.bool), output_counts=torch.zeros(n, V, dtype=torch.int32))
+    for name in ("temperature", "inv_temperature", "top_k", "top_p", "min_p", "repetition_penalties",
+                 "frequency_penalties", "presence_penalties", "seeds", "positions", "request_seeds", "has_seed",
+                 "token_positions"):
+        t = getattr(md, name)
+        assert t.shape == (n,) and t.is_contiguous() and t.data_ptr() % 16 == 0, name
+    assert md.top_p.tolist() == pytest.approx([0.9] * n) and md.top_k.tolist() == [5] * n
+
+
 def test_keys_follow_the_rng_convention():
     md = build(3, seeds=[7, None, -5], positions=[10, 11, 12], engine_seed=99, step=4)
     seeds, pos = rng.row_keys(torch.tensor([7, 0, -5]), torch.tensor([True, False, True]),

@@ -416,10 +416,13 @@ class SamplingMetadata:
         if step_t is None:
             step = _check_int("step", step, 0)
 
-        floats = [v for v in (temps, ps, mps, rep, freq, pres) if v is not None]
-        f = iter(to_device(floats, torch.float32, dev).reshape(len(floats), n))  # [k, n]
+        # rows padded to a multiple of 4 values: every row view starts 16-byte aligned whatever
+        # the batch, so the Triton kernels that read them are compiled for one alignment only
+        pad = [0] * (-n % 4)
+        floats = [list(v) + pad for v in (temps, ps, mps, rep, freq, pres) if v is not None]
+        f = iter(to_device(floats, torch.float32, dev).reshape(len(floats), n + len(pad))[:, :n])  # [k, n]
         ints = [seed_vals, pos_vals, [int(h) for h in has]] + ([ks] if ks is not None else [])
-        i = to_device(ints, torch.int64, dev).reshape(len(ints), n)  # [k, n]
+        i = to_device([list(v) + pad for v in ints], torch.int64, dev).reshape(len(ints), n + len(pad))[:, :n]
         temp_t = next(f)
         opt = lambda v: next(f) if v is not None else None  # noqa: E731  (fp32 rows, in order)
         top_p, min_p, rep_t, freq_t, pres_t = opt(ps), opt(mps), opt(rep), opt(freq), opt(pres)
