@@ -86,11 +86,12 @@ def test_sample_options_leave_out_the_search_only_when_no_row_needs_it():
     assert sample_options(build(1, top_p=[0.9]), None) == {}   # top-p without top-k, whatever V
     # the bound describes the tensors it was computed for: expand keeps it, a replaced filter drops it
     rows = direct.expand([1, 1, 0])
-    assert rows.filter_bound() == DIRECT_TOP_K and sample_options(rows, rows.min_p) == {"search": False}
+    assert rows.filter_bound(rows.min_p) == DIRECT_TOP_K and sample_options(rows, rows.min_p) == {"search": False}
     for name in ("temperature", "top_k", "top_p", "min_p"):
         changed = replace(direct, **{name: getattr(direct, name).clone()})
-        assert changed.filter_bound() is None and sample_options(changed, changed.min_p) == {}, name
-        assert changed.expand([0]).filter_bound() is None
+        assert changed.filter_bound(changed.min_p) is None and sample_options(changed, changed.min_p) == {}, name
+        expanded = changed.expand([0])
+        assert expanded.filter_bound(expanded.min_p) is None
     unknown = build(1)
     unknown.max_filtered_top_k = None
     assert sample_options(unknown, None) == {}

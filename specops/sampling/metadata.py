@@ -240,11 +240,11 @@ class SamplingMetadata:
     def num_rows(self) -> int:
         return self.temperature.shape[0]
 
-    def filter_bound(self, min_p: torch.Tensor | None | str = "own") -> int | float | None:
+    def filter_bound(self, min_p: torch.Tensor | None) -> int | float | None:
         """`max_filtered_top_k` while it still describes these rows (their temperature, top_k,
-        top_p and min_p are the tensors it was computed for; `min_p`: the one a kernel will
-        get, by default this metadata's), else None (unknown)."""
-        filters = (self.temperature, self.top_k, self.top_p, self.min_p if isinstance(min_p, str) else min_p)
+        top_p and `min_p`, the one a kernel will get, are the tensors it was computed for),
+        else None (unknown)."""
+        filters = (self.temperature, self.top_k, self.top_p, min_p)
         if len(self.filters_of_hint) != 4 or any(a is not b for a, b in zip(filters, self.filters_of_hint)):
             return None
         return self.max_filtered_top_k
@@ -516,7 +516,7 @@ class SamplingMetadata:
         if self.bad_words_token_ids:
             bad = {j: self.bad_words_token_ids[i] for j, i in enumerate(host_idx) if i in self.bad_words_token_ids}
         temp, top_k, top_p, min_p = (take(t) for t in (self.temperature, self.top_k, self.top_p, self.min_p))
-        bound = self.filter_bound()   # the new rows are some of these: it still bounds them
+        bound = self.filter_bound(self.min_p)   # the new rows are some of these: it still bounds them
         return replace(
             self, temperature=temp, inv_temperature=take(self.inv_temperature), seeds=row_seeds,
             positions=row_pos, request_seeds=req_seeds, has_seed=has, token_positions=tok_pos,
