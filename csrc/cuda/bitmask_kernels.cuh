@@ -2,15 +2,27 @@
 // is 0 (xgrammar's rule).
 //
 // HBM with ECC writes whole 32-byte sectors: a partial write makes DRAM read the sector
-// first anyway. So the work is planned per sector of logits:
-//   every token allowed      nothing moves
-//   every token disallowed   the sector is written with -inf, never read
-//   mixed                    the sector is read, selected and written back whole
-// which moves the bitmask + 32 B per disallowed sector + 64 B per mixed sector, the floor
-// that bench/bench_ops.py reports. One thread access is a 16-byte chunk (half a sector): the
-// two halves of a sector sit in neighbouring lanes, take the same branch and so store in the
-// same instruction (one full-sector write), and a warp's access covers 512 contiguous bytes.
-// Rows that are not 16-byte aligned go one logit at a time.
+// first anyway. So the least an apply can move, per sector of logits, is:
+//   every token allowed      nothing
+//   every token disallowed   the sector written with -inf, never read
+//   mixed                    the sector read, selected and written back
+// plus the bitmask: the floor that bench/bench_ops.py reports. Both kernels below move a
+// 16-byte chunk (half a sector) per thread access; a warp's access covers 512 contiguous
+// bytes.
+//   chunk kernel  every 16-byte aligned layout of up to 65535 rows: 1 or 2 chunks per
+//                 thread, a block per 256 or 512 chunks of one row, no row loop. A chunk
+//                 is skipped (all ones), filled (all zeros) or read and selected, on its own
+//                 bits only: where one half of a sector is skipped and the other written,
+//                 the DRAM merges the sector (rare with grammar masks). On small batches it
+//                 loads every chunk together with its bits ("eager": one DRAM round trip
+//                 instead of two, the bandwidth being idle anyway).
+//   grid kernel   the rest (rows not 16-byte aligned, more rows than gridDim.y): rows in a
+//                 loop, kBitmaskUnroll chunks per thread, each planned with its sector
+//                 partner (the neighbouring lane), so that a sector is written whole or not
+//                 at all; rows that are not 16-byte aligned go one logit at a time.
+// bench/exp_bitmask.cu compared them on the H200 (logs/exp_bitmask_2026-11-30*.txt): with
+// grammar masks the chunk kernel is 5-14% faster than the grid kernel at B >= 128 and 10-20%
+// at B <= 32, and as fast with random masks.
 #pragma once
 #include "cuda/device_utils.cuh"
 
@@ -31,6 +43,37 @@ inline LaunchConfig bitmask_config(const BitmaskParams& p, FloatType dtype, int 
     cfg.block /= 2;
     cfg.grid_x = ceil_div(chunks, int64_t{cfg.block} * cfg.unroll);
   }
+  return cfg;
+}
+
+// Two chunks per thread once that grid still has a block for every third SM (fp32 B=1,
+// V=128256: 63 blocks, 1.51 us against 1.66 with one chunk; bf16 B=1: 32 blocks, 1.76
+// against 1.62); eager loads while the logits covered are at most kChunkKernelEagerBytes
+// (fp32 V=151936 B=8, 4.6 MiB: 2.59 against 2.88 lazily; bf16 V=128256 B=32, 7.8 MiB:
+// 4.01 against 3.89).
+constexpr int64_t kChunkKernelEagerBytes = int64_t{6} << 20;
+
+struct BitmaskChunkConfig {
+  bool use = false;    // else the grid kernel (bitmask_config)
+  int per_thread = 1;  // chunks per thread: 1 or 2
+  bool eager = false;  // load every chunk with its bits
+  int64_t grid_x = 0;  // blocks along a row, kBlock * per_thread chunks each
+  int64_t rows = 0;    // gridDim.y: p.n entries with indices, else min(p.n, p.valid_rows) rows
+};
+
+inline BitmaskChunkConfig bitmask_chunk_config(const BitmaskParams& p, FloatType dtype, int num_sms) {
+  BitmaskChunkConfig cfg;
+  const int esz = float_size(dtype);
+  cfg.rows = p.indices != nullptr ? p.n : std::min(p.n, p.valid_rows);
+  const bool one_row = p.valid_rows <= 1;  // only row 0 is touched: the row stride never matters
+  if (cfg.rows <= 0 || p.vocab <= 0 || cfg.rows > kMaxGridY ||
+      !aligned(p.logits, one_row ? 16 : p.logits_stride * esz, 16))
+    return cfg;
+  cfg.use = true;
+  const int64_t chunks = ceil_div(p.vocab, 16 / esz);
+  cfg.per_thread = 3 * cfg.rows * ceil_div(chunks, 2 * kBlock) >= num_sms ? 2 : 1;
+  cfg.grid_x = ceil_div(chunks, int64_t{kBlock} * cfg.per_thread);
+  cfg.eager = cfg.rows * p.vocab * esz <= kChunkKernelEagerBytes;
   return cfg;
 }
 
@@ -120,7 +163,54 @@ SPECOPS_HD void mask_chunks(T* lrow, const int32_t* brow, int vocab, int g0, int
   }
 }
 
-// One thread: UNROLL accesses (16-byte chunks, or single logits where VEC == 1) of each row
+// Chunk kernel: chunks c, c + step, ... (U of them; chunk c = logits c * VEC .. + VEC - 1) of
+// one 16-byte aligned row. All bits are loaded first, then the logits that must be read
+// (every whole chunk if EAGER), then everything is stored.
+template <typename T, int VEC, int U, bool EAGER>
+SPECOPS_HD void mask_chunk_group(T* lrow, const int32_t* brow, int vocab, int c, int step) {
+  using Chunk = Vec<uint32_t, 4>;
+  constexpr uint32_t kAll = (1u << VEC) - 1u;
+  uint32_t bits[U];
+  Chunk v[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int e = (c + u * step) * VEC;
+    bits[u] = e < vocab ? bits_at<VEC>(brow, e) : kAll;
+    if (EAGER && e + VEC <= vocab) v[u] = load_vec<uint32_t, 4>(reinterpret_cast<const uint32_t*>(lrow + e));
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int e = (c + u * step) * VEC;
+    if (!EAGER && e + VEC <= vocab && bits[u] != 0 && bits[u] != kAll)
+      v[u] = load_vec<uint32_t, 4>(reinterpret_cast<const uint32_t*>(lrow + e));
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int e = (c + u * step) * VEC;
+    if (bits[u] == kAll) continue;  // every logit allowed, or past the row
+    if (e + VEC > vocab) {          // the row's last chunk, cut by the vocab: per logit
+      for (int j = 0; j < VEC && e + j < vocab; ++j)
+        if (!((bits[u] >> j) & 1u)) lrow[e + j] = from_float<T>(-INFINITY);
+      continue;
+    }
+    Chunk out;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) out.v[k] = bits[u] == 0 ? neg_inf_word<T>() : select_word<T>(v[u].v[k], bits[u], k);
+    store_vec<uint32_t, 4>(reinterpret_cast<uint32_t*>(lrow + e), out);
+  }
+}
+
+// Chunk kernel, one thread: chunks (bx * U + u) * kBlock + tx of the row that entry i
+// (< BitmaskChunkConfig::rows) names, for u < U.
+template <typename T, int VEC, int U, bool INDICES, bool EAGER>
+SPECOPS_HD void bitmask_chunk_thread(const BitmaskParams& p, int64_t i, int bx, int tx) {
+  const int64_t r = INDICES ? load_index(p.indices, p.indices_int64, i) : i;  // without indices, i < valid_rows
+  if (INDICES && (r < 0 || r >= p.valid_rows)) return;
+  mask_chunk_group<T, VEC, U, EAGER>(static_cast<T*>(p.logits) + r * p.logits_stride, p.bitmask + r * p.bitmask_stride,
+                                     static_cast<int>(p.vocab), bx * U * kBlock + tx, kBlock);
+}
+
+// Grid kernel, one thread: UNROLL accesses (16-byte chunks, or single logits where VEC == 1) of each row
 // it visits, rows visited with stride gridDim.y.
 template <typename T, int VEC, int UNROLL>
 SPECOPS_HD void bitmask_thread(const BitmaskParams& p, const Coord& c) {

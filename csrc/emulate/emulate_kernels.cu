@@ -114,11 +114,6 @@ void test_bitmask(int64_t logits_rows, int64_t cols, int64_t pad, int64_t bitmas
   p.vocab = std::min(cols, words * 32);
   const FloatType ft = sizeof(T) == 4 ? FloatType::kFloat32
                        : std::is_same<T, __half>::value ? FloatType::kFloat16 : FloatType::kBFloat16;
-  const LaunchConfig cfg = bitmask_config(p, ft, num_sms);
-  with_vec_unroll<T, kBitmaskUnroll>(cfg, [&](auto vec, auto unroll) {
-    run_grid(cfg, [&](const Coord& c) { bitmask_thread<T, decltype(vec)::value, decltype(unroll)::value>(p, c); });
-  });
-
   const T neg_inf = from_float<T>(-INFINITY);
   for (int64_t i = 0; i < p.n; ++i) {
     const int64_t r = index_mode ? idx[i] : i;
@@ -126,10 +121,75 @@ void test_bitmask(int64_t logits_rows, int64_t cols, int64_t pad, int64_t bitmas
     for (int64_t j = 0; j < p.vocab; ++j)
       if (!((static_cast<uint32_t>(bitmask.ptr[r * bs + j / 32]) >> (j % 32)) & 1u)) ref[r * ls + j] = neg_inf;
   }
-  const bool same = std::memcmp(ref.data(), logits.ptr, ref.size() * sizeof(T)) == 0;
-  EXPECT(same, "bitmask %s rows=%lld cols=%lld pad=%lld words=%lld idx=%d off=%lld sms=%d (vec=%d unroll=%d block=%d)",
-         type_name<T>(), (long long)logits_rows, (long long)cols, (long long)pad, (long long)words, index_mode,
-         (long long)offset, num_sms, cfg.vec, cfg.unroll, cfg.block);
+  const std::vector<T> init(logits.ptr, logits.ptr + total);
+  auto check = [&](const char* kernel, const LaunchConfig& cfg) {
+    const bool same = std::memcmp(ref.data(), logits.ptr, ref.size() * sizeof(T)) == 0;
+    EXPECT(same,
+           "bitmask %s %s rows=%lld cols=%lld pad=%lld words=%lld idx=%d off=%lld sms=%d (vec=%d unroll=%d block=%d)",
+           kernel, type_name<T>(), (long long)logits_rows, (long long)cols, (long long)pad, (long long)words,
+           index_mode, (long long)offset, num_sms, cfg.vec, cfg.unroll, cfg.block);
+    std::memcpy(logits.ptr, init.data(), init.size() * sizeof(T));
+  };
+
+  // The grid kernel, with the configuration its launcher would use.
+  const LaunchConfig cfg = bitmask_config(p, ft, num_sms);
+  with_vec_unroll<T, kBitmaskUnroll>(cfg, [&](auto vec, auto unroll) {
+    run_grid(cfg, [&](const Coord& c) { bitmask_thread<T, decltype(vec)::value, decltype(unroll)::value>(p, c); });
+  });
+  check("grid", cfg);
+
+  // The chunk kernel, lazy and eager, wherever it could run (aligned rows), whether or not
+  // the launcher would pick it for this shape on this many SMs.
+  const BitmaskChunkConfig chunk = bitmask_chunk_config(p, ft, 1 << 30);
+  if (!chunk.use) return;
+  constexpr int kVec = 16 / sizeof(T);
+  auto run_chunks = [&](auto u, auto indices, auto eager) {
+    constexpr int U = decltype(u)::value;
+    for (int64_t i = 0; i < chunk.rows; ++i)
+      for (int bx = 0; bx < ceil_div(ceil_div(p.vocab, kVec), int64_t{U} * kBlock); ++bx)
+        for (int tx = 0; tx < kBlock; ++tx)
+          bitmask_chunk_thread<T, kVec, U, decltype(indices)::value, decltype(eager)::value>(p, i, bx, tx);
+    LaunchConfig shown;
+    shown.vec = kVec;
+    shown.unroll = U;
+    check(decltype(eager)::value ? "chunk-eager" : "chunk-lazy", shown);
+  };
+  auto both_index_modes = [&](auto u, auto eager) {
+    if (index_mode) run_chunks(u, std::true_type{}, eager);
+    else run_chunks(u, std::false_type{}, eager);
+  };
+  both_index_modes(IntTag<1>{}, std::false_type{});
+  both_index_modes(IntTag<1>{}, std::true_type{});
+  both_index_modes(IntTag<2>{}, std::false_type{});
+  both_index_modes(IntTag<2>{}, std::true_type{});
+}
+
+// Which bitmask kernel the launcher picks, on the H200's 132 SMs.
+void test_bitmask_kernel_choice() {
+  constexpr FloatType f32 = FloatType::kFloat32, b16 = FloatType::kBFloat16;
+  struct Case {
+    int64_t rows, vocab, stride;
+    FloatType ft;
+    bool chunk;
+    int per_thread;
+    bool eager;
+  } cases[] = {
+      {1, 128256, 128256, f32, true, 2, true},     {1, 128256, 128256, b16, true, 1, true},
+      {8, 151936, 151936, f32, true, 2, true},     {32, 128256, 128256, b16, true, 2, false},
+      {32, 128256, 128256, f32, true, 2, false},   {512, 151936, 151936, f32, true, 2, false},
+      {4, 128256, 128257, f32, false, 1, false},   {70000, 64, 64, f32, false, 1, false},
+  };
+  for (const Case& c : cases) {
+    BitmaskParams p{};
+    p.logits = reinterpret_cast<void*>(uintptr_t{1} << 20);
+    p.logits_stride = c.stride;
+    p.n = p.valid_rows = c.rows;
+    p.vocab = c.vocab;
+    const BitmaskChunkConfig cfg = bitmask_chunk_config(p, c.ft, 132);
+    EXPECT(cfg.use == c.chunk && (!c.chunk || (cfg.per_thread == c.per_thread && cfg.eager == c.eager)),
+           "bitmask kernel choice rows=%lld vocab=%lld: chunk %d per_thread %d eager %d", (long long)c.rows,
+           (long long)c.vocab, cfg.use, cfg.per_thread, cfg.eager);
+  }
 }
 
 // ---------------- penalties ----------------
@@ -264,6 +324,7 @@ void bitmask_suite() {
     test_bitmask<T>(6, 17, 0, 6, 1, 0, 0, sms);          // vocab 17
     test_bitmask<T>(9, 1024, 0, 12, 32, 1, 0, sms);      // int32 indices (duplicates), more bitmask rows
     test_bitmask<T>(12, 1000, 8, 9, 32, 2, 0, sms);      // int64 indices, fewer bitmask rows
+    test_bitmask<T>(7, 1000, 0, 4, 32, 0, 0, sms);       // fewer bitmask rows, no indices: rows 4.. untouched
     test_bitmask<T>(3, 1024, 0, 3, 32, 0, 1, sms);       // misaligned base: scalar path
     test_bitmask<T>(6, 1024, 0, 6, 32, 0, h, sms);       // rows start mid-sector: partner is the chunk before
     test_bitmask<T>(6, 5000, 0, 6, 157, 0, h, sms);      // ... over several unrolled blocks per row
@@ -295,6 +356,7 @@ void penalties_suite() {
 }
 
 int main() {
+  test_bitmask_kernel_choice();
   bitmask_suite<float>();
   bitmask_suite<__nv_bfloat16>();
   bitmask_suite<__half>();
