@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Compile-checks every CUDA kernel file (they include no torch header) and the CUDA
 # experiments in bench/ with the machine's nvcc for sm_90, then builds and runs
-# csrc/emulate/emulate_kernels.cu, which executes every kernel body on the CPU with the launchers' grid configuration and compares it bit for bit
-# with plain loops. Any failure fails CI. Skips with a note where nvcc is absent.
+# csrc/emulate/emulate_kernels.cu, which executes every kernel body on the CPU with the
+# launchers' grid configuration and compares it bit for bit with plain loops. Any failure
+# fails CI. Skips with a note where nvcc is absent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
