@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from specops.triton_kernels.sampling_common import pdl_kwargs, pdl_start
 from specops.triton_kernels.rejection_sample import (SUBS_PER_CHUNK, Pass1Result, _race_chunk_tokens, _race_chunks,
                                                     _request_keys, _row_key, _row_scale, _scaled_block, _sub_log_mass,
                                                     _target_row, _valid_draft, check_sub_chunk, temp_mode_of)
@@ -39,9 +40,11 @@ def _residual_mass_kernel(
     vocab_size,
     NUM_SUBS: tl.constexpr, SUB: tl.constexpr, BLOCK: tl.constexpr,
     HAS_TARGET_ROWS: tl.constexpr, TEMP_MODE: tl.constexpr, HAS_THRESHOLD: tl.constexpr,
+    PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
 ):
     """Program (r, k): sum over sub-chunk k of the residual max(0, p_t - q_t) of request r's
     rejected row (when its draft is valid; the race reads nothing otherwise)."""
+    pdl_start(PDL)
     req = tl.program_id(0)
     k = tl.program_id(1)
     j = tl.load(rec_j_ptr + req)
@@ -86,9 +89,11 @@ def _recover_race_kernel(
     BLOCK: tl.constexpr, SUB_BLOCK: tl.constexpr,
     HAS_TARGET_ROWS: tl.constexpr, TEMP_MODE: tl.constexpr, HAS_THRESHOLD: tl.constexpr,
     HAS_SEEDS: tl.constexpr,
+    PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
 ):
     """One program per request: level 1 over the sub-chunks of its rejected row, level 2 over
     the tokens of the chosen sub-chunk; writes the token into the output row."""
+    pdl_start(PDL)
     req = tl.program_id(0)
     j = tl.load(rec_j_ptr + req)
     if j >= 0:
@@ -163,13 +168,14 @@ def rejection_recover_pass(
                 draft_probs_stride=draft_probs.stride(0))
     part_res = torch.empty(num_reqs * num_subs, dtype=torch.float32, device=logits.device)
     block = min(sub, 4096)   # memory bound: wide loads, no noise
+    pdl = pdl_kwargs(logits)
     _residual_mass_kernel[(num_reqs, num_subs)](
         logits, logits.stride(0), **rows,
         temp_ptr=temp_arg, threshold_ptr=threshold if threshold is not None else logits,
         rec_j_ptr=pass1.rec_j, rec_ms_ptr=pass1.rec_ms, part_res_ptr=part_res, vocab_size=vocab,
         NUM_SUBS=num_subs, SUB=sub, BLOCK=block,
         HAS_TARGET_ROWS=target_rows is not None, TEMP_MODE=temp_mode, HAS_THRESHOLD=threshold is not None,
-        num_warps=8 if block >= 4096 else 4,
+        num_warps=8 if block >= 4096 else 4, **pdl,
     )
     _recover_race_kernel[(num_reqs,)](
         out, out.stride(0), logits, logits.stride(0), **rows,
@@ -184,5 +190,5 @@ def rejection_recover_pass(
         NUM_SPLITS=num_splits, CHUNK=chunk, SUB=sub, NUM_SUBS=num_subs, BLOCK=race_block,
         SUB_BLOCK=triton.next_power_of_2(num_subs),
         HAS_TARGET_ROWS=target_rows is not None, TEMP_MODE=temp_mode, HAS_THRESHOLD=threshold is not None,
-        HAS_SEEDS=seeds is not None, num_warps=race_warps,
+        HAS_SEEDS=seeds is not None, num_warps=race_warps, **pdl,
     )

@@ -57,6 +57,7 @@ import torch
 import triton
 import triton.language as tl
 
+from specops.triton_kernels.sampling_common import pdl_kwargs, pdl_start
 from specops.triton_kernels.rng import (STREAM_ACCEPT, STREAM_RECOVER, STREAM_RECOVER_CHUNK, exponential, random_words,
                                         uniform_open)
 
@@ -397,7 +398,9 @@ def _rejection_sample_kernel(
     HAS_SEEDS: tl.constexpr, FUSE_RACE: tl.constexpr,
     NEED_SX: tl.constexpr,                    # sums without the draft token (n-gram drafts, random rows)
     PREFETCH: tl.constexpr,                   # load the next block before reducing this one
+    PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
 ):
+    pdl_start(PDL)
     pid = tl.program_id(0)
     split = tl.program_id(1)
     req = pid // GRID_K
@@ -500,10 +503,12 @@ def _rejection_finalize_kernel(
     FUSE_RACE: tl.constexpr,
     RACE: tl.constexpr,                       # draw recovered tokens here (no draft probs, random rows)
     RACE_BLOCK: tl.constexpr, HAS_TARGET_ROWS: tl.constexpr, TEMP_MODE: tl.constexpr, HAS_THRESHOLD: tl.constexpr,
+    PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
 ):
     """One program per request, after every chunk partial is written (a separate launch:
     no inter-program ordering to rely on): acceptance, the output row and, with RACE, the
     recovered token."""
+    pdl_start(PDL)
     req = tl.program_id(0)
     start = tl.load(cu_ptr + req - 1, mask=req > 0, other=0).to(tl.int32)
     end = tl.minimum(tl.load(cu_ptr + req).to(tl.int32), num_target_rows)
@@ -643,6 +648,7 @@ def rejection_sample_pass(
     greedy_mode = 0 if isinstance(is_greedy, torch.Tensor) else (1 if is_greedy else 2)
     dummy = draft_token_ids
     grid = (num_reqs * max(max_k, 1), num_splits)
+    pdl = pdl_kwargs(logits)
     _rejection_sample_kernel[grid](
         out, out.stride(0),
         logits, logits.stride(0),
@@ -665,7 +671,7 @@ def rejection_sample_pass(
         TEMP_MODE=temp_mode, HAS_THRESHOLD=threshold is not None, GREEDY_MODE=greedy_mode,
         HAS_SEEDS=seeds is not None, FUSE_RACE=fuse_race,
         NEED_SX=draft_probs is None and greedy_mode != 1, PREFETCH=prefetch,
-        num_warps=num_warps,
+        num_warps=num_warps, **pdl,
     )
     race = draft_probs is None and greedy_mode != 1
     # the whole sub-chunk in one step: one step of 8192 tokens with 16 warps was 7.4 / 8.8 us for
@@ -687,6 +693,6 @@ def rejection_sample_pass(
         SUB_BLOCK=triton.next_power_of_2(num_subs), HAS_DRAFT_PROBS=draft_probs is not None,
         GREEDY_MODE=greedy_mode, HAS_SEEDS=seeds is not None, FUSE_RACE=fuse_race,
         RACE=race, RACE_BLOCK=race_block, HAS_TARGET_ROWS=target_rows is not None, TEMP_MODE=temp_mode,
-        HAS_THRESHOLD=threshold is not None, num_warps=race_warps if race and not fuse_race else 4,
+        HAS_THRESHOLD=threshold is not None, num_warps=race_warps if race and not fuse_race else 4, **pdl,
     )
     return Pass1Result(rec_j, rec_ms, part_m, part_s, part_sub, part_x)

@@ -1,17 +1,58 @@
 """Small Triton helpers shared by the sampling kernels (no kernel here).
 
+- `pdl_start` / `pdl_enabled`: programmatic dependent launch of the sampling and rejection
+  chains (each kernel's launch overlaps the end of the one before it).
+
 - `token_noise`: the Exp(1) noise of one token, exactly as specops.rng.vocab_noise draws
   it (word t % 4 of the Philox call with index t // 4).
 - `pack_key` / `unpack_key`: an int64 whose order is the order of (x, token index), so
   that one `tl.sort` orders candidates by value and carries their indices along.
 """
 
+import functools
+import os
+
+import torch
 import triton
 import triton.language as tl
 
 from .rng import exponential, random_words
 
 NEG_INF = float("-inf")
+
+
+@functools.lru_cache(maxsize=None)
+def _compute_capability(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+def pdl_enabled(t: torch.Tensor) -> bool:
+    """Launch the chain's kernels with programmatic dependent launch? On CUDA devices of
+    compute capability 9.0 and up (Hopper), unless SPECOPS_PDL=0; never under the Triton
+    interpreter. Read at every launch (no host sync: a cached device property)."""
+    if not t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("SPECOPS_PDL", "1") == "0":
+        return False
+    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    return _compute_capability(index) >= 9
+
+
+def pdl_kwargs(t: torch.Tensor) -> dict:
+    """Launch keywords of a chain kernel on the device of `t`: PDL (the kernel's constexpr,
+    see pdl_start) and launch_pdl (Triton's launch option), both pdl_enabled(t)."""
+    on = pdl_enabled(t)
+    return {"PDL": on, "launch_pdl": on}
+
+
+@triton.jit
+def pdl_start(PDL: tl.constexpr):
+    """The first statement of every kernel of the sampling and rejection chains. With PDL
+    (the kernel launched with launch_pdl=True): wait until the kernel before it in the
+    stream has finished and its writes are visible, then let the next kernel be scheduled,
+    which then waits here in turn. The next launch thus overlaps this kernel's work instead
+    of following its end; nothing is read or written before the wait."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit

@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from .rng import exponential, random_words
-from .sampling_common import pack_key, select_word
+from .sampling_common import pack_key, pdl_start, select_word
 from .sampling_stats import _HB, _NO_TOP, _W, grid_bin
 
 DONE = tl.constexpr(0)
@@ -199,7 +199,9 @@ def _refine_kernel(
     mass_ptr,                        # [R, S3, 3] fp32 out: mass >= hi, mass >= t1, mass in [lo, hi)
     V, S3, BPP,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
 ):
+    pdl_start(PDL)
     r = tl.program_id(0)
     c = tl.program_id(1)
     mode = tl.load(st_i_ptr + r * 4)
@@ -239,7 +241,9 @@ def _refine_combine_kernel(
     h2_ptr, n_ptr, mass_ptr,         # refine partials
     S3,
     CAP: tl.constexpr, GS: tl.constexpr, LAST: tl.constexpr,
+    PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
 ):
+    pdl_start(PDL)
     r = tl.program_id(0)
     mode = tl.load(st_i_ptr + r * 4)
     if (mode == REFINE_COUNT) | (mode == REFINE_MASS):
@@ -327,7 +331,9 @@ def _collect_kernel(
     i_ptr,                           # [R, S3] int32 out: token of the best score
     V, S3, BPP, stream,
     BLOCK: tl.constexpr, CAP: tl.constexpr,
+    PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
 ):
+    pdl_start(PDL)
     r = tl.program_id(0)
     c = tl.program_id(1)
     collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, st_i_ptr, st_f_ptr, cand_ptr,

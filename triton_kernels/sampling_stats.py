@@ -24,6 +24,8 @@ x = logits * (1 / temperature) on random rows and the logits themselves on greed
 import triton
 import triton.language as tl
 
+from .sampling_common import pdl_kwargs, pdl_start
+
 BINS_PER_UNIT = 2          # level-1 histogram: 2 bins per unit of scaled logit (grid_bin)
 HIST_BINS = 64             # WINDOW = 62 bins (31 units), + underflow, + nothing (Triton's histogram
                            # costs about 3 + bins / 8 instructions per token: keep it small)
@@ -52,7 +54,9 @@ def _row_stats_kernel(
     V, NT, TILES_PER_PROG, S, ITERS,
     KMAX,                         # rows with 1 <= top_k <= KMAX (< V) need no histogram (0: none)
     TILE: tl.constexpr, TPB: tl.constexpr,
+    PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
 ):
+    pdl_start(PDL)
     # The block is [TPB tiles, TILE]: a tile row lies inside one warp, so the per-tile
     # reductions need no barrier; running statistics are kept per tile slot and reduced
     # across slots (and warps) once, at the end.
@@ -158,4 +162,5 @@ def row_stats_pass(
         tile_max, tile_sum, part_f, hist, hist_top,
         V, NT, tiles_per_prog, num_chunks, iters, kmax,
         TILE=tile, TPB=tpb, num_warps=num_warps, **({} if maxnreg is None else {"maxnreg": maxnreg}),
+        **pdl_kwargs(logits),
     )

@@ -41,7 +41,8 @@ import triton
 import triton.language as tl
 
 from .rng import SUB_STREAM, exponential, random_words
-from .sampling_common import float_key, key_float, pack_key, select_word, token_noise, unpack_key
+from .sampling_common import (float_key, key_float, pack_key, pdl_kwargs, pdl_start, select_word, token_noise,
+                             unpack_key)
 from .sampling_select import (COLLECT, DIRECT, DONE, DRAW, FALLBACK, SPREAD, STATE_F, STATE_I, SUB_BINS,
                               _collect_kernel, _refine_combine_kernel, _refine_kernel, collect_program, merge_best,
                               plan_filtered, refine_geometry)
@@ -629,6 +630,7 @@ def _plan_kernel(
     GB: tl.constexpr, SELECT: tl.constexpr, HB: tl.constexpr, G: tl.constexpr, SMALL: tl.constexpr, SUB: tl.constexpr,
     TOPT: tl.constexpr = 0, GD: tl.constexpr = 16, PIPE: tl.constexpr = False, DS: tl.constexpr = 0,
     DEFER: tl.constexpr = 0, SEARCH: tl.constexpr = True,
+    PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
 ):
     """Rows without a threshold get their token here, and so do rows with 1 <= top_k <= KMAX
     (`_direct_top_k`, mode DIRECT; FALLBACK when it cannot decide: pass 1 gave them no
@@ -640,6 +642,7 @@ def _plan_kernel(
     decides the row with the same `_finish_collected` call as `_direct_top_k`. SEARCH = False
     (no refine or collect launch follows): the rows that would need the bracket search take
     the finish's exact single-program search (FALLBACK) instead."""
+    pdl_start(PDL)
     r = tl.program_id(0)
     r64 = r.to(tl.int64)
     inv_t = tl.load(inv_temp_ptr + r)
@@ -731,6 +734,7 @@ def _collect_direct_kernel(
     BLOCK: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr,
     SMALL: tl.constexpr, TOPT: tl.constexpr, GD: tl.constexpr, PIPE: tl.constexpr, DS: tl.constexpr,
     TPP: tl.constexpr = 8, DEFER: tl.constexpr = 1,
+    PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
 ):
     """The collect launch (sampling_select.collect_program) in which program 0 of each row
     the plan marked DIRECT (plan launched with DEFER = 1) decides it as the plan would have:
@@ -738,6 +742,7 @@ def _collect_direct_kernel(
     plan stored them), the same results; FALLBACK rows go on to the finish's search. Rows
     the plan marked SPREAD have their listed top tiles read by all their programs
     (`_spread_collect`, TPP tiles a load); the finish decides them."""
+    pdl_start(PDL)
     r = tl.program_id(0)
     c = tl.program_id(1)
     mode = tl.load(st_i_ptr + r * 4)
@@ -826,7 +831,9 @@ def _finish_kernel(
     V, NT, S3, stream,
     TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr, CAP: tl.constexpr,
     GS: tl.constexpr, GUESS: tl.constexpr, SMALL: tl.constexpr, SPREAD_ROWS: tl.constexpr = False,
+    PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
 ):
+    pdl_start(PDL)
     r = tl.program_id(0)
     mode = tl.load(st_i_ptr + r * 4)
     if (mode != DONE) & (mode != DIRECT):
@@ -1061,6 +1068,7 @@ def sample_top_k_top_p_triton(
     pi = torch.empty(R, s3, dtype=i32, device=dev)
     tile_list = torch.empty(R, NT_P2, dtype=i32, device=dev)
     cand = torch.empty(R, cap, dtype=torch.int64, device=dev)
+    pdl = pdl_kwargs(logits)
     row_stats_pass(logits, inv_temperature, top_k, top_p, log_min_p, tile, S,
                    tile_max, tile_sum, part_f, hist, hist_top, kmax=kmax)
     _plan_kernel[(R,)](
@@ -1070,16 +1078,16 @@ def sample_top_k_top_p_triton(
         V, NT, S, nblk, stream, kmax,
         TILE=tile, NT_P2=NT_P2, S_P2=MAX_CHUNKS, CAP=cap, GB=32, SELECT=select, HB=HIST_BINS, G=G, SUB=sub,
         SMALL=min(256, cap), TOPT=topt, GD=gd, PIPE=direct_pipe, DS=ds, DEFER=defer, SEARCH=search,
-        num_warps=plan_warps,
+        num_warps=plan_warps, **pdl,
     )
     if paths is not None:
         paths["planned"] = st_i[:, 0].clone()
     if select and search:
         for last in (False, True):
             _refine_kernel[(R, s3)](logits, logits.stride(0), inv_temperature, st_i, st_f, h2, pn, pf,
-                                    V, s3, bpp, BLOCK=2048, num_warps=8)
+                                    V, s3, bpp, BLOCK=2048, num_warps=8, **pdl)
             _refine_combine_kernel[(R,)](top_k, top_p, st_i, st_f, h2, pn, pf, s3, CAP=cap, GS=32, LAST=last,
-                                         num_warps=4)
+                                         num_warps=4, **pdl)
     if paths is not None:
         paths["refined"] = st_i[:, 0].clone()
         paths["state"] = st_f.clone()
@@ -1089,16 +1097,16 @@ def sample_top_k_top_p_triton(
             cand, pn, pf, pi, tile_list, tokens, thr, lnorm, V, NT, s3, bpp, stream, kmax,
             BLOCK=2048, CAP=cap, TILE=tile, G=G, NT_P2=NT_P2, SMALL=min(256, cap), TOPT=topt, GD=gd,
             PIPE=direct_pipe, DS=ds, TPP=_next_pow2(-(-2 * kmax // s3)),
-            DEFER=defer, num_warps=8)
+            DEFER=defer, num_warps=8, **pdl)
     elif search:
         _collect_kernel[(R, s3)](logits, logits.stride(0), inv_temperature, seeds, positions, st_i, st_f, cand,
-                                 pn, pf, pi, V, s3, bpp, stream, BLOCK=2048, CAP=cap, num_warps=8)
+                                 pn, pf, pi, V, s3, bpp, stream, BLOCK=2048, CAP=cap, num_warps=8, **pdl)
     _finish_kernel[(R,)](
         logits, logits.stride(0), inv_temperature, top_k, top_p, seeds, positions, tile_max,
         st_i, st_f, pn, pf, pi, tile_list, cand, tokens, thr, lnorm,
         V, NT, s3, stream,
         TILE=tile, G=G, NT_P2=NT_P2, CAP=cap, GS=64, GUESS=guess, SMALL=min(256, cap), SPREAD_ROWS=defer == 2,
-        num_warps=8, maxnreg=128,   # 2 programs per SM (a few cold scalars spill)
+        num_warps=8, maxnreg=128, **pdl,   # 2 programs per SM (a few cold scalars spill)
     )
     if paths is not None:
         paths["mode"] = st_i[:, 0]
