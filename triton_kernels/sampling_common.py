@@ -26,21 +26,28 @@ def _compute_capability(index: int) -> int:
     return torch.cuda.get_device_capability(index)[0]
 
 
+# Triton has launch_pdl and gdc_wait from the same release on (3.4); older ones get neither.
+_TRITON_HAS_PDL = hasattr(getattr(getattr(tl, "extra", None), "cuda", None), "gdc_wait")
+
+
 def pdl_enabled(t: torch.Tensor) -> bool:
-    """Launch the chain's kernels with programmatic dependent launch? On CUDA devices of
-    compute capability 9.0 and up (Hopper), unless SPECOPS_PDL=0; never under the Triton
-    interpreter. Read at every launch (no host sync: a cached device property)."""
-    if not t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("SPECOPS_PDL", "1") == "0":
+    """Launch the chain's kernels with programmatic dependent launch? On NVIDIA devices of
+    compute capability 9.0 and up (Hopper) with a Triton that has it, unless SPECOPS_PDL=0;
+    never under the Triton interpreter. Read at every launch (no host sync: a cached device
+    property)."""
+    if (not t.is_cuda or torch.version.hip is not None or not _TRITON_HAS_PDL
+            or os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+            or os.environ.get("SPECOPS_PDL", "1") == "0"):
         return False
     index = t.device.index if t.device.index is not None else torch.cuda.current_device()
     return _compute_capability(index) >= 9
 
 
 def pdl_kwargs(t: torch.Tensor) -> dict:
-    """Launch keywords of a chain kernel on the device of `t`: PDL (the kernel's constexpr,
-    see pdl_start) and launch_pdl (Triton's launch option), both pdl_enabled(t)."""
-    on = pdl_enabled(t)
-    return {"PDL": on, "launch_pdl": on}
+    """Launch keywords of a chain kernel on the device of `t`: with pdl_enabled(t), PDL (the
+    kernel's constexpr, see pdl_start) and launch_pdl (Triton's launch option); else none,
+    so that a Triton without launch_pdl never sees the keyword."""
+    return {"PDL": True, "launch_pdl": True} if pdl_enabled(t) else {}
 
 
 @triton.jit

@@ -164,31 +164,46 @@ void test_bitmask(int64_t logits_rows, int64_t cols, int64_t pad, int64_t bitmas
   both_index_modes(IntTag<2>{}, std::true_type{});
 }
 
-// Which bitmask kernel the launcher picks, on the H200's 132 SMs.
+// Which bitmask kernel the launcher picks, on the H200's 132 SMs, and its grid.
 void test_bitmask_kernel_choice() {
   constexpr FloatType f32 = FloatType::kFloat32, b16 = FloatType::kBFloat16;
+  static const int32_t some_indices[1] = {0};
   struct Case {
-    int64_t rows, vocab, stride;
+    int64_t n, valid_rows, vocab, stride;
+    bool indices;
     FloatType ft;
     bool chunk;
     int per_thread;
     bool eager;
+    int64_t grid_x, rows;
   } cases[] = {
-      {1, 128256, 128256, f32, true, 2, true},     {1, 128256, 128256, b16, true, 1, true},
-      {8, 151936, 151936, f32, true, 2, true},     {32, 128256, 128256, b16, true, 2, false},
-      {32, 128256, 128256, f32, true, 2, false},   {512, 151936, 151936, f32, true, 2, false},
-      {4, 128256, 128257, f32, false, 1, false},   {70000, 64, 64, f32, false, 1, false},
+      //  n  valid  vocab   stride  idx   ft   chunk per eager grid_x rows
+      {1, 1, 128256, 128256, false, f32, true, 2, true, 63, 1},       // 32064 chunks, 512 a block
+      {1, 1, 128256, 128256, false, b16, true, 1, true, 63, 1},       // 16032 chunks, 256 a block
+      {8, 8, 151936, 151936, false, f32, true, 2, true, 75, 8},       // 4.6 MiB: eager
+      {32, 32, 128256, 128256, false, b16, true, 2, false, 32, 32},   // 7.8 MiB: lazy
+      {32, 32, 128256, 128256, false, f32, true, 2, false, 63, 32},
+      {512, 512, 151936, 151936, false, f32, true, 2, false, 75, 512},
+      {7, 4, 1000, 1000, false, f32, true, 1, true, 1, 4},            // no indices: rows past valid_rows dropped
+      {9, 4, 1000, 1000, true, f32, true, 1, true, 1, 9},             // indices: every entry gets a block row
+      {4, 4, 128256, 128257, false, f32, false, 1, false, 0, 0},      // rows not 16-byte aligned: grid kernel
+      {70000, 70000, 64, 64, false, f32, false, 1, false, 0, 0},      // more rows than gridDim.y: grid kernel
   };
   for (const Case& c : cases) {
     BitmaskParams p{};
     p.logits = reinterpret_cast<void*>(uintptr_t{1} << 20);
     p.logits_stride = c.stride;
-    p.n = p.valid_rows = c.rows;
+    p.n = c.n;
+    p.valid_rows = c.valid_rows;
+    p.indices = c.indices ? some_indices : nullptr;
     p.vocab = c.vocab;
     const BitmaskChunkConfig cfg = bitmask_chunk_config(p, c.ft, 132);
-    EXPECT(cfg.use == c.chunk && (!c.chunk || (cfg.per_thread == c.per_thread && cfg.eager == c.eager)),
-           "bitmask kernel choice rows=%lld vocab=%lld: chunk %d per_thread %d eager %d", (long long)c.rows,
-           (long long)c.vocab, cfg.use, cfg.per_thread, cfg.eager);
+    EXPECT(cfg.use == c.chunk &&
+               (!c.chunk || (cfg.per_thread == c.per_thread && cfg.eager == c.eager && cfg.grid_x == c.grid_x &&
+                             cfg.rows == c.rows)),
+           "bitmask kernel choice n=%lld vocab=%lld: chunk %d per_thread %d eager %d grid_x %lld rows %lld",
+           (long long)c.n, (long long)c.vocab, cfg.use, cfg.per_thread, cfg.eager, (long long)cfg.grid_x,
+           (long long)cfg.rows);
   }
 }
 
