@@ -30,12 +30,17 @@ namespace specops {
 
 constexpr int kBitmaskUnroll = 2;  // 16-byte chunks per thread on the vector path (see bitmask.cu)
 
+// Whether every row that can be touched starts 16-byte aligned (the vector path).
+inline bool bitmask_rows_aligned(const BitmaskParams& p, int esz) {
+  const bool one_row = p.valid_rows <= 1;  // only row 0 is touched: the row stride never matters
+  return aligned(p.logits, one_row ? 16 : p.logits_stride * esz, 16);
+}
+
 // Vector path (16-byte chunks) where every row starts 16-byte aligned, else one logit per
 // access. Small batches get narrower blocks, so that a single row still spreads over the SMs.
 inline LaunchConfig bitmask_config(const BitmaskParams& p, FloatType dtype, int num_sms) {
   const int esz = float_size(dtype);
-  const bool one_row = p.valid_rows <= 1;  // only row 0 is touched: the row stride never matters
-  const bool vectorised = aligned(p.logits, one_row ? 16 : p.logits_stride * esz, 16);
+  const bool vectorised = bitmask_rows_aligned(p, esz);
   LaunchConfig cfg = row_chunk_config(p.n, p.vocab, vectorised ? 16 / esz : 1,
                                      vectorised ? kBitmaskUnroll : kUnroll, num_sms);
   const int64_t chunks = ceil_div(p.vocab, cfg.vec);
@@ -65,10 +70,7 @@ inline BitmaskChunkConfig bitmask_chunk_config(const BitmaskParams& p, FloatType
   BitmaskChunkConfig cfg;
   const int esz = float_size(dtype);
   cfg.rows = p.indices != nullptr ? p.n : std::min(p.n, p.valid_rows);
-  const bool one_row = p.valid_rows <= 1;  // only row 0 is touched: the row stride never matters
-  if (cfg.rows <= 0 || p.vocab <= 0 || cfg.rows > kMaxGridY ||
-      !aligned(p.logits, one_row ? 16 : p.logits_stride * esz, 16))
-    return cfg;
+  if (cfg.rows <= 0 || p.vocab <= 0 || cfg.rows > kMaxGridY || !bitmask_rows_aligned(p, esz)) return cfg;
   cfg.use = true;
   const int64_t chunks = ceil_div(p.vocab, 16 / esz);
   cfg.per_thread = 3 * cfg.rows * ceil_div(chunks, 2 * kBlock) >= num_sms ? 2 : 1;
@@ -103,6 +105,23 @@ SPECOPS_HD uint32_t select_word(uint32_t word, uint32_t bits, int k) {
     keep = ((0u - ((bits >> (2 * k)) & 1u)) & 0x0000FFFFu) | ((0u - ((bits >> (2 * k + 1)) & 1u)) & 0xFFFF0000u);
   }
   return (word & keep) | (neg_inf_word<T>() & ~keep);
+}
+
+// The row's last chunk, cut by the vocab (logits e .. vocab - 1): one logit at a time.
+template <typename T, int VEC>
+SPECOPS_HD void mask_tail(T* lrow, int e, uint32_t bits, int vocab) {
+  for (int j = 0; j < VEC && e + j < vocab; ++j)
+    if (!((bits >> j) & 1u)) lrow[e + j] = from_float<T>(-INFINITY);
+}
+
+// Stores the 16-byte chunk at p: all -inf if `fill`, else v with the logits whose bit is 0
+// replaced by -inf.
+template <typename T>
+SPECOPS_HD void store_masked_chunk(T* p, const Vec<uint32_t, 4>& v, uint32_t bits, bool fill) {
+  Vec<uint32_t, 4> out;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) out.v[k] = fill ? neg_inf_word<T>() : select_word<T>(v.v[k], bits, k);
+  store_vec<uint32_t, 4>(reinterpret_cast<uint32_t*>(p), out);
 }
 
 // One logit per access: logits g0, g0 + step, ... (UNROLL of them) of one row.
@@ -151,15 +170,8 @@ SPECOPS_HD void mask_chunks(T* lrow, const int32_t* brow, int vocab, int g0, int
   for (int u = 0; u < UNROLL; ++u) {
     const int e = (g0 + u * step) * VEC;
     if (plan[u] == kSkip) continue;
-    if (plan[u] == kTail) {
-      for (int j = 0; j < VEC && e + j < vocab; ++j)
-        if (!((own[u] >> j) & 1u)) lrow[e + j] = from_float<T>(-INFINITY);
-      continue;
-    }
-    Chunk out;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) out.v[k] = plan[u] == kFill ? neg_inf_word<T>() : select_word<T>(v[u].v[k], own[u], k);
-    store_vec<uint32_t, 4>(reinterpret_cast<uint32_t*>(lrow + e), out);
+    if (plan[u] == kTail) mask_tail<T, VEC>(lrow, e, own[u], vocab);
+    else store_masked_chunk<T>(lrow + e, v[u], own[u], plan[u] == kFill);
   }
 }
 
@@ -188,15 +200,8 @@ SPECOPS_HD void mask_chunk_group(T* lrow, const int32_t* brow, int vocab, int c,
   for (int u = 0; u < U; ++u) {
     const int e = (c + u * step) * VEC;
     if (bits[u] == kAll) continue;  // every logit allowed, or past the row
-    if (e + VEC > vocab) {          // the row's last chunk, cut by the vocab: per logit
-      for (int j = 0; j < VEC && e + j < vocab; ++j)
-        if (!((bits[u] >> j) & 1u)) lrow[e + j] = from_float<T>(-INFINITY);
-      continue;
-    }
-    Chunk out;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) out.v[k] = bits[u] == 0 ? neg_inf_word<T>() : select_word<T>(v[u].v[k], bits[u], k);
-    store_vec<uint32_t, 4>(reinterpret_cast<uint32_t*>(lrow + e), out);
+    if (e + VEC > vocab) mask_tail<T, VEC>(lrow, e, bits[u], vocab);
+    else store_masked_chunk<T>(lrow + e, v[u], bits[u], bits[u] == 0);
   }
 }
 
