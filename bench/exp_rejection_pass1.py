@@ -36,7 +36,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import profiled  # noqa: E402
+from bench.common import profiled, time_us  # noqa: E402
+from specops.triton_kernels.rejection_recover import rejection_recover_pass  # noqa: E402
 from specops.triton_kernels.rejection_sample import chunk_size, rejection_sample_pass, sub_chunk_size  # noqa: E402
 
 VOCAB = 128256
@@ -77,10 +78,17 @@ def make_inputs(vocab, batch, k, with_probs, device, seed=0):
                 step=torch.tensor([3], dtype=torch.int64, device=device), engine_seed=0), batch, k
 
 
-def run_pass1(inputs, batch, k, chunk, block, warps, prefetch, race_block=None, race_warps=8, sub=None):
+def run_pass1(inputs, batch, k, chunk, block, warps, prefetch, race_block=None, race_warps=8, sub=None,
+              recover=None):
+    """Pass 1 and the finalize kernel, then with draft probs the recover pass (its knobs:
+    `recover`, a dict of rejection_recover_pass's race_block / race_warps)."""
     out = torch.empty(batch, k + 1, dtype=torch.int32, device=inputs["logits"].device)
     res = rejection_sample_pass(out, fuse_race=False, chunk=chunk, sub_chunk=sub, block=block, num_warps=warps,
                                 prefetch=prefetch, race_block=race_block, race_warps=race_warps, **inputs)
+    if inputs["draft_probs"] is not None:
+        args = {n: v for n, v in inputs.items() if n not in ("logits", "bonus_token_ids", "is_greedy")}
+        rejection_recover_pass(out, inputs["logits"], pass1=res, chunk=chunk, sub_chunk=sub, **args,
+                               **(recover or {}))
     return out, res
 
 
@@ -117,8 +125,7 @@ def pass1_table(with_probs, ks, t0) -> None:
                     def fn(chunk=chunk, block=block, warps=warps, prefetch=prefetch):
                         return run_pass1(inputs, batch, k, chunk, block, warps, prefetch, sub=sub)
                     out, res = fn()
-                    written = [0, 1] if with_probs else [0, 2]   # l_x, then q(x) or x's chunk sum without x
-                    parts = torch.cat([res.part_m, res.part_s, res.part_x.view(-1, 3)[:, written].flatten()])
+                    parts = torch.cat([res.part_m, res.part_s])
                     same = [f"out={'yes' if torch.equal(out, default_out) else 'NO'}"]
                     if prefetch and plain is not None:
                         same.append(f"partials vs no prefetch={'yes' if torch.equal(parts, plain) else 'NO'}")
@@ -163,10 +170,12 @@ def breakdown_table(subs, t0) -> None:
     from collections import defaultdict
 
     from specops.spec_decode import rejection_sample
-    print(f"{'K':>2} {'B':>4} {'probs':>5} {'sub':>5} {'ref':>3}  {'total us':>8} {'floor us':>8} {'x floor':>7}  "
-          f"per kernel (us)")
-    cases = [(1, 128, False), (1, 128, True), (4, 128, False), (4, 128, True), (8, 128, False),
-             (8, 128, True), (8, 32, False)]
+    print("graph us: one call's time in a CUDA graph of 10 (bench_rejection's timing; launches overlap with\n"
+          "PDL); kernels us: the sum of the kernels' own device times (profiler, eager)")
+    print(f"{'K':>2} {'B':>4} {'probs':>5} {'sub':>5} {'ref':>3}  {'graph us':>8} {'kernels us':>10} {'floor us':>8} "
+          f"{'x floor':>7}  per kernel (us)")
+    cases = [(1, 128, False), (1, 128, True), (4, 32, False), (4, 32, True), (8, 32, False), (8, 32, True),
+             (4, 128, False), (4, 128, True), (8, 128, False), (8, 128, True)]
     for (k, batch, with_probs), sub in [(case, sub) for case in cases for sub in subs]:
         if time.time() - t0 > BUDGET_S * len(subs):
             print(f"{k:>2} {batch:>4} {str(with_probs):>5} {sub:>5}  skipped (time budget)")
@@ -187,9 +196,10 @@ def breakdown_table(subs, t0) -> None:
             if e.device_time > 0 and "kernel" in e.name.lower():
                 per[e.name] += e.device_time / iters
         total = sum(per.values())
+        wall = time_us(fn)
         parts = ", ".join(f"{name} {us:.1f}" for name, us in sorted(per.items(), key=lambda kv: -kv[1]))
-        print(f"{k:>2} {batch:>4} {str(with_probs):>5} {sub:>5} {same:>3}  {total:8.1f} {floor:8.1f} "
-              f"{total / floor:7.2f}  {parts}", flush=True)
+        print(f"{k:>2} {batch:>4} {str(with_probs):>5} {sub:>5} {same:>3}  {wall:8.1f} {total:10.1f} {floor:8.1f} "
+              f"{wall / floor:7.2f}  {parts}", flush=True)
 
 
 def main() -> None:
