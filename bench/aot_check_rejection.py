@@ -75,7 +75,7 @@ def geometry(vocab: int, max_k: int, sub: int | None = None) -> dict:
     block = min(chunk, 4096)
     return dict(chunk=chunk, splits=splits, sub=sub, subs=subs, block=block, warps=4,
                 split_block=triton.next_power_of_2(splits), sub_block=triton.next_power_of_2(subs),
-                out_block=triton.next_power_of_2(max_k + 1), race_block=min(sub, 8192), race_warps=16,
+                out_block=triton.next_power_of_2(max_k + 1), race_block=min(sub, 8192), race_warps=16, fin_warps=8,
                 res_block=min(sub, 4096), max_k=max_k)
 
 
@@ -150,9 +150,9 @@ def common_types(dtype: str, dp_dtype: str, ids: str, rows: str, stride: str, tr
         greedy_ptr="*i1" if gm == 0 else ids,
         seeds_ptr="*i64", has_seed_ptr="*i1" if seeds else "*i64", positions_ptr="*i64",
         step_ptr="*i64", engine_seed="i32",   # the usual small seed (i64 past 2**31)
-        part_m_ptr="*fp32", part_s_ptr="*fp32", part_idx_ptr="*i32", part_sub_ptr="*fp32", part_key_ptr="*fp32",
+        part_m_ptr="*fp32", part_s_ptr="*fp32", part_idx_ptr="*i32", part_sub_ptr="*fp32", part_lx_ptr="*fp32",
         part_kidx_ptr="*i32",
-        part_x_ptr="*fp32", rec_j_ptr="*i32", rec_ms_ptr="*fp32", part_res_ptr="*fp32",
+        part_sx_ptr="*fp32", rec_j_ptr="*i32", rec_ms_ptr="*fp32", part_res_ptr="*fp32",
         num_target_rows="i32", vocab_size="i32",
         PDL="constexpr",   # set by compile_one
     )
@@ -208,8 +208,9 @@ def bench_geometries(ptx_dir: str) -> tuple[int, int]:
                                   SUB=sub, NUM_SUBS=triton.cdiv(VOCAB, sub),
                                   OUT_BLOCK=triton.next_power_of_2(max_k + 1),
                                   SPLIT_BLOCK=triton.next_power_of_2(splits), HAS_TARGET_ROWS=True,
-                                  HAS_DRAFT_PROBS=dp, TEMP_MODE=1, HAS_THRESHOLD=False, GREEDY_MODE=2,
-                                  HAS_SEEDS=False, FUSE_RACE=False, NEED_SX=not dp, PREFETCH=pf)
+                                  TEMP_MODE=1, HAS_THRESHOLD=False, GREEDY_MODE=2,
+                                  HAS_SEEDS=False, FUSE_RACE=False, NEED_SX=not dp, PREFETCH=pf,
+                                  WRITE_REC=dp)
                         kern = RS._rejection_sample_kernel
                         kt = {a: types[a] for a in kern.arg_names if a not in cx}
                         label = f"bench V={VOCAB} K={max_k} dp={int(dp)} chunk={chunk} block={block} pf={int(pf)}"
@@ -221,7 +222,7 @@ def bench_geometries(ptx_dir: str) -> tuple[int, int]:
                 continue
             cx = dict(MAX_K=max_k, NUM_SPLITS=g["splits"], CHUNK=g["chunk"], SUB=g["sub"], NUM_SUBS=g["subs"],
                       OUT_BLOCK=g["out_block"], SPLIT_BLOCK=g["split_block"], SUB_BLOCK=g["sub_block"],
-                      HAS_DRAFT_PROBS=False, GREEDY_MODE=2,
+                      GREEDY_MODE=2, HAS_DRAFT_PROBS=False,
                       HAS_SEEDS=False, FUSE_RACE=False, RACE=True, RACE_BLOCK=race_block, HAS_TARGET_ROWS=True,
                       TEMP_MODE=1, HAS_THRESHOLD=False)
             kern = RS._rejection_finalize_kernel
@@ -270,19 +271,19 @@ def main() -> int:
             jobs.append((RS._rejection_sample_kernel, dict(
                 MAX_K=max_k, GRID_K=max(max_k, 1), NUM_SPLITS=g["splits"], CHUNK=g["chunk"], BLOCK=g["block"],
                 SUB=g["sub"], NUM_SUBS=g["subs"],
-                OUT_BLOCK=g["out_block"], SPLIT_BLOCK=g["split_block"], HAS_DRAFT_PROBS=dp, GREEDY_MODE=gm,
-                HAS_SEEDS=seeds, FUSE_RACE=fuse, NEED_SX=not dp and gm != 1, PREFETCH=pf, **flags), g["warps"],
-                label))
+                OUT_BLOCK=g["out_block"], SPLIT_BLOCK=g["split_block"], GREEDY_MODE=gm,
+                HAS_SEEDS=seeds, FUSE_RACE=fuse, NEED_SX=not dp and gm != 1, PREFETCH=pf,
+                WRITE_REC=dp and gm != 1, **flags), g["warps"], label))
             # finalize (does not depend on the prefetch flag)
             race = not dp and gm != 1
             fin = dict(MAX_K=max_k, NUM_SPLITS=g["splits"], CHUNK=g["chunk"], SUB=g["sub"], NUM_SUBS=g["subs"],
                        OUT_BLOCK=g["out_block"], SPLIT_BLOCK=g["split_block"], SUB_BLOCK=g["sub_block"],
-                       HAS_DRAFT_PROBS=dp, GREEDY_MODE=gm, HAS_SEEDS=seeds,
+                       GREEDY_MODE=gm, HAS_SEEDS=seeds, HAS_DRAFT_PROBS=dp,
                        FUSE_RACE=fuse, RACE=race, RACE_BLOCK=g["race_block"], **flags)
             fkey = ("fin", vocab, g["sub"], max_k, dp, gm, fuse, tr, tm, thr, seeds, dtype, ids)
             if fkey not in seen:
                 seen.add(fkey)
-                jobs.append((RS._rejection_finalize_kernel, fin, g["race_warps"] if race and not fuse else 4,
+                jobs.append((RS._rejection_finalize_kernel, fin, g["fin_warps"] if race and not fuse else 4,
                              label.replace(f" pf={int(pf)}", "")))
             # recover pass: draft probs and random rows only (no prefetch / fuse / greedy-mode flags)
             if dp and gm != 1:

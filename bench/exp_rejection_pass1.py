@@ -125,9 +125,7 @@ def pass1_table(with_probs, ks, t0) -> None:
                     def fn(chunk=chunk, block=block, warps=warps, prefetch=prefetch):
                         return run_pass1(inputs, batch, k, chunk, block, warps, prefetch, sub=sub)
                     out, res = fn()
-                    written = [0, 1] if with_probs else [0, 2]   # l_x, then q(x) or x's chunk sum without x
-                    parts = torch.cat([res.part_m, res.part_s, res.part_sub,
-                                       res.part_x.view(-1, 3)[:, written].flatten()])
+                    parts = torch.cat([res.part_m, res.part_s, res.part_sub])
                     same = [f"out={'yes' if torch.equal(out, default_out) else 'NO'}"]
                     if prefetch and plain is not None:
                         same.append(f"partials vs no prefetch={'yes' if torch.equal(parts, plain) else 'NO'}")

@@ -219,6 +219,14 @@ def test_requests_without_drafts(device):
         assert out.tolist() == [[4, -1, -1], [5, -1, -1], [6, -1, -1]]
     out = rejection_sample(logits, empty, cu[:0], 0, bonus[:0], backend="triton")
     assert out.shape == (0, 1)
+    # with draft probs and random requests the recover pass runs too (it must find no row to
+    # draw: every finalize program waits for pass 1, which writes that none is rejected)
+    probs = torch.zeros(0, 17, device=device)
+    for greedy in (False, torch.tensor([True, False, False], device=device)):
+        for backend in ("triton", "torch"):
+            out = rejection_sample(logits, empty, cu, 2, bonus, draft_probs=probs, is_greedy=greedy,
+                                   temperature=torch.ones(3, device=device), backend=backend)
+            assert out.tolist() == [[4, -1, -1], [5, -1, -1], [6, -1, -1]], (greedy, backend)
 
 
 def test_invalid_drafts_are_rejected(device):

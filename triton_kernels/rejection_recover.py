@@ -1,10 +1,11 @@
 """Rejection sampling with draft probs, pass 2: the recovered token of each request's first
 rejected random row.
 
-Pass 1 (rejection_sample.py) leaves, per request, the target row j of its first rejection
-(-1 when none), the row's softmax max and sum, and the chunk and sub-chunk partials of every
-row. The token is drawn by the two-level race of rejection_sample.py's docstring (without
-draft probs the finalize kernel of pass 1 draws it and this pass is not launched):
+Pass 1 (rejection_sample.py) and its finalize kernel leave, per request, the target row j of
+its first rejection (-1 when none), the row's softmax max and sum, and the chunk and
+sub-chunk partials of every row. The token is drawn by the two-level race of
+rejection_sample.py's docstring (without draft probs the finalize kernel of pass 1 draws it
+and this pass is not launched):
 
 - with a valid draft, from the residual r_t = max(0, p_t - q_t): a first launch, grid
   (num_reqs, NUM_SUBS), sums r over each sub-chunk of the rejected row (target logits and
@@ -22,9 +23,46 @@ import triton
 import triton.language as tl
 
 from specops.triton_kernels.sampling_common import pdl_kwargs, pdl_start
-from specops.triton_kernels.rejection_sample import (SUBS_PER_CHUNK, Pass1Result, _race_chunk_tokens, _race_chunks,
-                                                    _request_keys, _row_key, _row_scale, _scaled_block, _sub_log_mass,
-                                                    _target_row, _valid_draft, check_sub_chunk, temp_mode_of)
+from specops.triton_kernels.rejection_sample import (SUBS_PER_CHUNK, Pass1Result, _merge_block_max, _race_chunks,
+                                                    _request_keys, _row_key, _row_scale, _scaled_block, _target_row,
+                                                    _token_noise, _valid_draft, check_sub_chunk, temp_mode_of)
+
+
+@triton.jit
+def _sub_log_mass(part_m_ptr, part_sub_ptr, j, kk, NUM_SUBS: tl.constexpr, SPC: tl.constexpr,
+                  NUM_SPLITS: tl.constexpr):
+    """log of the mass of p in each sub-chunk kk [SUB_BLOCK] of target row j, up to a constant
+    of the row: m_c + log(s_k) from the partials of pass 1 (chunk c = k // SPC); -inf for an
+    empty sub-chunk or past the last one."""
+    kmask = kk < NUM_SUBS
+    pm = tl.load(part_m_ptr + j * NUM_SPLITS + kk // SPC, mask=kmask, other=float("-inf"))
+    ps = tl.load(part_sub_ptr + j * NUM_SUBS + kk, mask=kmask, other=0.0)
+    return tl.where(ps > 0.0, pm + tl.log(tl.where(ps > 0.0, ps, 1.0)), float("-inf"))
+
+
+@triton.jit
+def _race_sub_chunk(row_ptr, q_ptr, c, use_res, row_max, row_sum, inv_t, thr, seed_r, pos_r, vocab_size,
+                    SUB: tl.constexpr, BLOCK: tl.constexpr, HAS_THRESHOLD: tl.constexpr):
+    """Level 2 of the draw: the token of sub-chunk c (SUB tokens) winning the per-token race,
+    argmax of max(0, p_t - q_t) / E_t with use_res (p_t = exp(x_t / T - row_max) / row_sum),
+    else of x_t / T - log E_t; lowest token on ties, 0 when every key is -inf. E_t: word
+    t % 4 of random_words(seed_r, pos_r, STREAM_RECOVER, t // 4)."""
+    kk = tl.arange(0, BLOCK // 4)
+    ww = tl.arange(0, 4)[None, :]
+    kb = tl.full([], float("-inf"), tl.float32)
+    kbi = tl.full([], 0, tl.int32)
+    sub0 = c * SUB
+    limit = tl.minimum(vocab_size, sub0 + SUB)
+    for off in range(0, SUB, BLOCK):
+        base = sub0 + off
+        t, mask, v = _scaled_block(row_ptr, base, kk, ww, limit, inv_t, thr, HAS_THRESHOLD)
+        e = _token_noise(seed_r, pos_r, base // 4 + kk[:, None], ww)
+        q = tl.load(q_ptr + t, mask=t < tl.where(use_res, limit, 0), other=0.0).to(tl.float32)
+        p = tl.exp(v - row_max) / row_sum
+        key = tl.where(use_res, tl.maximum(p - q, 0.0) / e, v - tl.log(e))
+        key = tl.where(mask, key, float("-inf"))
+        kb, kbi = _merge_block_max(key, t, kb, kbi)
+    return kbi
 
 
 @triton.jit
@@ -35,7 +73,7 @@ def _residual_mass_kernel(
     draft_probs_ptr, draft_probs_stride,      # [T, V]
     temp_ptr,                                 # TEMP_MODE 1: [num_reqs] T; 2: [T] 1/T (fp32)
     threshold_ptr,                            # [T] fp32 (HAS_THRESHOLD)
-    rec_j_ptr, rec_ms_ptr,                    # [num_reqs] int32, [num_reqs, 2] fp32 from pass 1
+    rec_j_ptr, rec_ms_ptr,                    # [num_reqs] int32, [num_reqs, 2] fp32 from the finalize
     part_res_ptr,                             # [num_reqs * NUM_SUBS] fp32 out
     vocab_size,
     NUM_SUBS: tl.constexpr, SUB: tl.constexpr, BLOCK: tl.constexpr,
@@ -81,8 +119,8 @@ def _recover_race_kernel(
     threshold_ptr,                            # [T] fp32 (HAS_THRESHOLD)
     seeds_ptr, has_seed_ptr, positions_ptr,   # [num_reqs] (HAS_SEEDS)
     step_ptr, engine_seed,                    # [1] int64, int
-    rec_j_ptr, rec_ms_ptr,                    # [num_reqs] int32, [num_reqs, 2] fp32 from pass 1
-    part_m_ptr, part_sub_ptr, part_x_ptr,     # [T * NUM_SPLITS], [T * NUM_SUBS], [T * 3] fp32 from pass 1
+    rec_j_ptr, rec_ms_ptr,                    # [num_reqs] int32, [num_reqs, 2] fp32 from the finalize
+    part_m_ptr, part_sub_ptr,                 # [T * NUM_SPLITS], [T * NUM_SUBS] fp32 from pass 1
     part_res_ptr,                             # [num_reqs * NUM_SUBS] fp32 from _residual_mass_kernel
     vocab_size,
     NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr, NUM_SUBS: tl.constexpr,
@@ -109,8 +147,7 @@ def _recover_race_kernel(
         res = tl.load(part_res_ptr + req * NUM_SUBS + kk, mask=kk < tl.where(valid, NUM_SUBS, 0), other=0.0)
         use_res = tl.max(res, 0) > 0.0
         log_res = tl.where(res > 0.0, tl.log(tl.where(res > 0.0, res, 1.0)), float("-inf"))
-        log_p = _sub_log_mass(part_m_ptr, part_sub_ptr, part_x_ptr, j, tl.full([], -1, tl.int32), kk, NUM_SUBS,
-                              CHUNK // SUB, NUM_SPLITS)
+        log_p = _sub_log_mass(part_m_ptr, part_sub_ptr, j, kk, NUM_SUBS, CHUNK // SUB, NUM_SPLITS)
         c, best = _race_chunks(tl.where(use_res, log_res, log_p), kk, seed_r, pos_r)
 
         # level 2: the per-token race within sub-chunk c
@@ -121,8 +158,8 @@ def _recover_race_kernel(
             inv_t, thr = _row_scale(temp_ptr, threshold_ptr, req, j, False, TEMP_MODE, HAS_THRESHOLD)
             row_max = tl.load(rec_ms_ptr + req * 2)
             row_sum = tl.load(rec_ms_ptr + req * 2 + 1)
-            token = _race_chunk_tokens(row_ptr, q_ptr, c, -1, use_res, row_max, row_sum, inv_t, thr, seed_r, pos_r,
-                                       vocab_size, SUB, BLOCK, True, HAS_THRESHOLD)
+            token = _race_sub_chunk(row_ptr, q_ptr, c, use_res, row_max, row_sum, inv_t, thr, seed_r, pos_r,
+                                    vocab_size, SUB, BLOCK, HAS_THRESHOLD)
         tl.store(out_ptr + req.to(tl.int64) * out_stride + i, token)
 
 
@@ -185,7 +222,7 @@ def rejection_recover_pass(
         positions_ptr=positions if positions is not None else step,
         step_ptr=step, engine_seed=engine_seed,
         rec_j_ptr=pass1.rec_j, rec_ms_ptr=pass1.rec_ms,
-        part_m_ptr=pass1.part_m, part_sub_ptr=pass1.part_sub, part_x_ptr=pass1.part_x, part_res_ptr=part_res,
+        part_m_ptr=pass1.part_m, part_sub_ptr=pass1.part_sub, part_res_ptr=part_res,
         vocab_size=vocab,
         NUM_SPLITS=num_splits, CHUNK=chunk, SUB=sub, NUM_SUBS=num_subs, BLOCK=race_block,
         SUB_BLOCK=triton.next_power_of_2(num_subs),

@@ -9,7 +9,10 @@ draft probs that sum without the token (summed directly: no cancellation) and, w
 FUSE_RACE, each sub-chunk's best recovered-token candidate. A second launch, one
 program per request, combines the partials of all its rows, decides acceptance and writes
 the request's whole output row [K + 1] (a separate launch rather than "the last program
-to finish": no ordering between programs to rely on).
+to finish": no ordering between programs to rely on). With programmatic dependent launch
+it reads everything that is an input (draft ids, keys, uniforms, 1/T, threshold, the
+drafts' own logits l_x and q(x)) before waiting for pass 1, so that after the wait it
+reads pass 1's partials in one round trip (and, to race, one sub-chunk of a rejected row).
 
 - greedy rows accept draft x while x == argmax of the row; the first mismatch writes the
   argmax and stops;
@@ -57,7 +60,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specops.triton_kernels.sampling_common import pdl_kwargs, pdl_start
+from specops.triton_kernels.sampling_common import pdl_kwargs, pdl_launch, pdl_start, pdl_wait
 from specops.triton_kernels.rng import (STREAM_ACCEPT, STREAM_RECOVER, STREAM_RECOVER_CHUNK, exponential, random_words,
                                         uniform_open)
 
@@ -167,21 +170,6 @@ def _token_noise(seed_r, pos_r, quad, ww):
 
 
 @triton.jit
-def _sub_log_mass(part_m_ptr, part_sub_ptr, part_x_ptr, j, x_sub, kk, NUM_SUBS: tl.constexpr, SPC: tl.constexpr,
-                  NUM_SPLITS: tl.constexpr):
-    """log of the mass of each sub-chunk kk [SUB_BLOCK] of target row j, up to a constant of
-    the row: m_c + log(s_k) from the partials of pass 1 (chunk c = k // SPC), with the
-    sum without the draft token in sub-chunk x_sub (-1: none excluded); -inf for an empty
-    sub-chunk or past the last one."""
-    kmask = kk < NUM_SUBS
-    pm = tl.load(part_m_ptr + j * NUM_SPLITS + kk // SPC, mask=kmask, other=float("-inf"))
-    ps = tl.load(part_sub_ptr + j * NUM_SUBS + kk, mask=kmask, other=0.0)
-    sx = tl.load(part_x_ptr + j * 3 + 2, mask=x_sub >= 0, other=0.0)
-    ps = tl.where(kk == x_sub, sx, ps)
-    return tl.where(ps > 0.0, pm + tl.log(tl.where(ps > 0.0, ps, 1.0)), float("-inf"))
-
-
-@triton.jit
 def _race_chunks(log_mass, kk, seed_r, pos_r):
     """Level 1 of the recovered-token draw: the sub-chunk argmax_k log(M_k) - log(E_k) over
     sub-chunks kk [SUB_BLOCK] (lowest on ties), E_k = Exp(1) from word k % 4 of
@@ -196,13 +184,11 @@ def _race_chunks(log_mass, kk, seed_r, pos_r):
 
 
 @triton.jit
-def _race_chunk_tokens(row_ptr, q_ptr, c, excluded, use_res, row_max, row_sum, inv_t, thr, seed_r, pos_r,
-                       vocab_size, SUB: tl.constexpr, BLOCK: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr,
-                       HAS_THRESHOLD: tl.constexpr):
-    """Level 2 of the recovered-token draw: the token of sub-chunk c (SUB tokens) winning the
-    per-token race, argmax over t != excluded of x_t / T - log E_t or, with use_res
-    (HAS_DRAFT_PROBS), of max(0, p_t - q_t) / E_t (p_t = exp(x_t / T - row_max) / row_sum);
-    lowest token on ties, 0 when every key is -inf. E_t: word t % 4 of
+def _race_chunk_tokens(row_ptr, c, excluded, inv_t, thr, seed_r, pos_r, vocab_size, SUB: tl.constexpr,
+                       BLOCK: tl.constexpr, HAS_THRESHOLD: tl.constexpr):
+    """Level 2 of the recovered-token draw (no draft probs): the token of sub-chunk c (SUB
+    tokens) winning the per-token race argmax over t != excluded of x_t / T - log E_t; lowest
+    token on ties, 0 when every key is -inf. E_t: word t % 4 of
     random_words(seed_r, pos_r, STREAM_RECOVER, t // 4)."""
     kk = tl.arange(0, BLOCK // 4)
     ww = tl.arange(0, 4)[None, :]
@@ -213,15 +199,103 @@ def _race_chunk_tokens(row_ptr, q_ptr, c, excluded, use_res, row_max, row_sum, i
     for off in range(0, SUB, BLOCK):
         base = sub0 + off
         t, mask, v = _scaled_block(row_ptr, base, kk, ww, limit, inv_t, thr, HAS_THRESHOLD)
-        e = _token_noise(seed_r, pos_r, base // 4 + kk[:, None], ww)
-        key = v - tl.log(e)
-        if HAS_DRAFT_PROBS:
-            q = tl.load(q_ptr + t, mask=t < tl.where(use_res, limit, 0), other=0.0).to(tl.float32)
-            p = tl.exp(v - row_max) / row_sum
-            key = tl.where(use_res, tl.maximum(p - q, 0.0) / e, key)
+        key = v - tl.log(_token_noise(seed_r, pos_r, base // 4 + kk[:, None], ww))
         key = tl.where(mask & (t != excluded), key, float("-inf"))
         kb, kbi = _merge_block_max(key, t, kb, kbi)
     return kbi
+
+
+@triton.jit
+def _request_rows(cu_ptr, draft_ids_ptr, req, num_target_rows, vocab_size, MAX_K: tl.constexpr,
+                  OUT_BLOCK: tl.constexpr):
+    """The draft rows of request req: (rr [OUT_BLOCK] draft index = output column, start, n,
+    rmask = rr < n, jj = start + rr their target rows, x [OUT_BLOCK] their valid draft ids or -1).
+    Inputs only: readable before pdl_wait."""
+    rr = tl.arange(0, OUT_BLOCK)
+    start = tl.load(cu_ptr + req - 1, mask=req > 0, other=0).to(tl.int32)
+    end = tl.minimum(tl.load(cu_ptr + req).to(tl.int32), num_target_rows)
+    n = tl.maximum(tl.minimum(end - start, MAX_K), 0)
+    rmask = rr < n
+    jj = start + rr
+    x = _valid_draft(tl.load(draft_ids_ptr + jj, mask=rmask, other=-1), vocab_size)
+    return rr, start, n, rmask, jj, x
+
+
+@triton.jit
+def _draft_rows(target_rows_ptr, temp_ptr, threshold_ptr, req, jj, rmask, greedy,
+                TEMP_MODE: tl.constexpr, HAS_THRESHOLD: tl.constexpr, HAS_TARGET_ROWS: tl.constexpr):
+    """Per draft row jj [OUT_BLOCK] of request req: (logits row index, 1/T, threshold); greedy
+    requests: 1/T = 1, no threshold. Inputs only: readable before pdl_wait. (The draft's scaled
+    logit l_x / T is pass 1's, stored rounded: computed here, the compiler may fuse it into
+    fma(l_x, 1/T, -max) in some kernel variants and not in others.)"""
+    if HAS_TARGET_ROWS:
+        rows = tl.load(target_rows_ptr + jj, mask=rmask, other=0).to(tl.int64)
+    else:
+        rows = jj.to(tl.int64)
+    inv_t = tl.full(jj.shape, 1.0, tl.float32)
+    if TEMP_MODE == 1:
+        inv_t = inv_t * tl.where(greedy, 1.0, 1.0 / tl.load(temp_ptr + req).to(tl.float32))
+    if TEMP_MODE == 2:
+        inv_t = tl.where(greedy, 1.0, tl.load(temp_ptr + jj, mask=rmask, other=1.0).to(tl.float32))
+    thr = tl.full(jj.shape, float("-inf"), tl.float32)
+    if HAS_THRESHOLD:
+        thr = tl.where(greedy, float("-inf"), tl.load(threshold_ptr + jj, mask=rmask, other=0.0).to(tl.float32))
+    return rows, inv_t, thr
+
+
+@triton.jit
+def _accept_uniforms(rr, jj, seeded, seed, position, engine_seed, step):
+    """u [OUT_BLOCK] of the draft rows: uniform_open of word 0 of
+    random_words(seed_r, pos_r, STREAM_ACCEPT, 0). Inputs only: computable before pdl_wait."""
+    seed_r, pos_r = _row_key(seeded, seed, position, engine_seed, step, rr.to(tl.int64), jj)
+    w0, _, _, _ = random_words(seed_r, pos_r, STREAM_ACCEPT, tl.zeros_like(rr))
+    return uniform_open(w0)
+
+
+@triton.jit
+def _accept_rows(part_m_ptr, part_s_ptr, part_idx_ptr, rr, n, rmask, jj, x, lx, q_x, u, greedy,
+                 NUM_SPLITS: tl.constexpr, SPLIT_BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr,
+                 GREEDY_MODE: tl.constexpr):
+    """Acceptance of a request's draft rows from pass 1's chunk partials: greedy rows accept x
+    == argmax, random ones p(x) >= u q(x) with p(x) = exp(l_x / T - row max) / row sum.
+    Returns (num_accepted, rejected, first_rej, argmax, row max (0 for an all -inf row), row
+    sum); the last three [OUT_BLOCK]."""
+    ss = tl.arange(0, SPLIT_BLOCK)
+    m2 = rmask[:, None] & (ss < NUM_SPLITS)[None, :]
+    poff = jj[:, None] * NUM_SPLITS + ss[None, :]
+    pm = tl.load(part_m_ptr + poff, mask=m2, other=float("-inf"))
+    row_max = tl.max(pm, 1)
+    pidx = tl.load(part_idx_ptr + poff, mask=m2, other=_INT_MAX)
+    argmax = tl.min(tl.where(pm == row_max[:, None], pidx, _INT_MAX), 1)
+    valid = x >= 0
+    acc_greedy = valid & (x == argmax)
+    m_safe = tl.where(row_max == float("-inf"), 0.0, row_max)
+    row_sum = tl.zeros_like(m_safe)
+    if GREEDY_MODE == 1:
+        accepted = acc_greedy
+    else:
+        # the chunks' sums added in chunk order, one column at a time: a tl.sum over the
+        # [OUT_BLOCK, SPLIT_BLOCK] tile would add them in an order set by the compiler's layout
+        # of that tile, which may change with OUT_BLOCK (the batch's max_spec_len)
+        for k in tl.static_range(NUM_SPLITS):
+            pm_k = tl.load(part_m_ptr + jj * NUM_SPLITS + k, mask=rmask, other=float("-inf"))
+            ps_k = tl.load(part_s_ptr + jj * NUM_SPLITS + k, mask=rmask, other=0.0)
+            row_sum = row_sum + ps_k * tl.exp(pm_k - m_safe)
+        row_sum = tl.where(rmask, row_sum, 1.0)
+        p_x = tl.exp(lx - m_safe) / row_sum
+        acc_random = valid & (p_x > 0.0) & (p_x >= u * q_x)
+        accepted = tl.where(greedy, acc_greedy, acc_random)
+    first_rej = tl.min(tl.where(rmask & (accepted == 0), rr, OUT_BLOCK), 0)
+    return tl.minimum(first_rej, n), first_rej < n, first_rej, argmax, m_safe, row_sum
+
+
+@triton.jit
+def _write_row(out_ptr, out_stride, req, rr, x, num_accepted, rejected, token, bonus, MAX_K: tl.constexpr):
+    """Request req's output row [MAX_K + 1]: its accepted drafts, then `token` after a rejection
+    or the bonus token, then -1."""
+    row = tl.where(rr < num_accepted, x, -1)
+    row = tl.where(rr == num_accepted, tl.where(rejected, token, bonus), row)
+    tl.store(out_ptr + req.to(tl.int64) * out_stride + rr, row, mask=rr < MAX_K + 1)
 
 
 @triton.jit
@@ -264,117 +338,12 @@ def _reduce_tile(t, mask, v, x, seed_r, pos_r, base, bb, kk, ww, sub_of, ls, m, 
     return m_new, s_sub, sx, am, kb, kbi
 
 
-@triton.jit
-def _finalize_request(
-    out_ptr, out_stride, draft_ids_ptr, bonus_ptr,
-    part_m_ptr, part_s_ptr, part_idx_ptr, part_sub_ptr, part_key_ptr, part_kidx_ptr, part_x_ptr,
-    rec_j_ptr, rec_ms_ptr,
-    logits_ptr, logits_stride, target_rows_ptr, temp_ptr, threshold_ptr,
-    req, start, n, greedy, seeded, seed, position, engine_seed, step, vocab_size,
-    MAX_K: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
-    NUM_SUBS: tl.constexpr, OUT_BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr, SUB_BLOCK: tl.constexpr,
-    HAS_DRAFT_PROBS: tl.constexpr, FUSE_RACE: tl.constexpr, GREEDY_MODE: tl.constexpr,
-    RACE: tl.constexpr, RACE_BLOCK: tl.constexpr, HAS_TARGET_ROWS: tl.constexpr, TEMP_MODE: tl.constexpr,
-    HAS_THRESHOLD: tl.constexpr,
-):
-    rr = tl.arange(0, OUT_BLOCK)          # draft index within the request = output column
-    rmask = rr < n
-    jj = start + rr
-    ss = tl.arange(0, SPLIT_BLOCK)
-    m2 = rmask[:, None] & (ss < NUM_SPLITS)[None, :]
-    poff = jj[:, None] * NUM_SPLITS + ss[None, :]
-    pm = tl.load(part_m_ptr + poff, mask=m2, other=float("-inf"))
-    row_max = tl.max(pm, 1)
-    pidx = tl.load(part_idx_ptr + poff, mask=m2, other=_INT_MAX)
-    argmax = tl.min(tl.where(pm == row_max[:, None], pidx, _INT_MAX), 1)
-    x = _valid_draft(tl.load(draft_ids_ptr + jj, mask=rmask, other=-1), vocab_size)
-    valid = x >= 0
-
-    acc_greedy = valid & (x == argmax)
-    m_safe = tl.where(row_max == float("-inf"), 0.0, row_max)
-    if GREEDY_MODE == 1:
-        accepted = acc_greedy
-        row_sum = tl.zeros_like(m_safe)
-    else:
-        # random rows: p(x) from the combined softmax statistics
-        # the chunks' sums added in chunk order, one column at a time: a tl.sum over the
-        # [OUT_BLOCK, SPLIT_BLOCK] tile would add them in an order set by the compiler's layout
-        # of that tile, which may change with OUT_BLOCK (the batch's max_spec_len)
-        row_sum = tl.zeros_like(m_safe)
-        for k in tl.static_range(NUM_SPLITS):
-            pm_k = tl.load(part_m_ptr + jj * NUM_SPLITS + k, mask=rmask, other=float("-inf"))
-            ps_k = tl.load(part_s_ptr + jj * NUM_SPLITS + k, mask=rmask, other=0.0)
-            row_sum = row_sum + ps_k * tl.exp(pm_k - m_safe)
-        row_sum = tl.where(rmask, row_sum, 1.0)
-        lx = tl.load(part_x_ptr + jj * 3, mask=rmask, other=float("-inf"))
-        p_x = tl.exp(lx - m_safe) / row_sum
-        if HAS_DRAFT_PROBS:
-            q_x = tl.load(part_x_ptr + jj * 3 + 1, mask=rmask, other=1.0)
-        else:
-            q_x = 1.0
-        seed_r, pos_r = _row_key(seeded, seed, position, engine_seed, step, rr.to(tl.int64), jj)
-        w0, _, _, _ = random_words(seed_r, pos_r, STREAM_ACCEPT, tl.zeros_like(rr))
-        u = uniform_open(w0)
-        acc_random = valid & (p_x > 0.0) & (p_x >= u * q_x)
-        accepted = tl.where(greedy, acc_greedy, acc_random)
-
-    first_rej = tl.min(tl.where(rmask & (accepted == 0), rr, OUT_BLOCK), 0)
-    num_accepted = tl.minimum(first_rej, n)
-    rejected = first_rej < n
-    if RACE:
-        # no draft probs: the two-level race of the rejected random row right here (its
-        # sub-chunk masses are pass 1's partials), level 2 over the chosen sub-chunk's tokens,
-        # or that sub-chunk's winner which pass 1 already found (FUSE_RACE)
-        recovered = tl.full([], 0, tl.int32)                       # no mass: as torch.argmax
-        if rejected & (greedy == 0):
-            i_rej = first_rej
-            j_rej = start + i_rej
-            x_rej = _valid_draft(tl.load(draft_ids_ptr + j_rej), vocab_size)
-            x_sub = tl.where(x_rej >= 0, x_rej // SUB, -1)
-            kk = tl.arange(0, SUB_BLOCK)
-            log_mass = _sub_log_mass(part_m_ptr, part_sub_ptr, part_x_ptr, j_rej, x_sub, kk, NUM_SUBS, CHUNK // SUB,
-                                     NUM_SPLITS)
-            # scalar keys of the rejected row (seed_r / pos_r above are [OUT_BLOCK]: a runtime if
-            # may not change a live variable's shape)
-            seed_j, pos_j = _row_key(seeded, seed, position, engine_seed, step, i_rej.to(tl.int64), j_rej)
-            c, best = _race_chunks(log_mass, kk, seed_j, pos_j)
-            if best > float("-inf"):
-                if FUSE_RACE:
-                    recovered = tl.load(part_kidx_ptr + j_rej * NUM_SUBS + c)
-                else:
-                    row_ptr = _target_row(logits_ptr, logits_stride, target_rows_ptr, j_rej, HAS_TARGET_ROWS)
-                    inv_t, thr = _row_scale(temp_ptr, threshold_ptr, req, j_rej, False, TEMP_MODE, HAS_THRESHOLD)
-                    recovered = _race_chunk_tokens(row_ptr, row_ptr, c, x_rej, False, 0.0, 1.0, inv_t, thr,
-                                                   seed_j, pos_j, vocab_size, SUB, RACE_BLOCK, False,
-                                                   HAS_THRESHOLD)
-        fill = tl.where(greedy, argmax, recovered)
-    else:
-        fill = tl.where(greedy, argmax, -1)   # -1: rejection_recover writes it
-    at_rej = rr == first_rej
-    token = tl.sum(tl.where(at_rej, fill, 0), 0)
-    bonus = tl.load(bonus_ptr + req).to(tl.int32)
-    row = tl.where(rr < num_accepted, x, -1)
-    row = tl.where(rr == num_accepted, tl.where(rejected, token, bonus), row)
-    tl.store(out_ptr + req.to(tl.int64) * out_stride + rr, row, mask=rr < MAX_K + 1)  # width K + 1
-
-    # the one row whose recovered token rejection_recover must draw (with draft probs)
-    rec_j = tl.where(rejected & (greedy == 0), start + first_rej, -1)
-    if RACE:
-        rec_j = tl.full([], -1, tl.int32)
-    tl.store(rec_j_ptr + req, rec_j)
-    # the rejected row's softmax statistics (-inf without a rejection: not read then); picked by a
-    # max, not a sum, so that no float sum's order depends on the launch (num_warps)
-    tl.store(rec_ms_ptr + req * 2, tl.max(tl.where(at_rej, m_safe, float("-inf")), 0))
-    tl.store(rec_ms_ptr + req * 2 + 1, tl.max(tl.where(at_rej, row_sum, float("-inf")), 0))
-
-
 @triton.jit(do_not_specialize=["num_target_rows", "engine_seed"])
 def _rejection_sample_kernel(
     out_ptr, out_stride,                      # [num_reqs, MAX_K + 1] int32
     logits_ptr, logits_stride,                # [num_logits, V] target logits (rows via target_rows)
     target_rows_ptr,                          # [T] int, row of logits for each draft (HAS_TARGET_ROWS)
     draft_ids_ptr,                            # [T] int
-    draft_probs_ptr, draft_probs_stride,      # [T, V] (HAS_DRAFT_PROBS)
     cu_ptr,                                   # [num_reqs] inclusive cumulative drafts
     bonus_ptr,                                # [num_reqs] int
     temp_ptr,                                 # TEMP_MODE 1: [num_reqs] T; 2: [T] 1/T (fp32)
@@ -384,20 +353,22 @@ def _rejection_sample_kernel(
     step_ptr, engine_seed,                    # [1] int64, int
     part_m_ptr, part_s_ptr, part_idx_ptr,     # [T * NUM_SPLITS]
     part_sub_ptr,                             # [T * NUM_SUBS] fp32 sub-chunk sums of exp(x - chunk max)
-    part_key_ptr, part_kidx_ptr,              # [T * NUM_SUBS] (FUSE_RACE)
-    part_x_ptr,                               # [T, 3] fp32: l_x / T, q(x), s of x's sub-chunk without x
-    rec_j_ptr, rec_ms_ptr,                    # [num_reqs] int32, [num_reqs, 2] fp32
+    part_kidx_ptr,                            # [T * NUM_SUBS] int32 sub-chunk race winners (FUSE_RACE)
+    part_lx_ptr,                              # [T] fp32 l_x / T of the draft (-inf below the threshold)
+    part_sx_ptr,                              # [T] fp32 sum of x's sub-chunk without x (NEED_SX)
+    rec_j_ptr,                                # [num_reqs] int32: -1 for a request without drafts (WRITE_REC)
     num_target_rows, vocab_size,
     MAX_K: tl.constexpr, GRID_K: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr,
     SUB: tl.constexpr, NUM_SUBS: tl.constexpr,
     BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
-    HAS_TARGET_ROWS: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr,
+    HAS_TARGET_ROWS: tl.constexpr,
     TEMP_MODE: tl.constexpr,                  # 0: none, 1: per-request temperature, 2: per-row 1/T
     HAS_THRESHOLD: tl.constexpr,
     GREEDY_MODE: tl.constexpr,                # 0: per-request flags, 1: all greedy, 2: all random
     HAS_SEEDS: tl.constexpr, FUSE_RACE: tl.constexpr,
     NEED_SX: tl.constexpr,                    # sums without the draft token (n-gram drafts, random rows)
     PREFETCH: tl.constexpr,                   # load the next block before reducing this one
+    WRITE_REC: tl.constexpr,                  # the recover pass follows (draft probs, random rows)
     PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
 ):
     pdl_start(PDL)
@@ -464,21 +435,17 @@ def _rejection_sample_kernel(
             tl.store(part_s_ptr + p, tl.sum(s_sub, 0))   # the chunk's sum: its sub-chunks', in a fixed order
             tl.store(part_sub_ptr + ps, s_sub, mask=smask)
         if FUSE_RACE:
-            tl.store(part_key_ptr + ps, kb, mask=smask)
             tl.store(part_kidx_ptr + ps, kbi, mask=smask)
         if split == 0:
-            xc = tl.where(x >= 0, x, 0)
-            lx = tl.load(row_ptr + xc).to(tl.float32) * inv_t
+            # stored, so rounded once, as pass 1's max and the torch reference round it
+            lx = tl.load(row_ptr + tl.where(x >= 0, x, 0)).to(tl.float32) * inv_t
             if HAS_THRESHOLD:
                 lx = tl.where(lx >= thr, lx, float("-inf"))
-            tl.store(part_x_ptr + j * 3, lx)
-            if HAS_DRAFT_PROBS:
-                q_x = tl.load(draft_probs_ptr + j.to(tl.int64) * draft_probs_stride + xc).to(tl.float32)
-                tl.store(part_x_ptr + j * 3 + 1, q_x)
+            tl.store(part_lx_ptr + j, lx)
         if NEED_SX:
             # x's sub-chunk without x, for level 1 (the other sums without x are not needed)
             if (x >= 0) & (x // CHUNK == split):
-                tl.store(part_x_ptr + j * 3 + 2 + ls * 0, sx, mask=ls == (x % CHUNK) // SUB)
+                tl.store(part_sx_ptr + j + ls * 0, sx, mask=ls == (x % CHUNK) // SUB)
     else:
         if (i == 0) & (split == 0):
             # a request without drafts: its output is the bonus token
@@ -486,45 +453,110 @@ def _rejection_sample_kernel(
             bonus = tl.load(bonus_ptr + req).to(tl.int32)
             tl.store(out_ptr + req.to(tl.int64) * out_stride + rr, tl.where(rr == 0, bonus, -1),
                      mask=rr < MAX_K + 1)
-            tl.store(rec_j_ptr + req, -1)
+            if WRITE_REC:
+                tl.store(rec_j_ptr + req, -1)   # no recovered token to draw (the finalize skips it)
 
 
 @triton.jit(do_not_specialize=["num_target_rows", "engine_seed"])
 def _rejection_finalize_kernel(
-    out_ptr, out_stride, draft_ids_ptr, bonus_ptr, cu_ptr, greedy_ptr,
+    out_ptr, out_stride,                      # [num_reqs, MAX_K + 1] int32
+    draft_ids_ptr, bonus_ptr, cu_ptr, greedy_ptr,
     seeds_ptr, has_seed_ptr, positions_ptr, step_ptr, engine_seed,
-    part_m_ptr, part_s_ptr, part_idx_ptr, part_sub_ptr, part_key_ptr, part_kidx_ptr, part_x_ptr,
-    rec_j_ptr, rec_ms_ptr,
-    logits_ptr, logits_stride, target_rows_ptr, temp_ptr, threshold_ptr,   # as in pass 1 (RACE)
+    part_m_ptr, part_s_ptr, part_idx_ptr,     # [T * NUM_SPLITS] from pass 1
+    part_sub_ptr, part_kidx_ptr,              # [T * NUM_SUBS] from pass 1 (RACE; part_kidx: FUSE_RACE)
+    part_lx_ptr,                              # [T] from pass 1
+    part_sx_ptr,                              # [T] from pass 1 (RACE)
+    rec_j_ptr, rec_ms_ptr,                    # [num_reqs] int32, [num_reqs, 2] fp32 out (HAS_DRAFT_PROBS)
+    logits_ptr, logits_stride, target_rows_ptr, temp_ptr, threshold_ptr,   # as in pass 1
+    draft_probs_ptr, draft_probs_stride,      # [T, V] (HAS_DRAFT_PROBS)
     num_target_rows, vocab_size,
     MAX_K: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
     NUM_SUBS: tl.constexpr, OUT_BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr, SUB_BLOCK: tl.constexpr,
-    HAS_DRAFT_PROBS: tl.constexpr, GREEDY_MODE: tl.constexpr, HAS_SEEDS: tl.constexpr,
-    FUSE_RACE: tl.constexpr,
+    GREEDY_MODE: tl.constexpr, HAS_SEEDS: tl.constexpr, FUSE_RACE: tl.constexpr,
+    HAS_DRAFT_PROBS: tl.constexpr,            # q(x) from the draft probs; rejection_recover draws the tokens
     RACE: tl.constexpr,                       # draw recovered tokens here (no draft probs, random rows)
     RACE_BLOCK: tl.constexpr, HAS_TARGET_ROWS: tl.constexpr, TEMP_MODE: tl.constexpr, HAS_THRESHOLD: tl.constexpr,
-    PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
+    PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_wait)
 ):
-    """One program per request, after every chunk partial is written (a separate launch:
-    no inter-program ordering to rely on): acceptance, the output row and, with RACE, the
-    recovered token."""
-    pdl_start(PDL)
+    """One program per request, after every chunk partial is written (a separate launch: no
+    inter-program ordering to rely on): acceptance, the output row and, with RACE, the
+    recovered token; with draft probs, the rejected row and its softmax statistics for
+    rejection_recover, which writes the recovered token.
+
+    Everything that is an input (draft ids, keys, uniforms, scales, q(x)) is read before
+    pdl_wait, so that after it only pass 1's partials (one round trip) and, for a rejected
+    random row, one sub-chunk of its logits are read. Every program waits, requests without
+    drafts too: this launch then ends only after pass 1 has, which the recover pass (waiting
+    on this launch only) relies on to read what pass 1 wrote."""
     req = tl.program_id(0)
-    start = tl.load(cu_ptr + req - 1, mask=req > 0, other=0).to(tl.int32)
-    end = tl.minimum(tl.load(cu_ptr + req).to(tl.int32), num_target_rows)
-    n = tl.maximum(tl.minimum(end - start, MAX_K), 0)
+    rr, start, n, rmask, jj, x = _request_rows(cu_ptr, draft_ids_ptr, req, num_target_rows, vocab_size, MAX_K,
+                                               OUT_BLOCK)
+    greedy = _request_greedy(greedy_ptr, req, GREEDY_MODE)
+    seeded, seed, position, step = _request_keys(seeds_ptr, has_seed_ptr, positions_ptr, step_ptr, req, HAS_SEEDS)
+    engine_seed64 = engine_seed.to(tl.int64)
+    u = _accept_uniforms(rr, jj, seeded, seed, position, engine_seed64, step)
+    rows, inv_t, thr = _draft_rows(target_rows_ptr, temp_ptr, threshold_ptr, req, jj, rmask, greedy, TEMP_MODE,
+                                   HAS_THRESHOLD, HAS_TARGET_ROWS)
+    bonus = tl.load(bonus_ptr + req).to(tl.int32)
+    q_x = tl.full(x.shape, 1.0, tl.float32)
+    if HAS_DRAFT_PROBS:
+        q_rows = draft_probs_ptr + jj.to(tl.int64) * draft_probs_stride
+        q_x = tl.load(q_rows + tl.where(x >= 0, x, 0), mask=rmask, other=1.0).to(tl.float32)
+    pdl_wait(PDL)
+    pdl_launch(PDL)
     if n > 0:
-        greedy = _request_greedy(greedy_ptr, req, GREEDY_MODE)
-        seeded, seed, position, step = _request_keys(seeds_ptr, has_seed_ptr, positions_ptr, step_ptr, req,
-                                                     HAS_SEEDS)
-        _finalize_request(
-            out_ptr, out_stride, draft_ids_ptr, bonus_ptr,
-            part_m_ptr, part_s_ptr, part_idx_ptr, part_sub_ptr, part_key_ptr, part_kidx_ptr, part_x_ptr,
-            rec_j_ptr, rec_ms_ptr,
-            logits_ptr, logits_stride, target_rows_ptr, temp_ptr, threshold_ptr,
-            req, start, n, greedy, seeded, seed, position, engine_seed.to(tl.int64), step, vocab_size,
-            MAX_K, NUM_SPLITS, CHUNK, SUB, NUM_SUBS, OUT_BLOCK, SPLIT_BLOCK, SUB_BLOCK, HAS_DRAFT_PROBS, FUSE_RACE,
-            GREEDY_MODE, RACE, RACE_BLOCK, HAS_TARGET_ROWS, TEMP_MODE, HAS_THRESHOLD)
+        lx = tl.load(part_lx_ptr + jj, mask=rmask, other=float("-inf"))
+        if RACE:
+            # level 1's inputs for every row, in the same round trip as the acceptance partials:
+            # log of each sub-chunk's mass m_c + log(s_k) (chunk c = k // SPC), with the sum without
+            # the draft token for the sub-chunk holding it
+            kk = tl.arange(0, SUB_BLOCK)
+            tmask = rmask[:, None] & (kk < NUM_SUBS)[None, :]
+            sub_m = tl.load(part_m_ptr + jj[:, None] * NUM_SPLITS + kk[None, :] // (CHUNK // SUB), mask=tmask,
+                            other=float("-inf"))
+            sub_s = tl.load(part_sub_ptr + jj[:, None] * NUM_SUBS + kk[None, :], mask=tmask, other=0.0)
+            sx = tl.load(part_sx_ptr + jj, mask=rmask & (x >= 0), other=0.0)
+        num_accepted, rejected, first_rej, argmax, m_safe, row_sum = _accept_rows(
+            part_m_ptr, part_s_ptr, part_idx_ptr, rr, n, rmask, jj, x, lx, q_x, u, greedy,
+            NUM_SPLITS, SPLIT_BLOCK, OUT_BLOCK, GREEDY_MODE)
+        recovered = tl.full([], 0, tl.int32)                       # no mass: as torch.argmax
+        if HAS_DRAFT_PROBS:
+            recovered = tl.full([], -1, tl.int32)                  # -1: rejection_recover writes it
+        if RACE:
+            # no draft probs: the two-level race of the rejected random row right here (its
+            # sub-chunk masses are pass 1's partials), level 2 over the chosen sub-chunk's tokens,
+            # or that sub-chunk's winner which pass 1 already found (FUSE_RACE)
+            if rejected & (greedy == 0):
+                sel = rr == first_rej
+                j_rej = start + first_rej
+                x_rej = tl.max(tl.where(sel, x, -1), 0)
+                x_sub = tl.where(x_rej >= 0, x_rej // SUB, -1)
+                s_k = tl.max(tl.where(sel[:, None], sub_s, -1.0), 0)
+                s_k = tl.where(kk == x_sub, tl.max(tl.where(sel, sx, -1.0), 0), s_k)
+                m_k = tl.max(tl.where(sel[:, None], sub_m, float("-inf")), 0)
+                log_mass = tl.where(s_k > 0.0, m_k + tl.log(tl.where(s_k > 0.0, s_k, 1.0)), float("-inf"))
+                seed_j, pos_j = _row_key(seeded, seed, position, engine_seed64, step, first_rej.to(tl.int64), j_rej)
+                c, best = _race_chunks(log_mass, kk, seed_j, pos_j)
+                if best > float("-inf"):
+                    if FUSE_RACE:
+                        recovered = tl.load(part_kidx_ptr + j_rej * NUM_SUBS + c)
+                    else:
+                        row = tl.max(tl.where(sel, rows, -1), 0)
+                        inv_t_j = tl.max(tl.where(sel, inv_t, float("-inf")), 0)
+                        thr_j = tl.max(tl.where(sel, thr, float("-inf")), 0)
+                        recovered = _race_chunk_tokens(logits_ptr + row * logits_stride, c, x_rej, inv_t_j, thr_j,
+                                                       seed_j, pos_j, vocab_size, SUB, RACE_BLOCK, HAS_THRESHOLD)
+        fill = tl.where(greedy, argmax, recovered)
+        at_rej = rr == first_rej
+        token = tl.sum(tl.where(at_rej, fill, 0), 0)
+        _write_row(out_ptr, out_stride, req, rr, x, num_accepted, rejected, token, bonus, MAX_K)
+        if HAS_DRAFT_PROBS:
+            # the one row whose recovered token rejection_recover must draw, and its softmax
+            # statistics (-inf without a rejection: not read then); picked by a max, not a sum, so
+            # that no float sum's order depends on the launch (num_warps)
+            tl.store(rec_j_ptr + req, tl.where(rejected & (greedy == 0), start + first_rej, -1))
+            tl.store(rec_ms_ptr + req * 2, tl.max(tl.where(at_rej, m_safe, float("-inf")), 0))
+            tl.store(rec_ms_ptr + req * 2 + 1, tl.max(tl.where(at_rej, row_sum, float("-inf")), 0))
 
 
 def temp_mode_of(temperature, inv_temperature, dummy):
@@ -537,13 +569,13 @@ def temp_mode_of(temperature, inv_temperature, dummy):
 
 
 class Pass1Result(NamedTuple):
-    """What pass 1 leaves for the recover pass (rejection_recover.py)."""
+    """What pass 1 and the finalize kernel leave for the recover pass (rejection_recover.py)."""
     rec_j: torch.Tensor    # [num_reqs] int32 target row of the request's recovered-token draw, or -1
+    #                        (written only when the recover pass follows: draft probs, random rows)
     rec_ms: torch.Tensor   # [num_reqs, 2] fp32 max and sum of exp of that row (softmax statistics)
     part_m: torch.Tensor   # [T * num_chunks] fp32 chunk max of each target row's scaled logits
     part_s: torch.Tensor   # [T * num_chunks] fp32 chunk sum of exp(x - chunk max)
     part_sub: torch.Tensor  # [T * num_subs] fp32 sub-chunk sum of exp(x - max of its chunk)
-    part_x: torch.Tensor   # [T * 3] fp32 per row: l_x / T, q(x), sum of x's sub-chunk without x
 
 
 def chunk_size(vocab: int) -> int:
@@ -600,7 +632,7 @@ def rejection_sample_pass(
     num_warps: int | None = None,
     prefetch: bool = False,
     race_block: int | None = None,
-    race_warps: int = 16,
+    race_warps: int = 8,
 ) -> Pass1Result:
     """Launch pass 1 and the finalize kernel; returns what the recover pass reads.
 
@@ -635,17 +667,18 @@ def rejection_sample_pass(
     assert block >= 16 and block & (block - 1) == 0 and chunk % block == 0
     if num_warps is None:
         num_warps = 4
+    greedy_mode = 0 if isinstance(is_greedy, torch.Tensor) else (1 if is_greedy else 2)
+    recover = draft_probs is not None and greedy_mode != 1   # rejection_recover_pass follows
+    race = draft_probs is None and greedy_mode != 1
     nt = max(num_target_rows, 1)
     f, g = nt * num_splits, nt * num_subs
-    ws_f = torch.empty(2 * f + 2 * g + 3 * nt + 2 * num_reqs, dtype=torch.float32, device=dev)
+    ws_f = torch.empty(2 * f + g + 2 * nt + 2 * num_reqs, dtype=torch.float32, device=dev)
     ws_i = torch.empty(f + g + num_reqs, dtype=torch.int32, device=dev)
-    part_m, part_s = ws_f[:f], ws_f[f:2 * f]
-    part_sub, part_key = ws_f[2 * f:2 * f + g], ws_f[2 * f + g:2 * f + 2 * g]
-    part_x = ws_f[2 * f + 2 * g:2 * f + 2 * g + 3 * nt]
-    rec_ms = ws_f[2 * f + 2 * g + 3 * nt:].view(num_reqs, 2)
+    part_m, part_s, part_sub = ws_f[:f], ws_f[f:2 * f], ws_f[2 * f:2 * f + g]
+    part_lx, part_sx = ws_f[2 * f + g:2 * f + g + nt], ws_f[2 * f + g + nt:2 * f + g + 2 * nt]
+    rec_ms = ws_f[2 * f + g + 2 * nt:].view(num_reqs, 2)
     part_idx, part_kidx, rec_j = ws_i[:f], ws_i[f:f + g], ws_i[f + g:]
     temp_mode, temp_arg = temp_mode_of(temperature, inv_temperature, logits)
-    greedy_mode = 0 if isinstance(is_greedy, torch.Tensor) else (1 if is_greedy else 2)
     dummy = draft_token_ids
     grid = (num_reqs * max(max_k, 1), num_splits)
     pdl = pdl_kwargs(logits)
@@ -654,29 +687,27 @@ def rejection_sample_pass(
         logits, logits.stride(0),
         target_rows if target_rows is not None else dummy,
         draft_token_ids,
-        draft_probs if draft_probs is not None else logits,
-        draft_probs.stride(0) if draft_probs is not None else 0,
         cu_num_draft_tokens, bonus_token_ids,
         temp_arg, threshold if threshold is not None else logits,
         is_greedy if greedy_mode == 0 else dummy,
         seeds if seeds is not None else step, has_seed if has_seed is not None else step,
         positions if positions is not None else step,
         step, engine_seed,
-        part_m, part_s, part_idx, part_sub, part_key, part_kidx, part_x, rec_j, rec_ms,
+        part_m, part_s, part_idx, part_sub, part_kidx, part_lx, part_sx,
+        rec_j,
         num_target_rows, vocab,
         MAX_K=max_k, GRID_K=max(max_k, 1), NUM_SPLITS=num_splits, CHUNK=chunk, SUB=sub, NUM_SUBS=num_subs,
         BLOCK=block,
         OUT_BLOCK=triton.next_power_of_2(max_k + 1), SPLIT_BLOCK=triton.next_power_of_2(num_splits),
-        HAS_TARGET_ROWS=target_rows is not None, HAS_DRAFT_PROBS=draft_probs is not None,
+        HAS_TARGET_ROWS=target_rows is not None,
         TEMP_MODE=temp_mode, HAS_THRESHOLD=threshold is not None, GREEDY_MODE=greedy_mode,
         HAS_SEEDS=seeds is not None, FUSE_RACE=fuse_race,
-        NEED_SX=draft_probs is None and greedy_mode != 1, PREFETCH=prefetch,
+        NEED_SX=race, PREFETCH=prefetch, WRITE_REC=recover,
         num_warps=num_warps, **pdl,
     )
-    race = draft_probs is None and greedy_mode != 1
-    # the whole sub-chunk in one step: one step of 8192 tokens with 16 warps was 7.4 / 8.8 us for
-    # the finalize at K = 1 / 8, B = 128 on the H200 against 10.7 / 11.7 for 4 steps of 2048 with 8
-    # warps (exp_rejection_pass1.py --race)
+    # the whole sub-chunk (4096 tokens) in one step with 8 warps: 5.4 / 11.9 us for the finalize at
+    # K = 1 / 8, B = 128 on the H200 against 6.0 / 13.7 with 16 warps and 6.8 / 12.4 for 2 steps of
+    # 2048 with 8 (exp_rejection_pass1.py --race, logs/exp_rejection_race_2026-11-30b.txt)
     race_block = min(sub, 8192) if race_block is None else race_block
     assert race_block >= 16 and race_block & (race_block - 1) == 0 and sub % race_block == 0
     _rejection_finalize_kernel[(num_reqs,)](
@@ -684,15 +715,17 @@ def rejection_sample_pass(
         is_greedy if greedy_mode == 0 else dummy,
         seeds if seeds is not None else step, has_seed if has_seed is not None else step,
         positions if positions is not None else step, step, engine_seed,
-        part_m, part_s, part_idx, part_sub, part_key, part_kidx, part_x, rec_j, rec_ms,
+        part_m, part_s, part_idx, part_sub, part_kidx, part_lx, part_sx, rec_j, rec_ms,
         logits, logits.stride(0), target_rows if target_rows is not None else dummy,
         temp_arg, threshold if threshold is not None else logits,
+        draft_probs if draft_probs is not None else logits, draft_probs.stride(0) if draft_probs is not None else 0,
         num_target_rows, vocab,
         MAX_K=max_k, NUM_SPLITS=num_splits, CHUNK=chunk, SUB=sub, NUM_SUBS=num_subs,
         OUT_BLOCK=triton.next_power_of_2(max_k + 1), SPLIT_BLOCK=triton.next_power_of_2(num_splits),
-        SUB_BLOCK=triton.next_power_of_2(num_subs), HAS_DRAFT_PROBS=draft_probs is not None,
+        SUB_BLOCK=triton.next_power_of_2(num_subs),
         GREEDY_MODE=greedy_mode, HAS_SEEDS=seeds is not None, FUSE_RACE=fuse_race,
-        RACE=race, RACE_BLOCK=race_block, HAS_TARGET_ROWS=target_rows is not None, TEMP_MODE=temp_mode,
-        HAS_THRESHOLD=threshold is not None, num_warps=race_warps if race and not fuse_race else 4, **pdl,
+        HAS_DRAFT_PROBS=draft_probs is not None, RACE=race, RACE_BLOCK=race_block,
+        HAS_TARGET_ROWS=target_rows is not None, TEMP_MODE=temp_mode, HAS_THRESHOLD=threshold is not None,
+        num_warps=race_warps if race and not fuse_race else 4, **pdl,
     )
-    return Pass1Result(rec_j, rec_ms, part_m, part_s, part_sub, part_x)
+    return Pass1Result(rec_j, rec_ms, part_m, part_s, part_sub)

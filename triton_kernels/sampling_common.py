@@ -1,7 +1,7 @@
 """Small Triton helpers shared by the sampling kernels (no kernel here).
 
-- `pdl_start` / `pdl_enabled`: programmatic dependent launch of the sampling and rejection
-  chains (each kernel's launch overlaps the end of the one before it).
+- `pdl_start` (`pdl_wait` + `pdl_launch`) / `pdl_enabled`: programmatic dependent launch of
+  the sampling and rejection chains (each kernel's launch overlaps the end of the one before it).
 
 - `token_noise`: the Exp(1) noise of one token, exactly as specops.rng.vocab_noise draws
   it (word t % 4 of the Philox call with index t // 4).
@@ -52,13 +52,32 @@ def pdl_kwargs(t: torch.Tensor) -> dict:
 
 @triton.jit
 def pdl_start(PDL: tl.constexpr):
-    """The first statement of every kernel of the sampling and rejection chains. With PDL
-    (the kernel launched with launch_pdl=True): wait until the kernel before it in the
-    stream has finished and its writes are visible, then let the next kernel be scheduled,
-    which then waits here in turn. The next launch thus overlaps this kernel's work instead
-    of following its end; nothing is read or written before the wait."""
+    """The first statement of a chain kernel that reads nothing before the wait: pdl_wait,
+    then pdl_launch. The next launch thus overlaps this kernel's work instead of following
+    its end."""
+    pdl_wait(PDL)
+    pdl_launch(PDL)
+
+
+@triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    """With PDL (the kernel launched with launch_pdl=True): wait until the kernel before it in
+    the stream has finished and its writes are visible.
+
+    Before the wait a kernel may read only the chain's inputs, never what an earlier chain
+    kernel writes, and it writes nothing. Inputs are safe to read there in every kernel but
+    the chain's first: the first kernel waits for whatever produced them before it lets the
+    next one start (pdl_launch comes after its wait), so the inputs are complete by the time
+    any later kernel of the chain runs."""
     if PDL:
         tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def pdl_launch(PDL: tl.constexpr):
+    """With PDL: let the next kernel of the stream be scheduled (it waits in its pdl_wait).
+    Called right after pdl_wait."""
+    if PDL:
         tl.extra.cuda.gdc_launch_dependents()
 
 
