@@ -4,7 +4,7 @@
     python bench/aot_check_rejection.py --full     # every constexpr combination (slow)
     python bench/aot_check_rejection.py --bench    # also bench/exp_rejection_pass1.py's geometries
     python bench/aot_check_rejection.py --ptx DIR  # keep the PTX / TTGIR of each kernel there
-    python bench/aot_check_rejection.py --subs 2048 4096 8192   # the sub-chunk sizes compiled at
+    python bench/aot_check_rejection.py --subs 2048 4096        # the sub-chunk sizes compiled at
                                                    # V=128256 besides the default (these by default)
 
 Each kernel of triton_kernels/rejection_sample.py and rejection_recover.py goes through
@@ -114,7 +114,9 @@ def compile_one(kernel, types: dict, constexprs: dict, num_warps: int, label: st
     vocab = re.search(r"V=(\d+)", label)
     sub = re.search(r"sub=(\d+)", label)
     if vocab and "bench" not in label:
-        REDUCE_LAYOUTS.setdefault((kernel.__name__, vocab.group(1), sub.group(1) if sub else "-"), {}).setdefault(
+        # pass 1 reduces in lanes, or in blocks with fuse_race / prefetch (flags of the engine, not the batch)
+        name_path = kernel.__name__ + (" [blocks]" if constexprs.get("LANES") == 0 else "")
+        REDUCE_LAYOUTS.setdefault((name_path, vocab.group(1), sub.group(1) if sub else "-"), {}).setdefault(
             add_reduce_layouts(k.asm["ttgir"]), []).append(label)
     with open(os.path.join(ptx_dir, "index.tsv"), "a") as f:
         f.write(f"{name}\t{label}\twarps={num_warps}\n")
@@ -244,8 +246,8 @@ def main() -> int:
     ap.add_argument("--only", default=None, help="kernel name substring")
     ap.add_argument("--bench", action="store_true",
                     help="also the geometries of bench/exp_rejection_pass1.py (chunk, block, warps, race block)")
-    ap.add_argument("--subs", type=int, nargs="*", default=[2048, 4096, 8192],
-                    help="sub-chunk sizes also compiled at V=128256 (engine call shape; default 2048 4096 8192)")
+    ap.add_argument("--subs", type=int, nargs="*", default=[2048, 4096],
+                    help="sub-chunk sizes also compiled at V=128256 (engine call shape; default 2048 4096)")
     args = ap.parse_args()
     ptx_dir = args.ptx or tempfile.mkdtemp(prefix="aot_rej_")
     os.makedirs(ptx_dir, exist_ok=True)
@@ -273,7 +275,8 @@ def main() -> int:
                 SUB=g["sub"], NUM_SUBS=g["subs"],
                 OUT_BLOCK=g["out_block"], SPLIT_BLOCK=g["split_block"], GREEDY_MODE=gm,
                 HAS_SEEDS=seeds, FUSE_RACE=fuse, NEED_SX=not dp and gm != 1, PREFETCH=pf,
-                WRITE_REC=dp and gm != 1, **flags), g["warps"], label))
+                WRITE_REC=dp and gm != 1, LANES=128 * g["warps"] if RS.LANE_STATS and not fuse and not pf else 0,
+                **flags), g["warps"], label))
             # finalize (does not depend on the prefetch flag)
             race = not dp and gm != 1
             fin = dict(MAX_K=max_k, NUM_SPLITS=g["splits"], CHUNK=g["chunk"], SUB=g["sub"], NUM_SUBS=g["subs"],

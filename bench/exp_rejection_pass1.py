@@ -19,10 +19,13 @@ most likely ones first; --k=1 or --k=8 for one K only):
     python bench/exp_rejection_pass1.py [--probs] [--k=1]
     python bench/exp_rejection_pass1.py --race       # the finalize kernel's recovered-token race
     python bench/exp_rejection_pass1.py --breakdown  # every kernel of rejection_sample at issue 4's shapes
+    python bench/exp_rejection_pass1.py --lanes-table  # pass 1's per-lane statistics against block reductions
 
---sub=2048,4096,8192 (with --race or --breakdown) repeats the table for each sub-chunk size
-of the recovered-token race (default: sub_chunk_size(V) only; 8192 = one sub-chunk per chunk,
-the race before sub-chunks). The sub-chunk size changes which tokens are drawn, not their
+--blocks (with any table) makes pass 1 reduce in blocks, as before per-lane statistics.
+
+--sub=1024,2048,4096 (with --race or --breakdown) repeats the table for each sub-chunk size
+of the recovered-token race (default: sub_chunk_size(V) only, 4096 = one sub-chunk per chunk
+of chunk_size(V) = 4096). The sub-chunk size changes which tokens are drawn, not their
 law: --breakdown checks each run against the torch reference at the same size.
 """
 
@@ -79,12 +82,13 @@ def make_inputs(vocab, batch, k, with_probs, device, seed=0):
 
 
 def run_pass1(inputs, batch, k, chunk, block, warps, prefetch, race_block=None, race_warps=8, sub=None,
-              recover=None):
+              recover=None, lanes=None):
     """Pass 1 and the finalize kernel, then with draft probs the recover pass (its knobs:
     `recover`, a dict of rejection_recover_pass's race_block / race_warps)."""
     out = torch.empty(batch, k + 1, dtype=torch.int32, device=inputs["logits"].device)
     res = rejection_sample_pass(out, fuse_race=False, chunk=chunk, sub_chunk=sub, block=block, num_warps=warps,
-                                prefetch=prefetch, race_block=race_block, race_warps=race_warps, **inputs)
+                                prefetch=prefetch, race_block=race_block, race_warps=race_warps, lanes=lanes,
+                                **inputs)
     if inputs["draft_probs"] is not None:
         args = {n: v for n, v in inputs.items() if n not in ("logits", "bonus_token_ids", "is_greedy")}
         rejection_recover_pass(out, inputs["logits"], pass1=res, chunk=chunk, sub_chunk=sub, **args,
@@ -162,6 +166,32 @@ def race_table(ks, subs, t0) -> None:
                       f"{'yes' if torch.equal(out, ref) else 'NO'}", flush=True)
 
 
+def lanes_table(t0) -> None:
+    """Pass 1 with per-lane running statistics (LANES) against the block reductions, at B = 128,
+    all-random, with draft probs, and a batch mixing greedy and random requests."""
+    print("out: the output equals the block reductions' at chunk 8192 (NO: a near-tie flipped on rounding)")
+    print(f"{'case':>16} {'chunk':>6} {'warps':>5} {'lanes':>5} {'us':>8} {'x floor':>8}  out")
+    for name, k, with_probs, mixed in [("K=1 random", 1, False, False), ("K=1 probs", 1, True, False),
+                                       ("K=1 mixed", 1, False, True), ("K=8 random", 8, False, False)]:
+        inputs, batch, k = make_inputs(VOCAB, BATCH, k, with_probs, DEVICE)
+        if mixed:
+            inputs["is_greedy"] = torch.arange(batch, device=DEVICE) % 2 == 0
+        floor = batch * k * VOCAB * 4 / BANDWIDTH * 1e6
+        ref, _ = run_pass1(inputs, batch, k, 8192, None, 4, False, lanes=False)
+        for chunk, warps, lanes in [(8192, 4, False), (8192, 4, True), (8192, 8, True), (4096, 4, False),
+                                    (4096, 4, True), (16384, 4, True)]:
+            if time.time() - t0 > BUDGET_S:
+                print(f"{name:>16} {chunk:>6} {warps:>5} {str(lanes):>5}  skipped (time budget)")
+                continue
+
+            def fn(chunk=chunk, warps=warps, lanes=lanes):
+                return run_pass1(inputs, batch, k, chunk, None, warps, False, sub=4096, lanes=lanes)
+            out, _ = fn()
+            us = kernel_us(fn)
+            print(f"{name:>16} {chunk:>6} {warps:>5} {str(lanes):>5} {us:8.1f} {us / floor:8.2f}  "
+                  f"{'yes' if torch.equal(out, ref) else 'NO'}", flush=True)
+
+
 def breakdown_table(subs, t0) -> None:
     """Device time per kernel of one rejection_sample call (default geometry, each sub-chunk
     size) at the shapes of issue 4's table, and the floor: target rows once + the draft-prob
@@ -213,7 +243,13 @@ def main() -> None:
     t0 = time.time()
     print(f"{torch.cuda.get_device_name()}, V={VOCAB}, B={BATCH}, draft probs: {with_probs}, "
           f"default chunk {chunk_size(VOCAB)}, default sub-chunk {sub_chunk_size(VOCAB)}")
-    if "--breakdown" in sys.argv:
+    if "--blocks" in sys.argv:
+        import specops.triton_kernels.rejection_sample as rs
+        rs.LANE_STATS = False
+        print("pass 1 reduces in blocks (LANE_STATS = False)")
+    if "--lanes-table" in sys.argv:
+        lanes_table(t0)
+    elif "--breakdown" in sys.argv:
         breakdown_table(subs, t0)
     elif "--race" in sys.argv:
         race_table(ks, subs, t0)

@@ -116,20 +116,21 @@ def test_recovered_tokens_match_reference(device, draft_probs, fuse):
     assert torch.unique(out[:, 0].long() // 128).numel() == 3   # tokens of every chunk were emitted
 
 
-# (pass-1 block, sub-chunk, level-2 step) at V = 300 (chunk 128): several blocks per chunk with
-# the prefetching loop, a block spanning several sub-chunks or lying inside one, several steps
-# per sub-chunk
+# (pass-1 block, sub-chunk, level-2 step) at V = 300 (chunk 128): several blocks per chunk (with
+# the prefetching loop when pass 1 reduces in blocks), a block spanning several sub-chunks or
+# lying inside one, several steps per sub-chunk
 GEOMETRIES = [(32, 32, 16), (32, 64, 32), (64, 16, 16), (128, 32, 16)]
 
 
+@pytest.mark.parametrize("lanes", [True, False])
 @pytest.mark.parametrize("block, sub, race_block", GEOMETRIES)
 @pytest.mark.parametrize("draft_probs, fuse", [(False, False), (False, True), (True, False)])
-def test_kernel_geometry_gives_the_same_tokens(device, block, sub, race_block, draft_probs, fuse, monkeypatch):
+def test_kernel_geometry_gives_the_same_tokens(device, block, sub, race_block, draft_probs, fuse, lanes, monkeypatch):
     import functools
 
     import specops.spec_decode.rejection as rejection_module
-    for name, knobs in [("rejection_sample_pass", dict(block=block, prefetch=block < 128, race_block=race_block,
-                                                       race_warps=4)),
+    for name, knobs in [("rejection_sample_pass", dict(block=block, prefetch=not lanes and block < 128, lanes=lanes,
+                                                       race_block=race_block, race_warps=4)),
                         ("rejection_recover_pass", dict(race_block=race_block, race_warps=4))]:
         monkeypatch.setattr(rejection_module, name, functools.partial(getattr(rejection_module, name), **knobs))
     args, kw = make_case([1] * 24 + [2] * 4, 300, device=device, draft_probs=draft_probs, greedy="mixed",
@@ -170,6 +171,31 @@ def test_fused_and_second_pass_recovery_agree(device, fuse):
     # without draft probs, the recovered token is raced in pass 1 (fused) or in pass 2
     args, kw = make_case([2, 3, 1], 300, device=device, greedy=False, correct_frac=0.3)
     check_same(args, kw, fuse_recover=fuse)
+
+
+@pytest.mark.parametrize("vocab", [4099, 20000])
+def test_pass1_partials_do_not_depend_on_the_logits_dtype(device, vocab):
+    # the same logits as bf16 (model output) or fp32 (processed rows): pass 1 reduces both in one
+    # order (4 per thread whatever the dtype), so the partials are bit for bit the same and a
+    # seeded request's acceptance does not depend on which path its batch took
+    from specops.triton_kernels.rejection_sample import chunk_size, rejection_sample_pass, sub_chunk_size
+    g = torch.Generator(device=device).manual_seed(3)
+    counts = [1, 3, 2]
+    total = sum(counts)
+    logits = (torch.randn(total, vocab, device=device, generator=g) * 3).to(torch.bfloat16)
+    drafts = torch.randint(0, vocab, (total,), device=device, generator=g)
+    cu = torch.tensor(counts, device=device).cumsum(0)
+    parts = []
+    for rows in (logits, logits.float()):
+        out = torch.empty(len(counts), max(counts) + 1, dtype=torch.int32, device=device)
+        res = rejection_sample_pass(
+            out, rows, None, drafts, None, cu, torch.zeros(len(counts), dtype=torch.int64, device=device),
+            torch.full((len(counts),), 0.7, device=device), None, None, False, None, None, None,
+            torch.zeros(1, dtype=torch.int64, device=device), 5, fuse_race=False, chunk=chunk_size(vocab),
+            sub_chunk=sub_chunk_size(vocab))
+        parts.append((out, res.part_m, res.part_s, res.part_sub))
+    for a, b in zip(*parts):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -23,9 +23,10 @@ import triton
 import triton.language as tl
 
 from specops.triton_kernels.sampling_common import pdl_kwargs, pdl_start
-from specops.triton_kernels.rejection_sample import (SUBS_PER_CHUNK, Pass1Result, _merge_block_max, _race_chunks,
+from specops.triton_kernels.rejection_sample import (Pass1Result, _merge_block_max, _race_chunks,
                                                     _request_keys, _row_key, _row_scale, _scaled_block, _target_row,
-                                                    _token_noise, _valid_draft, check_sub_chunk, temp_mode_of)
+                                                    _token_noise, _valid_draft, check_sub_chunk, sub_chunk_size,
+                                                    temp_mode_of)
 
 
 @triton.jit
@@ -194,7 +195,7 @@ def rejection_recover_pass(
     num_reqs = out.shape[0]
     vocab = logits.shape[1]
     num_splits = triton.cdiv(vocab, chunk)
-    sub = max(16, chunk // SUBS_PER_CHUNK) if sub_chunk is None else sub_chunk
+    sub = min(chunk, sub_chunk_size(vocab)) if sub_chunk is None else sub_chunk
     check_sub_chunk(sub, chunk)
     num_subs = triton.cdiv(vocab, sub)
     race_block = min(sub, 8192) if race_block is None else race_block

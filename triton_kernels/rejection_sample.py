@@ -1,7 +1,8 @@
 """Rejection sampling, pass 1: one read of every target row, then accept/reject per request.
 
 Grid (num_reqs * MAX_K, NUM_SPLITS): program (r, i, c) reads chunk c (CHUNK vocabulary
-entries) of the target row of draft i of request r and writes chunk partials: the max
+entries) of the target row of draft i of request r (one running max / argmax / sum per lane,
+the lanes combined once at the end: _chunk_stats_lanes) and writes chunk partials: the max
 and argmax of the scaled logits x = l * (1/T) (tokens below the row's optional threshold,
 e.g. top-k / top-p / min-p, count as -inf), the sum of exp relative to that max, the same
 sum over each of its sub-chunks, for the sub-chunk holding a valid draft token without
@@ -338,6 +339,64 @@ def _reduce_tile(t, mask, v, x, seed_r, pos_r, base, bb, kk, ww, sub_of, ls, m, 
     return m_new, s_sub, sx, am, kb, kbi
 
 
+@triton.jit
+def _chunk_stats_lanes(row_ptr, chunk0, limit, x, inv_t, thr, CHUNK: tl.constexpr, SUB: tl.constexpr,
+                       BLOCK: tl.constexpr, LANES: tl.constexpr, HAS_THRESHOLD: tl.constexpr,
+                       GREEDY_MODE: tl.constexpr, NEED_SX: tl.constexpr):
+    """Pass 1's chunk statistics (max m, its lowest token am, the sums of exp(x - m) of the
+    chunk's SPC sub-chunks s_sub [SPC] and, with NEED_SX, of x's sub-chunk without x, sx)
+    with one running state per lane: lane l of L = min(LANES, step) folds tokens l, l + L,
+    l + 2L, ... of the chunk into its own max / argmax / sums (no cross-thread reduction
+    inside the loop), and the lanes are combined once at the end. A step is min(BLOCK, SUB)
+    tokens, so it lies in one sub-chunk. With NEED_SX the lanes leave x out of their sums
+    (sx is summed directly: no cancellation) and x's term is added to its sub-chunk's sum
+    at the end."""
+    STEP: tl.constexpr = min(BLOCK, SUB)
+    L: tl.constexpr = min(LANES, STEP)
+    SPC: tl.constexpr = CHUNK // SUB
+    # 2-D tiles [rows, L]: each thread's lanes hold the same columns of every row, so the
+    # reductions over the rows (axis 0) stay in the thread. The lanes are written as runs of 4
+    # (lane // 4 * 4 + lane % 4) so that every logits dtype loads 4 per thread (16 B fp32, 8 B
+    # bf16) in one layout: the lanes are then combined in one order whatever the dtype.
+    rr = tl.arange(0, STEP // L)[:, None]
+    lane = tl.arange(0, L) // 4 * 4 + tl.arange(0, L) % 4
+    ls = tl.arange(0, SPC)
+    m_l = tl.full([L], float("-inf"), tl.float32)
+    am_l = tl.zeros([L], tl.int32)
+    s_l = tl.zeros([SPC, L], tl.float32)
+    for off in range(0, CHUNK, STEP):
+        base = chunk0 + off
+        pos = rr * L + lane[None, :]                        # [STEP // L, L] tokens base + pos
+        mask, v = _load_scaled(row_ptr + base, pos, limit - base, inv_t, thr, HAS_THRESHOLD)
+        bm = tl.max(v, 0)
+        if GREEDY_MODE != 2:
+            # the lane's lowest token at the step's max: its first row there
+            bi = base + tl.min(tl.where(v == bm[None, :], rr, STEP // L), 0) * L + lane
+            am_l = tl.where(bm > m_l, bi, am_l)
+        m_new = tl.maximum(m_l, bm)
+        if GREEDY_MODE != 1:
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            e = tl.exp(v - m_safe[None, :])
+            if NEED_SX:
+                if (x >= base) & (x < base + STEP):
+                    e = tl.where(pos != x - base, e, 0.0)
+            s_l = s_l * tl.exp(m_l - m_safe)[None, :] + tl.where(ls[:, None] == off // SUB, tl.sum(e, 0)[None, :],
+                                                                 0.0)
+        m_l = m_new
+    m = tl.max(m_l, 0)
+    am = tl.min(tl.where(m_l == m, am_l, _INT_MAX), 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    s_sub = tl.sum(s_l * tl.exp(m_l - m_safe)[None, :], 1)                     # [SPC]
+    sx = tl.zeros([], tl.float32)
+    if NEED_SX:
+        x_k = tl.where(x >= chunk0, x - chunk0, CHUNK) // SUB                   # x's sub-chunk here, or SPC
+        sx = tl.sum(tl.where(ls == x_k, s_sub, 0.0), 0)
+        if x_k < SPC:
+            _, vx = _load_scaled(row_ptr, x, limit, inv_t, thr, HAS_THRESHOLD)
+            s_sub = tl.where(ls == x_k, sx + tl.exp(vx - m_safe), s_sub)
+    return m, am, s_sub, sx
+
+
 @triton.jit(do_not_specialize=["num_target_rows", "engine_seed"])
 def _rejection_sample_kernel(
     out_ptr, out_stride,                      # [num_reqs, MAX_K + 1] int32
@@ -369,6 +428,7 @@ def _rejection_sample_kernel(
     NEED_SX: tl.constexpr,                    # sums without the draft token (n-gram drafts, random rows)
     PREFETCH: tl.constexpr,                   # load the next block before reducing this one
     WRITE_REC: tl.constexpr,                  # the recover pass follows (draft probs, random rows)
+    LANES: tl.constexpr = 0,                  # > 0: per-lane running statistics (_chunk_stats_lanes)
     PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
 ):
     pdl_start(PDL)
@@ -407,7 +467,12 @@ def _rejection_sample_kernel(
         kbi = tl.zeros([SPC], tl.int32)
         chunk0 = split * CHUNK
         limit = tl.minimum(vocab_size, chunk0 + CHUNK)   # t < limit: in the vocabulary and the chunk
-        if PREFETCH:
+        if LANES > 0:
+            m, am, s_lanes, sx_lanes = _chunk_stats_lanes(row_ptr, chunk0, limit, x, inv_t, thr, CHUNK, SUB, BLOCK,
+                                                          LANES, HAS_THRESHOLD, GREEDY_MODE, NEED_SX)
+            s_sub = s_lanes
+            sx = tl.where(ls == (x % CHUNK) // SUB, sx_lanes, 0.0)
+        elif PREFETCH:
             # load block i + 1 before reducing block i: the same reductions in the same order
             t = chunk0 + bb[:, None, None] * SB + kk[None, :, None] * 4 + ww
             mask, v = _load_scaled(row_ptr, t, limit, inv_t, thr, HAS_THRESHOLD)
@@ -578,28 +643,31 @@ class Pass1Result(NamedTuple):
     part_sub: torch.Tensor  # [T * num_subs] fp32 sub-chunk sum of exp(x - max of its chunk)
 
 
+# Pass 1 keeps one running state per lane (_chunk_stats_lanes) instead of reducing every block
+# (fuse_race and prefetch keep the block reductions). On the H200 (V = 128256, B = 128, chunk
+# 8192, exp_rejection_pass1.py --lanes-table, 2026-11-30): 19.1 against 20.0 us at K = 1,
+# 123.4 against 135.1 at K = 8, 17.9 against 19.3 with draft probs.
+LANE_STATS = True
+
+
 def chunk_size(vocab: int) -> int:
-    """Vocabulary entries per program: 8192, or about a quarter of a small vocabulary.
+    """Vocabulary entries per program of pass 1: 4096, or about a quarter of a small vocabulary.
 
     A function of the vocabulary only, so a row is reduced in the same order whatever
-    the batch (batch invariance of seeded requests).
+    the batch (batch invariance of seeded requests). On the H200 (V = 128256, B = 128,
+    exp_rejection_pass1.py --lanes-table, 2026-11-30) pass 1 with per-lane statistics took
+    17.5 / 120.1 us at K = 1 / 8 in chunks of 4096 against 19.1 / 123.4 in chunks of 8192.
     """
-    return min(8192, max(64, triton.next_power_of_2(triton.cdiv(vocab, 4))))
-
-
-# Sub-chunks per chunk: the recovered-token race picks a sub-chunk of chunk_size(V) //
-# SUBS_PER_CHUNK tokens (4096 at V = 128256), then races its tokens in one step. 1 is the
-# one-level chunk race of earlier versions (other tokens, the same law). On the H200 sub-chunks
-# of 2048 / 4096 / 8192 took 33.1 / 31.0 / 31.3 us at K = 1, B = 128 and 200.7 / 181.2 / 177.6
-# at K = 8 (pass 1's 3-D tiles cost more the smaller the sub-chunk, the race less):
-# exp_rejection_pass1.py --breakdown --sub, 2026-11-30.
-SUBS_PER_CHUNK = 2
+    return min(4096, max(64, triton.next_power_of_2(triton.cdiv(vocab, 4))))
 
 
 def sub_chunk_size(vocab: int) -> int:
-    """Tokens per sub-chunk of the recovered-token race (>= 16): a function of the vocabulary
-    only, like chunk_size, so every row is raced in the same groups whatever the batch."""
-    return chunk_size(vocab) // SUBS_PER_CHUNK
+    """Tokens per sub-chunk of the recovered-token race (>= 32): 4096 from V = 16385 on (one
+    sub-chunk per chunk), else half a chunk. A function of the vocabulary only, like
+    chunk_size, so every row is raced in the same groups whatever the batch. On the H200, with
+    chunks of 8192, sub-chunks of 2048 / 4096 / 8192 took 33.1 / 31.0 / 31.3 us at K = 1, B = 128 and
+    200.7 / 181.2 / 177.6 at K = 8 (exp_rejection_pass1.py --breakdown --sub, 2026-11-30)."""
+    return min(4096, max(32, triton.next_power_of_2(triton.cdiv(vocab, 4)) // 2))
 
 
 def check_sub_chunk(sub_chunk: int, chunk: int) -> None:
@@ -633,16 +701,19 @@ def rejection_sample_pass(
     prefetch: bool = False,
     race_block: int | None = None,
     race_warps: int = 8,
+    lanes: bool | None = None,
 ) -> Pass1Result:
     """Launch pass 1 and the finalize kernel; returns what the recover pass reads.
 
     Inputs are checked by specops.spec_decode.rejection; this launcher only asserts layout.
     Without draft probs, the finalize kernel also draws the recovered tokens (the recover
-    pass is then not needed). ``sub_chunk`` (default chunk // SUBS_PER_CHUNK) is the unit
+    pass is then not needed). ``sub_chunk`` (default min(chunk, sub_chunk_size(V))) is the unit
     of the race's level 2: it changes which tokens are drawn (not their law), so keep it a
     function of V, as the torch reference's. ``block`` (entries per load, default min(chunk, 4096)),
-    ``num_warps`` and ``prefetch`` change speed only: a row's reductions are in an order
-    fixed by (V, chunk, block), so callers keep them functions of V (batch invariance).
+    ``num_warps``, ``lanes`` (default LANE_STATS: per-lane running statistics; fuse_race and
+    prefetch reduce in blocks) and ``prefetch`` change speed only: a row's reductions are in an
+    order fixed by (V, chunk, block, num_warps, lanes), so callers keep them functions of V
+    (batch invariance).
     ``race_block`` (tokens per step of the level-2 race, default sub_chunk) and
     ``race_warps`` (the finalize kernel's warps when it races) change speed only.
     """
@@ -655,18 +726,19 @@ def rejection_sample_pass(
     assert draft_probs is None or draft_probs.stride(1) == 1
     dev = logits.device
     num_splits = triton.cdiv(vocab, chunk)
-    sub = max(16, chunk // SUBS_PER_CHUNK) if sub_chunk is None else sub_chunk
+    sub = min(chunk, sub_chunk_size(vocab)) if sub_chunk is None else sub_chunk
     check_sub_chunk(sub, chunk)
     num_subs = triton.cdiv(vocab, sub)
-    # Blocks of 4096 entries (two per 8192-entry chunk, 32 fp32 per thread) with 4 warps. On the
-    # H200 (V = 128256, B = 128, exp_rejection_pass1.py, 2026-11-30) pass 1 took 20.2 / 135.2 us
-    # at K = 1 / 8 against 24.8 / 174.8 for a whole chunk per load with 8 warps, and 20.0 / 133.7
-    # against 25.2 / 172.2 with draft probs. The same block with or without FUSE_RACE, so that
-    # both modes reduce every row in the same order (same tokens).
+    # Blocks of up to 4096 entries (32 fp32 per thread) with 4 warps. On the H200 (V = 128256,
+    # B = 128, 8192-entry chunks, exp_rejection_pass1.py, 2026-11-30) the block reductions took
+    # 20.2 / 135.2 us at K = 1 / 8 against 24.8 / 174.8 for a whole chunk per load with 8 warps;
+    # per-lane statistics were slower on 8 warps than on 4 (21.1 against 19.1 us at K = 1).
     block = min(chunk, 4096) if block is None else block
     assert block >= 16 and block & (block - 1) == 0 and chunk % block == 0
     if num_warps is None:
         num_warps = 4
+    if lanes is None:
+        lanes = LANE_STATS
     greedy_mode = 0 if isinstance(is_greedy, torch.Tensor) else (1 if is_greedy else 2)
     recover = draft_probs is not None and greedy_mode != 1   # rejection_recover_pass follows
     race = draft_probs is None and greedy_mode != 1
@@ -703,6 +775,7 @@ def rejection_sample_pass(
         TEMP_MODE=temp_mode, HAS_THRESHOLD=threshold is not None, GREEDY_MODE=greedy_mode,
         HAS_SEEDS=seeds is not None, FUSE_RACE=fuse_race,
         NEED_SX=race, PREFETCH=prefetch, WRITE_REC=recover,
+        LANES=128 * num_warps if lanes and not fuse_race and not prefetch else 0,
         num_warps=num_warps, **pdl,
     )
     # the whole sub-chunk (4096 tokens) in one step with 8 warps: 5.4 / 11.9 us for the finalize at
