@@ -173,29 +173,62 @@ def test_fused_and_second_pass_recovery_agree(device, fuse):
     check_same(args, kw, fuse_recover=fuse)
 
 
-@pytest.mark.parametrize("vocab", [4099, 20000])
-def test_pass1_partials_do_not_depend_on_the_logits_dtype(device, vocab):
-    # the same logits as bf16 (model output) or fp32 (processed rows): pass 1 reduces both in one
-    # order (4 per thread whatever the dtype), so the partials are bit for bit the same and a
-    # seeded request's acceptance does not depend on which path its batch took
+def _pass1(logits, drafts, counts, is_greedy, **knobs):
+    """rejection_sample_pass on target rows = logits rows, T = 0.7, unseeded; (out, Pass1Result)."""
     from specops.triton_kernels.rejection_sample import chunk_size, rejection_sample_pass, sub_chunk_size
-    g = torch.Generator(device=device).manual_seed(3)
+    device, vocab = logits.device, logits.shape[1]
+    cu = torch.tensor(counts, device=device).cumsum(0)
+    out = torch.empty(len(counts), max(counts) + 1, dtype=torch.int32, device=device)
+    res = rejection_sample_pass(
+        out, logits, None, drafts, None, cu, torch.zeros(len(counts), dtype=torch.int64, device=device),
+        torch.full((len(counts),), 0.7, device=device), None, None, is_greedy, None, None, None,
+        torch.zeros(1, dtype=torch.int64, device=device), 5, fuse_race=False, chunk=knobs.pop("chunk", chunk_size(vocab)),
+        sub_chunk=knobs.pop("sub_chunk", sub_chunk_size(vocab)), **knobs)
+    return out, res
+
+
+@pytest.mark.skipif(not CUDA, reason="a property of the GPU layouts: the interpreter computes both dtypes alike")
+@pytest.mark.parametrize("vocab", [20000, 128256])
+@pytest.mark.parametrize("greedy", [False, "mixed"])
+def test_pass1_partials_do_not_depend_on_the_logits_dtype(vocab, greedy):
+    # the same logits as bf16 or fp32: pass 1 loads 4 per thread whatever the dtype (without the
+    # runs of 4 in _chunk_stats_lanes, bf16 at V = 128256 takes 8 per thread and another
+    # reduction order), so the partials and the tokens are bit for bit the same. (Whether a
+    # batch's rows come as model logits or processed fp32 rows also changes how 1/T is applied:
+    # not covered here.)
+    g = torch.Generator(device="cuda").manual_seed(3)
     counts = [1, 3, 2]
     total = sum(counts)
-    logits = (torch.randn(total, vocab, device=device, generator=g) * 3).to(torch.bfloat16)
-    drafts = torch.randint(0, vocab, (total,), device=device, generator=g)
-    cu = torch.tensor(counts, device=device).cumsum(0)
+    logits = (torch.randn(total, vocab, device="cuda", generator=g) * 3).to(torch.bfloat16)
+    drafts = torch.randint(0, vocab, (total,), device="cuda", generator=g)
+    is_greedy = torch.tensor([True, False, True], device="cuda") if greedy == "mixed" else False
     parts = []
     for rows in (logits, logits.float()):
-        out = torch.empty(len(counts), max(counts) + 1, dtype=torch.int32, device=device)
-        res = rejection_sample_pass(
-            out, rows, None, drafts, None, cu, torch.zeros(len(counts), dtype=torch.int64, device=device),
-            torch.full((len(counts),), 0.7, device=device), None, None, False, None, None, None,
-            torch.zeros(1, dtype=torch.int64, device=device), 5, fuse_race=False, chunk=chunk_size(vocab),
-            sub_chunk=sub_chunk_size(vocab))
+        out, res = _pass1(rows, drafts, counts, is_greedy)
         parts.append((out, res.part_m, res.part_s, res.part_sub))
     for a, b in zip(*parts):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("num_warps", [1, 4])
+def test_pass1_argmax_ties_take_the_lowest_token(device, num_warps):
+    # integer logits: the row max is tied many times; a greedy row whose draft is wrong emits the
+    # lowest token at the max (torch.argmax's first occurrence). V = 2000: chunks of 512, sub-chunks
+    # of 256, so with 1 warp (128 lanes) a step holds two rows of lanes: ties inside a step, across
+    # steps, across lanes and across chunks
+    g = torch.Generator(device=device).manual_seed(1)
+    counts = [1] * 12
+    logits = torch.randint(0, 4, (12, 2000), device=device, generator=g).float()
+    logits[3, :1500] = 0.0                           # the max only in the last (partial) chunk
+    logits[4, 1024:] = 5.0                           # the max from the middle of a chunk on
+    expected = logits.argmax(1)
+    drafts = (expected + 1) % 2000                   # every draft rejected (greedy accepts the argmax only)
+    for lanes in (True, False):
+        out, _ = _pass1(logits, drafts, counts, True, lanes=lanes, num_warps=num_warps)
+        assert torch.equal(out[:, 0].long(), expected), lanes
+        out, _ = _pass1(logits, drafts, counts, torch.ones(12, dtype=torch.bool, device=device), lanes=lanes,
+                        num_warps=num_warps)
+        assert torch.equal(out[:, 0].long(), expected), lanes
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
