@@ -100,7 +100,7 @@ def compile_one(kernel, types: dict, constexprs: dict, num_warps: int, label: st
     t0 = time.time()
     try:
         k = triton.compile(ASTSource(kernel, sig, constexprs, divisibility(kernel, sig, ints16)), target=TARGET,
-                           options={"num_warps": num_warps})
+                           options={"num_warps": num_warps, **RS.NO_FP_FUSION})   # as the launchers
     except Exception as e:   # noqa: BLE001: report every failure, keep going
         msg = str(e).strip().splitlines()
         print(f"FAIL {kernel.__name__:28s} {label}: {type(e).__name__}: {' | '.join(msg[-6:])}", flush=True)
@@ -120,7 +120,8 @@ def compile_one(kernel, types: dict, constexprs: dict, num_warps: int, label: st
             add_reduce_layouts(k.asm["ttgir"]), []).append(label)
     with open(os.path.join(ptx_dir, "index.tsv"), "a") as f:
         f.write(f"{name}\t{label}\twarps={num_warps}\n")
-    r = subprocess.run([PTXAS, "-v", "--gpu-name", "sm_90a", ptx, "-o", os.devnull], capture_output=True, text=True)
+    r = subprocess.run([PTXAS, "-v", "--fmad=false", "--gpu-name", "sm_90a", ptx, "-o", os.devnull],
+                       capture_output=True, text=True)
     out = r.stdout + r.stderr
     regs = spill = "?"
     for line in out.splitlines():

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from specops.triton_kernels.sampling_common import pdl_kwargs, pdl_start
-from specops.triton_kernels.rejection_sample import (Pass1Result, _merge_block_max, _race_chunks,
+from specops.triton_kernels.rejection_sample import (NO_FP_FUSION, Pass1Result, _merge_block_max, _race_chunks,
                                                     _request_keys, _row_key, _row_scale, _scaled_block, _target_row,
                                                     _token_noise, _valid_draft, check_sub_chunk, sub_chunk_size,
                                                     temp_mode_of)
@@ -213,7 +213,7 @@ def rejection_recover_pass(
         rec_j_ptr=pass1.rec_j, rec_ms_ptr=pass1.rec_ms, part_res_ptr=part_res, vocab_size=vocab,
         NUM_SUBS=num_subs, SUB=sub, BLOCK=block,
         HAS_TARGET_ROWS=target_rows is not None, TEMP_MODE=temp_mode, HAS_THRESHOLD=threshold is not None,
-        num_warps=8 if block >= 4096 else 4, **pdl,
+        num_warps=8 if block >= 4096 else 4, **pdl, **NO_FP_FUSION,
     )
     _recover_race_kernel[(num_reqs,)](
         out, out.stride(0), logits, logits.stride(0), **rows,
@@ -228,5 +228,5 @@ def rejection_recover_pass(
         NUM_SPLITS=num_splits, CHUNK=chunk, SUB=sub, NUM_SUBS=num_subs, BLOCK=race_block,
         SUB_BLOCK=triton.next_power_of_2(num_subs),
         HAS_TARGET_ROWS=target_rows is not None, TEMP_MODE=temp_mode, HAS_THRESHOLD=threshold is not None,
-        HAS_SEEDS=seeds is not None, num_warps=race_warps, **pdl,
+        HAS_SEEDS=seeds is not None, num_warps=race_warps, **pdl, **NO_FP_FUSION,
     )

@@ -67,6 +67,14 @@ from specops.triton_kernels.rng import (STREAM_ACCEPT, STREAM_RECOVER, STREAM_RE
 
 _INT_MAX = tl.constexpr(2147483647)
 
+# Every rejection launch compiles without fma contraction, and 1/T of a per-request temperature
+# is the correctly rounded quotient (div_rn, as torch's 1 / T): so x = l * (1/T) is rounded
+# once whichever way the kernel gets its scale (a temperature, or the processed rows' 1/T) and
+# whether a threshold follows, and a seeded request's tokens do not depend on whether a
+# neighbour in its batch needed its rows processed. (With contraction, x - max became
+# fma(l, 1/T, -max) in some variants only, and an approximate 1/T differed in its last bit.)
+NO_FP_FUSION = {"enable_fp_fusion": False}
+
 
 @triton.jit
 def _row_key(seeded, seed, position, engine_seed, step, i, j):
@@ -107,7 +115,7 @@ def _row_scale(temp_ptr, threshold_ptr, req, j, greedy, TEMP_MODE: tl.constexpr,
     """(1/T, threshold) of target row j of request req; greedy rows: (1, -inf)."""
     inv_t = tl.full([], 1.0, tl.float32)
     if TEMP_MODE == 1:
-        inv_t = tl.where(greedy, 1.0, 1.0 / tl.load(temp_ptr + req).to(tl.float32))
+        inv_t = tl.where(greedy, 1.0, tl.math.div_rn(1.0, tl.load(temp_ptr + req).to(tl.float32)))
     if TEMP_MODE == 2:
         inv_t = tl.where(greedy, 1.0, tl.load(temp_ptr + j).to(tl.float32))
     thr = tl.full([], float("-inf"), tl.float32)
@@ -235,7 +243,7 @@ def _draft_rows(target_rows_ptr, temp_ptr, threshold_ptr, req, jj, rmask, greedy
         rows = jj.to(tl.int64)
     inv_t = tl.full(jj.shape, 1.0, tl.float32)
     if TEMP_MODE == 1:
-        inv_t = inv_t * tl.where(greedy, 1.0, 1.0 / tl.load(temp_ptr + req).to(tl.float32))
+        inv_t = inv_t * tl.where(greedy, 1.0, tl.math.div_rn(1.0, tl.load(temp_ptr + req).to(tl.float32)))
     if TEMP_MODE == 2:
         inv_t = tl.where(greedy, 1.0, tl.load(temp_ptr + jj, mask=rmask, other=1.0).to(tl.float32))
     thr = tl.full(jj.shape, float("-inf"), tl.float32)
@@ -776,7 +784,7 @@ def rejection_sample_pass(
         HAS_SEEDS=seeds is not None, FUSE_RACE=fuse_race,
         NEED_SX=race, PREFETCH=prefetch, WRITE_REC=recover,
         LANES=128 * num_warps if lanes and not fuse_race and not prefetch else 0,
-        num_warps=num_warps, **pdl,
+        num_warps=num_warps, **pdl, **NO_FP_FUSION,
     )
     # the whole sub-chunk (4096 tokens) in one step with 8 warps: 5.4 / 11.9 us for the finalize at
     # K = 1 / 8, B = 128 on the H200 against 6.0 / 13.7 with 16 warps and 6.8 / 12.4 for 2 steps of
@@ -799,6 +807,6 @@ def rejection_sample_pass(
         GREEDY_MODE=greedy_mode, HAS_SEEDS=seeds is not None, FUSE_RACE=fuse_race,
         HAS_DRAFT_PROBS=draft_probs is not None, RACE=race, RACE_BLOCK=race_block,
         HAS_TARGET_ROWS=target_rows is not None, TEMP_MODE=temp_mode, HAS_THRESHOLD=threshold is not None,
-        num_warps=race_warps if race and not fuse_race else 4, **pdl,
+        num_warps=race_warps if race and not fuse_race else 4, **pdl, **NO_FP_FUSION,
     )
     return Pass1Result(rec_j, rec_ms, part_m, part_s, part_sub)
