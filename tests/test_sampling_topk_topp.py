@@ -930,3 +930,31 @@ def test_cuda_direct_top_k_matches_plan_and_reference(dtype, monkeypatch):
     assert torch.equal(a.tokens.cpu()[d], c.tokens.cpu()[d])
     assert torch.equal(a.threshold.cpu()[d], c.threshold.cpu()[d])
     torch.testing.assert_close(a.log_norm.cpu()[d], c.log_norm.cpu()[d], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(not CUDA, reason="GPU code generation (fma contraction per kernel variant): the interpreter rounds "
+                    "as torch")
+@pytest.mark.timeout(300)      # one compilation per kernel variant
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_a_rows_distribution_does_not_depend_on_its_batch(dtype):
+    # a row's token and processed distribution (threshold, row max, log normaliser), bit for bit,
+    # whether its batch passes no filter tensor, filters that leave the search launches out
+    # (search=False) or neighbours that need the search: these compile other variants of the
+    # kernels (SEARCH, filter tensors present or not), and a float expression contracted into an
+    # fma in one variant only would change the last bits of a seeded row's numbers
+    V = 128256
+    g = torch.Generator(device="cuda").manual_seed(7)
+    logits = (torch.randn(4, V, device="cuda", generator=g) * 3).to(dtype)
+    inv = 1.0 / torch.tensor([0.7, 1.3, 1.0, 0.9], device="cuda")
+    seeds, pos = torch.arange(4, device="cuda") + 11, torch.full((4,), 5, dtype=torch.int64, device="cuda")
+    k = torch.tensor([0, 20, 1000, 0], dtype=torch.int32, device="cuda")    # row 0 unfiltered, row 1 direct top-k
+    p = torch.tensor([1.0, 1.0, 0.9, 0.8], device="cuda")
+    mp = torch.tensor([0.0, 0.0, 0.0, 0.05], device="cuda")
+    full = sample(logits, inv, k, p, mp, seeds, pos, backend="triton")
+    cases = [(0, {}), (0, {"top_k": k[:1], "search": False}), (1, {"top_k": k[1:2]}),
+             (1, {"top_k": k[1:2], "top_p": p[1:2], "search": False})]
+    for row, kw in cases:
+        one = slice(row, row + 1)
+        alone = sample(logits[one], inv[one], seeds=seeds[one], positions=pos[one], backend="triton", **kw)
+        for name in ("tokens", "threshold", "row_max", "log_norm"):
+            assert torch.equal(getattr(full, name)[one], getattr(alone, name)), (row, sorted(kw), name)
