@@ -20,6 +20,8 @@ tl.sum is set by the layout of the reduced tensor, so for each kernel and V the 
 checks that every configuration (greedy mode, seeds, temperature / threshold / target-row
 modes, fuse_race, prefetch, logits dtype, K: all set by the batch) sums in one layout.
 The sub-chunk size (sub_chunk_size(V)) shapes pass 1's tiles; each size is checked apart.
+Kernels compile as the launchers compile them (NO_FP_FUSION), and a PTX holding an
+fma.rn.f32 (a contracted multiply-add) fails the check.
 """
 
 import argparse
@@ -130,7 +132,11 @@ def compile_one(kernel, types: dict, constexprs: dict, num_warps: int, label: st
         if "spill stores" in line:
             parts = line.split(",")
             spill = "/".join(p.strip().split()[0] for p in parts[1:3])   # stores/loads bytes
-    ok = r.returncode == 0
+    # NO_FP_FUSION: no float multiply-add may be contracted into an fma (batch invariance)
+    fmas = k.asm["ptx"].count("fma.rn.f32")
+    if fmas:
+        out += f"\n{fmas} fma.rn.f32 in the PTX: compiled with contraction (see rejection_sample.NO_FP_FUSION)"
+    ok = r.returncode == 0 and not fmas
     tag = "ok  " if ok else "FAIL"
     print(f"{tag} {kernel.__name__:28s} {label:70s} warps={num_warps} regs={regs:>4s} spill(st/ld B)={spill:>8s} "
           f"smem={k.metadata.shared} {time.time() - t0:4.1f}s", flush=True)
