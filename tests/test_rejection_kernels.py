@@ -198,8 +198,8 @@ def test_pass1_partials_do_not_depend_on_the_logits_dtype(vocab, greedy):
     # the same logits as bf16 or fp32: pass 1 loads 4 per thread whatever the dtype (without the
     # runs of 4 in _chunk_stats_lanes, bf16 at V = 128256 takes 8 per thread and another
     # reduction order), so the partials and the tokens are bit for bit the same. (Whether a
-    # batch's rows come as model logits or processed fp32 rows also changes how 1/T is applied:
-    # not covered here.)
+    # batch's rows come as model logits or processed fp32 rows also changes how 1/T comes: the
+    # next test.)
     g = torch.Generator(device="cuda").manual_seed(3)
     counts = [1, 3, 2]
     total = sum(counts)
