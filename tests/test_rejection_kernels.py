@@ -174,8 +174,9 @@ def test_fused_and_second_pass_recovery_agree(device, fuse):
 
 
 def _pass1(logits, drafts, counts, is_greedy, **knobs):
-    """rejection_sample_pass on target rows = logits rows, unseeded, T = 0.7 unless the knobs give
-    temperature ([num_reqs]) or inv_temperature ([T]) and threshold ([T]); (out, Pass1Result)."""
+    """rejection_sample_pass, unseeded, T = 0.7 unless the knobs give temperature ([num_reqs]) or
+    inv_temperature ([T]) and threshold ([T]); target rows = logits rows unless they give
+    target_rows ([T]); fuse_race False unless given; (out, Pass1Result)."""
     from specops.triton_kernels.rejection_sample import chunk_size, rejection_sample_pass, sub_chunk_size
     device, vocab = logits.device, logits.shape[1]
     cu = torch.tensor(counts, device=device).cumsum(0)
@@ -184,9 +185,11 @@ def _pass1(logits, drafts, counts, is_greedy, **knobs):
     temperature = knobs.pop("temperature", None if inv_temperature is not None else
                             torch.full((len(counts),), 0.7, device=device))
     res = rejection_sample_pass(
-        out, logits, None, drafts, None, cu, torch.zeros(len(counts), dtype=torch.int64, device=device),
+        out, logits, knobs.pop("target_rows", None), drafts, None, cu,
+        torch.zeros(len(counts), dtype=torch.int64, device=device),
         temperature, inv_temperature, threshold, is_greedy, None, None, None,
-        torch.zeros(1, dtype=torch.int64, device=device), 5, fuse_race=False, chunk=knobs.pop("chunk", chunk_size(vocab)),
+        torch.zeros(1, dtype=torch.int64, device=device), 5, fuse_race=knobs.pop("fuse_race", False),
+        chunk=knobs.pop("chunk", chunk_size(vocab)),
         sub_chunk=knobs.pop("sub_chunk", sub_chunk_size(vocab)), **knobs)
     return out, res
 
@@ -218,26 +221,31 @@ def test_pass1_partials_do_not_depend_on_the_logits_dtype(vocab, greedy):
 @pytest.mark.parametrize("vocab", [20000, 128256])
 @pytest.mark.parametrize("greedy", [False, "mixed"])
 def test_pass1_partials_do_not_depend_on_how_temperature_comes(vocab, greedy):
-    # a batch whose rows need no processing hands pass 1 the model's logits and each request's
-    # T; a batch with a neighbour that needs processing hands it processed fp32 rows, each row's
-    # 1/T (torch: correctly rounded) and a threshold (-inf on a row without top-k / top-p /
-    # min_p). A request's partials and tokens must be the same bits either way (batch
-    # invariance): 1/T computed in the kernel as torch does, and x = l * (1/T) rounded before
-    # x - max whether a threshold follows or not
-    g = torch.Generator(device="cuda").manual_seed(4)
-    counts = [1, 3, 2, 1, 2, 4, 1, 2]
+    # a batch whose rows need no processing hands pass 1 the model's logits, target rows and each
+    # request's T; a batch with a neighbour that needs processing hands it the gathered rows (fp32
+    # once a processor wrote them), each row's 1/T (torch: correctly rounded) and a threshold (-inf
+    # on a row without top-k / top-p / min_p). A request's partials and tokens must be the same
+    # bits either way (batch invariance): 1/T computed in the kernel as torch does (div_rn: an
+    # approximate 1 / T differs from torch's for about 13% of temperatures, so some of these 32
+    # do), and x = l * (1/T) rounded before x - max whether a threshold follows or not
+    num_reqs = 32
+    temperature = (torch.rand(num_reqs, generator=torch.Generator().manual_seed(4)) * 1.9 + 0.1).cuda()
+    counts = [1, 3, 2, 1] * (num_reqs // 4)
     total = sum(counts)
+    g = torch.Generator(device="cuda").manual_seed(4)
     logits = (torch.randn(total, vocab, device="cuda", generator=g) * 3).to(torch.bfloat16)
     drafts = torch.randint(0, vocab, (total,), device="cuda", generator=g)
-    temperature = torch.rand(len(counts), device="cuda", generator=g) * 1.9 + 0.1
-    is_greedy = torch.tensor([True, False] * 4, device="cuda") if greedy == "mixed" else False
-    rows_of = torch.repeat_interleave(torch.arange(len(counts), device="cuda"), torch.tensor(counts, device="cuda"))
-    out_a, res_a = _pass1(logits, drafts, counts, is_greedy, temperature=temperature)
-    out_b, res_b = _pass1(logits.float(), drafts, counts, is_greedy, inv_temperature=(1.0 / temperature)[rows_of],
-                          threshold=torch.full((total,), float("-inf"), device="cuda"))
-    for name in ("part_m", "part_s", "part_sub"):
-        assert torch.equal(getattr(res_a, name), getattr(res_b, name)), name
-    assert torch.equal(out_a, out_b)
+    is_greedy = torch.tensor([True, False] * (num_reqs // 2), device="cuda") if greedy == "mixed" else False
+    rows_of = torch.repeat_interleave(torch.arange(num_reqs, device="cuda"), torch.tensor(counts, device="cuda"))
+    for fuse_race in (False, True):
+        out_a, res_a = _pass1(logits, drafts, counts, is_greedy, temperature=temperature, fuse_race=fuse_race,
+                              target_rows=torch.arange(total, device="cuda"))
+        out_b, res_b = _pass1(logits.float(), drafts, counts, is_greedy, fuse_race=fuse_race,
+                              inv_temperature=(1.0 / temperature)[rows_of],
+                              threshold=torch.full((total,), float("-inf"), device="cuda"))
+        for name in ("part_m", "part_s", "part_sub"):
+            assert torch.equal(getattr(res_a, name), getattr(res_b, name)), (fuse_race, name)
+        assert torch.equal(out_a, out_b), fuse_race
 
 
 @pytest.mark.parametrize("num_warps", [1, 4])

@@ -938,10 +938,11 @@ def test_cuda_direct_top_k_matches_plan_and_reference(dtype, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_a_rows_distribution_does_not_depend_on_its_batch(dtype):
     # a row's token and processed distribution (threshold, row max, log normaliser), bit for bit,
-    # whether its batch passes no filter tensor, filters that leave the search launches out
-    # (search=False) or neighbours that need the search: these compile other variants of the
-    # kernels (SEARCH, filter tensors present or not), and a float expression contracted into an
-    # fma in one variant only would change the last bits of a seeded row's numbers
+    # whether its batch leaves the search launches out (SEARCH False: no filter tensor, or
+    # search=False) or has neighbours that need them (rows 2 and 3): the plan and finish kernels
+    # compile in another variant, and a float expression contracted into an fma in one variant
+    # only would change the last bits of a seeded row's numbers. (The sampling kernels compile
+    # with contraction: this checks today's code generation, not a guarantee.)
     V = 128256
     g = torch.Generator(device="cuda").manual_seed(7)
     logits = (torch.randn(4, V, device="cuda", generator=g) * 3).to(dtype)
@@ -951,8 +952,7 @@ def test_cuda_a_rows_distribution_does_not_depend_on_its_batch(dtype):
     p = torch.tensor([1.0, 1.0, 0.9, 0.8], device="cuda")
     mp = torch.tensor([0.0, 0.0, 0.0, 0.05], device="cuda")
     full = sample(logits, inv, k, p, mp, seeds, pos, backend="triton")
-    cases = [(0, {}), (0, {"top_k": k[:1], "search": False}), (1, {"top_k": k[1:2]}),
-             (1, {"top_k": k[1:2], "top_p": p[1:2], "search": False})]
+    cases = [(0, {}), (1, {"top_k": k[1:2]}), (1, {"top_k": k[1:2], "top_p": p[1:2], "search": False})]
     for row, kw in cases:
         one = slice(row, row + 1)
         alone = sample(logits[one], inv[one], seeds=seeds[one], positions=pos[one], backend="triton", **kw)

@@ -13,7 +13,7 @@ and this pass is not launched):
   then one program per request races the sub-chunks by those sums and the tokens of the
   chosen sub-chunk with keys r_t / E_t;
 - if every r_t is 0 (only rounding can cause it) or the draft id is outside the
-  vocabulary, from p: sub-chunks by pass 1's partials, tokens by x_t / T - log E_t.
+  vocabulary, from p: sub-chunks by pass 1's partials, tokens by l_t * (1/T) - log E_t.
 
 A row without any mass emits token 0 (as torch.argmax of the all -inf keys of the reference).
 """
@@ -45,8 +45,8 @@ def _sub_log_mass(part_m_ptr, part_sub_ptr, j, kk, NUM_SUBS: tl.constexpr, SPC: 
 def _race_sub_chunk(row_ptr, q_ptr, c, use_res, row_max, row_sum, inv_t, thr, seed_r, pos_r, vocab_size,
                     SUB: tl.constexpr, BLOCK: tl.constexpr, HAS_THRESHOLD: tl.constexpr):
     """Level 2 of the draw: the token of sub-chunk c (SUB tokens) winning the per-token race,
-    argmax of max(0, p_t - q_t) / E_t with use_res (p_t = exp(x_t / T - row_max) / row_sum),
-    else of x_t / T - log E_t; lowest token on ties, 0 when every key is -inf. E_t: word
+    argmax of max(0, p_t - q_t) / E_t with use_res (p_t = exp(l_t * (1/T) - row_max) / row_sum),
+    else of l_t * (1/T) - log E_t; lowest token on ties, 0 when every key is -inf. E_t: word
     t % 4 of random_words(seed_r, pos_r, STREAM_RECOVER, t // 4)."""
     kk = tl.arange(0, BLOCK // 4)
     ww = tl.arange(0, 4)[None, :]

@@ -143,7 +143,7 @@ def _valid_draft(x, vocab_size):
 
 @triton.jit
 def _load_scaled(row_ptr, t, limit, inv_t, thr, HAS_THRESHOLD: tl.constexpr):
-    """Mask t < limit and scaled logits x / T of tokens t (any shape): -inf outside the mask
+    """Mask t < limit and scaled logits l * (1/T) of tokens t (any shape): -inf outside the mask
     and, with HAS_THRESHOLD, below thr."""
     mask = t < limit
     v = tl.load(row_ptr + t, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
@@ -154,7 +154,7 @@ def _load_scaled(row_ptr, t, limit, inv_t, thr, HAS_THRESHOLD: tl.constexpr):
 
 @triton.jit
 def _scaled_block(row_ptr, base, kk, ww, vocab_size, inv_t, thr, HAS_THRESHOLD: tl.constexpr):
-    """Tokens t = base + 4 * kk + ww [BLOCK // 4, 4], their mask t < V and scaled logits x / T
+    """Tokens t = base + 4 * kk + ww [BLOCK // 4, 4], their mask t < V and scaled logits l * (1/T)
     (-inf outside the vocabulary and, with HAS_THRESHOLD, below thr)."""
     t = base + kk[:, None] * 4 + ww
     mask, v = _load_scaled(row_ptr, t, vocab_size, inv_t, thr, HAS_THRESHOLD)
@@ -196,7 +196,7 @@ def _race_chunks(log_mass, kk, seed_r, pos_r):
 def _race_chunk_tokens(row_ptr, c, excluded, inv_t, thr, seed_r, pos_r, vocab_size, SUB: tl.constexpr,
                        BLOCK: tl.constexpr, HAS_THRESHOLD: tl.constexpr):
     """Level 2 of the recovered-token draw (no draft probs): the token of sub-chunk c (SUB
-    tokens) winning the per-token race argmax over t != excluded of x_t / T - log E_t; lowest
+    tokens) winning the per-token race argmax over t != excluded of l_t * (1/T) - log E_t; lowest
     token on ties, 0 when every key is -inf. E_t: word t % 4 of
     random_words(seed_r, pos_r, STREAM_RECOVER, t // 4)."""
     kk = tl.arange(0, BLOCK // 4)
@@ -235,8 +235,7 @@ def _draft_rows(target_rows_ptr, temp_ptr, threshold_ptr, req, jj, rmask, greedy
                 TEMP_MODE: tl.constexpr, HAS_THRESHOLD: tl.constexpr, HAS_TARGET_ROWS: tl.constexpr):
     """Per draft row jj [OUT_BLOCK] of request req: (logits row index, 1/T, threshold); greedy
     requests: 1/T = 1, no threshold. Inputs only: readable before pdl_wait. (The draft's scaled
-    logit l_x / T is pass 1's, stored rounded: computed here, the compiler may fuse it into
-    fma(l_x, 1/T, -max) in some kernel variants and not in others.)"""
+    logit l_x * (1/T) is read from pass 1, not recomputed here.)"""
     if HAS_TARGET_ROWS:
         rows = tl.load(target_rows_ptr + jj, mask=rmask, other=0).to(tl.int64)
     else:
@@ -266,7 +265,7 @@ def _accept_rows(part_m_ptr, part_s_ptr, part_idx_ptr, rr, n, rmask, jj, x, lx, 
                  NUM_SPLITS: tl.constexpr, SPLIT_BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr,
                  GREEDY_MODE: tl.constexpr):
     """Acceptance of a request's draft rows from pass 1's chunk partials: greedy rows accept x
-    == argmax, random ones p(x) >= u q(x) with p(x) = exp(l_x / T - row max) / row sum.
+    == argmax, random ones p(x) >= u q(x) with p(x) = exp(l_x * (1/T) - row max) / row sum.
     Returns (num_accepted, rejected, first_rej, argmax, row max (0 for an all -inf row), row
     sum); the last three [OUT_BLOCK]."""
     ss = tl.arange(0, SPLIT_BLOCK)
@@ -421,7 +420,7 @@ def _rejection_sample_kernel(
     part_m_ptr, part_s_ptr, part_idx_ptr,     # [T * NUM_SPLITS]
     part_sub_ptr,                             # [T * NUM_SUBS] fp32 sub-chunk sums of exp(x - chunk max)
     part_kidx_ptr,                            # [T * NUM_SUBS] int32 sub-chunk race winners (FUSE_RACE)
-    part_lx_ptr,                              # [T] fp32 l_x / T of the draft (-inf below the threshold)
+    part_lx_ptr,                              # [T] fp32 l_x * (1/T) of the draft (-inf below the threshold)
     part_sx_ptr,                              # [T] fp32 sum of x's sub-chunk without x (NEED_SX)
     rec_j_ptr,                                # [num_reqs] int32: -1 for a request without drafts (WRITE_REC)
     num_target_rows, vocab_size,
