@@ -80,6 +80,8 @@ def record_launches(vocabs, dtypes, rows=4):
                 i32 = torch.empty(rows, dtype=torch.int32, **meta)
                 i64 = torch.empty(rows, dtype=torch.int64, **meta)
                 runs = [("", {})]
+                # several blocks per pass-1 program (big launches; `rows` is a small batch)
+                runs.append(("blocks_per_program=4", dict(blocks_per_program=4)))
                 if V == vocabs[0] and dt == dtypes[0]:     # test knobs, cheap to keep compiling
                     runs += [("select=False", dict(select=False)), ("guess=False", dict(guess=False))]
                     runs += [(" ".join(f"{n}={v}" for n, v in kw.items()), kw) for kw in DIRECT_VARIANTS]

@@ -5,6 +5,8 @@
 // Session 10 also measured, and dropped: a software-pipelined grid-stride kernel (1.2-1.5x
 // slower everywhere), 2 or 4 chunks per thread without sector planning, 128-thread blocks,
 // and a row loop in the chunk kernel (+0.1 us at batch 1): logs/exp_bitmask_2026-11-30*.txt.
+// Session 14 dropped partial stores (a mixed chunk never read, only its disallowed logits
+// stored, the DRAM merging the sector): 1.5-2.5x slower at B >= 128, logs/exp_bitmask_2026-11-30g.txt.
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90 -Icsrc --expt-relaxed-constexpr bench/exp_bitmask.cu -o /tmp/exp_bitmask
 //   /tmp/exp_bitmask [reps]

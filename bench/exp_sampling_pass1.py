@@ -4,11 +4,12 @@
 
 bench_sampling's 'llm' logits at V = 128256, B = 128, fp32 and bf16, one parameter mix per
 batch (greedy rows: no histogram and no noise; plain rows: the tile sums of the two-level
-draw; top-p rows: the level-1 histogram; the bench's mix). For each (num_warps, maxnreg, programs per
-row) of pass 1: its median device time (profiler) and whether the whole sample's tokens
-equal the default geometry's (the chunk sums round differently with another layout, so a
-top-p boundary may move by an ulp of mass; NO is not an error, it says how often).
-Every geometry is a function of V only, so any of them keeps batch invariance.
+draw; top-p rows: the level-1 histogram; the bench's mix). For each (num_warps, maxnreg,
+blocks per program) of pass 1: its median device time (profiler) and whether the whole
+sample's tokens equal the default geometry's. Blocks per program never change them (each
+block is reduced alone); other warps or register caps may (another layout rounds the block
+sums differently, so a top-p boundary may move by an ulp of mass; NO is not an error, it
+says how often). Warps and caps must stay functions of V, to keep batch invariance.
 """
 import functools
 import os
@@ -23,9 +24,10 @@ from bench.common import kernel_us  # noqa: E402
 from specops.sampling import sample  # noqa: E402
 from specops.triton_kernels import sampling_stats, sampling_topk_topp  # noqa: E402
 
-# (num_warps, maxnreg, programs per row: None = one per 2048 tokens); the first is the default
-GEOMETRIES = [(4, 96, None), (4, 128, None), (4, None, None), (8, 128, None), (8, None, None), (2, None, None),
-              (4, 96, 32), (8, None, 32), (8, None, 16)]
+# (num_warps, maxnreg, blocks of 2048 tokens per program, the next one prefetched: None = the
+# launcher's choice by the launch's size); the first is the default. Session 7 measured other
+# warps and register caps (logs/exp_sampling_pass1_2026-11-30.txt), with one program per block.
+GEOMETRIES = [(4, 96, None), (4, 96, 1), (4, 96, 2), (4, 96, 4), (4, 96, 8), (4, 128, 4), (4, 128, 8), (8, 128, 4)]
 MIXES = {"greedy": [(0.0, 0, 1.0, 0.0)], "plain": [(1.0, 0, 1.0, 0.0)], "top_p=0.9": [(1.0, 0, 0.9, 0.0)],
          "bench MIX": MIX}
 BUDGET_S = float(os.environ.get("EXP_BUDGET_S", "150"))
@@ -49,7 +51,7 @@ def main() -> None:
                     continue
                 sampling_topk_topp.row_stats_pass = functools.partial(original, num_warps=warps, maxnreg=maxnreg)
                 try:
-                    call = functools.partial(sample, *args, backend="triton", num_chunks=chunks)
+                    call = functools.partial(sample, *args, backend="triton", blocks_per_program=chunks)
                     tok = call().tokens
                     ref = tok if ref is None else ref
                     us = kernel_us(call).get("_row_stats_kernel", float("nan"))

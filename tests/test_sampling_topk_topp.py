@@ -958,3 +958,33 @@ def test_cuda_a_rows_distribution_does_not_depend_on_its_batch(dtype):
         alone = sample(logits[one], inv[one], seeds=seeds[one], positions=pos[one], backend="triton", **kw)
         for name in ("tokens", "threshold", "row_max", "log_norm"):
             assert torch.equal(getattr(full, name)[one], getattr(alone, name)), (row, sorted(kw), name)
+
+
+@pytest.mark.timeout(300)      # one compilation per pass-1 variant
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pass1_block_grouping_changes_nothing(dtype):
+    # pass 1 groups its blocks into programs by the launch's size (one block each, or several
+    # with the next one prefetched): each block is reduced alone, in one layout and without fma
+    # contraction, so every output is bit for bit the same however they are grouped; rows of
+    # every path, a NaN row and an all -inf row included
+    device, V, kw = ("cuda", 128256, {}) if CUDA else ("cpu", 3001, dict(tile=16, num_chunks=7))
+    R = 12
+    g = torch.Generator(device=device).manual_seed(11)
+    logits = torch.randn(R, V, device=device, generator=g) * 2
+    logits[:, :V:97] += 6.0
+    logits[4, 5] = float("nan")
+    logits[5] = float("-inf")
+    logits = logits.to(dtype)
+    inv = 1.0 / torch.tensor([0.8, 0.7, 1.0, 1.0, 1.0, 1.0, 0.6, 1.0, 1.3, 1.0, 0.9, 1.0], device=device)
+    inv[3] = -1.0                                       # greedy
+    k = torch.tensor([40, 50, 0, 0, 0, 0, 20, 500, 0, 0, 3, 0], dtype=torch.int32, device=device)
+    p = torch.tensor([0.95, 1.0, 0.9, 1.0, 0.9, 1.0, 0.8, 0.95, 1.0, 0.5, 1.0, 1.0], device=device)
+    mp = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.02, 0.0, 0.05, 0.0, 0.0, 0.0], device=device)
+    seeds, pos = torch.arange(R, device=device) + 100, torch.arange(R, device=device) * 3
+    runs = [sample(logits, inv, k, p, mp, seeds, pos, backend="triton", blocks_per_program=bpp, **kw)
+            for bpp in (1, 2, 3, 4)]
+    assert runs[0].tokens[4] == -1 and runs[0].tokens[5] == -1 and (runs[0].tokens[:4] >= 0).all()
+    for run in runs[1:]:
+        for name in ("tokens", "threshold", "row_max", "log_norm"):     # NaN where the row is invalid
+            torch.testing.assert_close(getattr(run, name), getattr(runs[0], name), rtol=0, atol=0, equal_nan=True,
+                                       msg=name)

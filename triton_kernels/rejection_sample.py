@@ -61,19 +61,18 @@ import torch
 import triton
 import triton.language as tl
 
-from specops.triton_kernels.sampling_common import pdl_kwargs, pdl_launch, pdl_start, pdl_wait
+from specops.triton_kernels.sampling_common import NO_FP_FUSION, pdl_kwargs, pdl_launch, pdl_start, pdl_wait
 from specops.triton_kernels.rng import (STREAM_ACCEPT, STREAM_RECOVER, STREAM_RECOVER_CHUNK, exponential, random_words,
                                         uniform_open)
 
 _INT_MAX = tl.constexpr(2147483647)
 
-# Every rejection launch compiles without fma contraction, and 1/T of a per-request temperature
+# Every rejection launch compiles without fma contraction (NO_FP_FUSION), and 1/T of a per-request temperature
 # is the correctly rounded quotient (div_rn, as torch's 1 / T): so x = l * (1/T) is rounded
 # once whichever way the kernel gets its scale (a temperature, or the processed rows' 1/T) and
 # whether a threshold follows, and a seeded request's tokens do not depend on whether a
 # neighbour in its batch needed its rows processed. (With contraction, x - max became
 # fma(l, 1/T, -max) in some variants only, and an approximate 1/T differed in its last bit.)
-NO_FP_FUSION = {"enable_fp_fusion": False}
 
 
 @triton.jit

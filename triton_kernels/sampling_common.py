@@ -20,6 +20,11 @@ from .rng import exponential, random_words
 
 NEG_INF = float("-inf")
 
+# Launch option of kernels whose float results must not depend on the kernel variant: without
+# fma contraction, a product followed by a sum is rounded twice in every variant, instead of
+# fused in the variants where the compiler chooses to (rejection_sample.py, sampling_stats.py).
+NO_FP_FUSION = {"enable_fp_fusion": False}
+
 
 @functools.lru_cache(maxsize=None)
 def _compute_capability(index: int) -> int:

@@ -1,10 +1,10 @@
 """Sampling: exact top-k / top-p / min-p thresholds without sorting the vocabulary, and the
 exponential-noise draw. The launcher `sample_top_k_top_p_triton` runs, with no host sync:
 
-1. pass 1 (sampling_stats.py, many programs per row): per-chunk max / sum-exp, the max
+1. pass 1 (sampling_stats.py, many programs per row): per-block max / sum-exp, the max
    of every tile, the sum exp(x - tile max) of every tile of rows without a filter, and a
    count histogram of every block of rows with a filter (except rows with a small top-k);
-2. plan (`_plan_kernel`, one program per row): combines the chunks: max m, normaliser Z;
+2. plan (`_plan_kernel`, one program per row): combines the blocks: max m, normaliser Z;
    a NaN or +inf logit makes Z NaN and the row invalid (token -1), and so does a row with
    every logit -inf. Greedy rows take the argmax; rows without top-k / top-p / min-p draw
    a sub-chunk of `draw_sub_chunk(V)` tokens by its mass, then a token inside it
@@ -46,13 +46,12 @@ from .sampling_common import (float_key, key_float, pack_key, pdl_kwargs, pdl_st
 from .sampling_select import (COLLECT, DIRECT, DONE, DRAW, FALLBACK, SPREAD, STATE_F, STATE_I, SUB_BINS,
                               _collect_kernel, _refine_combine_kernel, _refine_kernel, collect_program, merge_best,
                               plan_filtered, refine_geometry)
-from .sampling_stats import HIST_BINS, _next_pow2, pass1_geometry, row_stats_pass, tile_size
+from .sampling_stats import HIST_BINS, _next_pow2, pass1_blocks, row_stats_pass, tile_size
 
 _BIG = tl.constexpr(2147483647)
 _PAD_KEY = tl.constexpr(-9187343241974906880)  # pack_key(-inf, 0): sorts after every candidate
 _MAX_SEARCH = tl.constexpr(64)
 NPROBE = tl.constexpr(8)   # thresholds counted per pass of the exact search (a power of 2)
-MAX_CHUNKS = 128  # programs per row in pass 1, at most
 
 
 @triton.jit
@@ -561,7 +560,8 @@ def _direct_top_k(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p, tau
 
 @triton.jit
 def _combine_chunks(part_f_ptr, r, S, S_P2: tl.constexpr):
-    """Row max m, normaliser Z = sum exp(x - m) and the number of finite tokens."""
+    """Row max m, normaliser Z = sum exp(x - m) and the number of finite tokens, from pass 1's
+    S block partials."""
     si = tl.arange(0, S_P2)
     sm = si < S
     pb = (r * S + si).to(tl.int64)
@@ -609,7 +609,7 @@ def _draw_unfiltered(row, tm_row, ts_row, NT, V, scale, m, seed, pos, stream,
     return tl.min(tl.where(sc == bs, offs, _BIG), axis=0)
 
 
-@triton.jit(do_not_specialize=["NT", "S", "NBLK", "stream", "KMAX"])
+@triton.jit(do_not_specialize=["NT", "NBLK", "stream", "KMAX"])
 def _plan_kernel(
     logits_ptr, stride_row,            # [R, V] fp32/bf16/fp16, unit column stride
     inv_temp_ptr,                      # [R] fp32: 1/T, -1 on greedy rows
@@ -617,7 +617,7 @@ def _plan_kernel(
     log_min_p_ptr,                     # [R] fp32: log(min_p), -inf = off
     tile_max_ptr,                      # [R, NT] fp32 (pass 1)
     tile_sum_ptr,                      # [R, NT] fp32 (pass 1, unfiltered rows)
-    part_f_ptr,                        # [R, S, 4] fp32 (pass 1)
+    part_f_ptr,                        # [R, NBLK, 4] fp32 (pass 1)
     hist_ptr, hist_top_ptr,            # [R, NBLK, HB] int16, [R, NBLK] int32 (pass 1)
     seed_ptr, pos_ptr,                 # [R] int64
     list_ptr,                          # [R, NT_P2] int32 scratch
@@ -625,7 +625,7 @@ def _plan_kernel(
     tok_ptr,                           # [R] int64 out
     thr_ptr, rmax_ptr, lnorm_ptr,      # [R] fp32 out
     st_i_ptr, st_f_ptr,                # [R, 4] int32, [R, 6] fp32 out: row states
-    V, NT, S, NBLK, stream, KMAX,
+    V, NT, NBLK, stream, KMAX,
     TILE: tl.constexpr, NT_P2: tl.constexpr, S_P2: tl.constexpr, CAP: tl.constexpr,
     GB: tl.constexpr, SELECT: tl.constexpr, HB: tl.constexpr, G: tl.constexpr, SMALL: tl.constexpr, SUB: tl.constexpr,
     TOPT: tl.constexpr = 0, GD: tl.constexpr = 16, PIPE: tl.constexpr = False, DS: tl.constexpr = 0,
@@ -652,7 +652,7 @@ def _plan_kernel(
     has_k = (k > 0) & (k < V)
     has_p = p < 1.0
     has_mp = lmp > float("-inf")
-    m, z, n_fin = _combine_chunks(part_f_ptr, r, S, S_P2)
+    m, z, n_fin = _combine_chunks(part_f_ptr, r, NBLK, S_P2)
     invalid = (z != z) | (m == float("-inf")) | (m == float("inf"))
 
     mode = r * 0 + DONE
@@ -956,6 +956,7 @@ def sample_top_k_top_p_triton(
     cap: int = 1024,
     tile: int | None = None,
     num_chunks: int | None = None,
+    blocks_per_program: int | None = None,
     guess: bool = True,
     select: bool = True,
     kmax: int = DIRECT_TOP_K,
@@ -972,8 +973,9 @@ def sample_top_k_top_p_triton(
 
     Returns (tokens [R] int64, threshold [R] fp32, row_max [R] fp32, log_norm [R] fp32).
     Inputs are assumed checked (see specops.sampling.topk_topp). `cap` (candidates sorted
-    per row), `tile` and `num_chunks` (programs per row in pass 1) are tuning knobs; tests
-    shrink them to reach every path at small vocabularies; `guess=False` starts the exact
+    per row), `tile` and `num_chunks` (about how many blocks pass 1 cuts a row into) are
+    tuning knobs; tests shrink them to reach every path at small vocabularies;
+    `blocks_per_program` (pass 1's, see row_stats_pass) changes speed only; `guess=False` starts the exact
     search from the row max instead of the tile-maxima bounds (to test retries) and
     `select=False` sends every filtered row to that search (sampling_select.py skipped).
     Rows with 1 <= top_k <= `kmax` (and top_k < V) are decided in the plan from their top
@@ -1024,10 +1026,8 @@ def sample_top_k_top_p_triton(
     if tile > sub:
         raise ValueError(f"tile must be at most the draw's sub-chunk ({sub} tokens at V={V}), got {tile}")
     if num_chunks is None:
-        # one block of 2048 tokens per program: many small programs keep enough loads in
-        # flight to stream the logits at full bandwidth without software pipelining
-        num_chunks = -(-NT // max(1, 2048 // tile))
-    S = max(1, min(int(num_chunks), NT, MAX_CHUNKS))
+        num_chunks = -(-NT // max(1, 2048 // tile))      # blocks of 2048 tokens
+    tpb, nblk = pass1_blocks(NT, tile, max(1, min(int(num_chunks), NT)))
     G = max(1, 2048 // tile)
     kmax = max(0, int(kmax)) if select else 0
     # topk width: k <= TOPT for every direct row, or k > NT_P2 (fewer tiles than k: t_k = -inf)
@@ -1051,12 +1051,10 @@ def sample_top_k_top_p_triton(
         top_p = torch.ones(R, dtype=torch.float32, device=dev)
     # log(min_p) once, in torch, so that the kernels and the reference share its rounding
     log_min_p = (torch.full((R,), float("-inf"), device=dev) if min_p is None else torch.log(min_p))
-    _, _, iters = pass1_geometry(NT, tile, S)
-    nblk = S * iters
     s3, bpp = refine_geometry(V)
     f32, i32 = torch.float32, torch.int32
     tile_max = torch.empty(R, NT, dtype=f32, device=dev)
-    part_f = torch.empty(R, S, 4, dtype=f32, device=dev)
+    part_f = torch.empty(R, nblk, 4, dtype=f32, device=dev)
     tile_sum = torch.empty(R, NT, dtype=f32, device=dev)
     hist = torch.empty(R, nblk, HIST_BINS, dtype=torch.int16, device=dev)
     hist_top = torch.empty(R, nblk, dtype=i32, device=dev)
@@ -1069,14 +1067,14 @@ def sample_top_k_top_p_triton(
     tile_list = torch.empty(R, NT_P2, dtype=i32, device=dev)
     cand = torch.empty(R, cap, dtype=torch.int64, device=dev)
     pdl = pdl_kwargs(logits)
-    row_stats_pass(logits, inv_temperature, top_k, top_p, log_min_p, tile, S,
-                   tile_max, tile_sum, part_f, hist, hist_top, kmax=kmax)
+    row_stats_pass(logits, inv_temperature, top_k, top_p, log_min_p, tile, tpb,
+                   tile_max, tile_sum, part_f, hist, hist_top, blocks_per_program, kmax=kmax)
     _plan_kernel[(R,)](
         logits, logits.stride(0), inv_temperature, top_k, top_p, log_min_p,
         tile_max, tile_sum, part_f, hist, hist_top, seeds, positions, tile_list, cand,
         tokens, thr, rmax, lnorm, st_i, st_f,
-        V, NT, S, nblk, stream, kmax,
-        TILE=tile, NT_P2=NT_P2, S_P2=MAX_CHUNKS, CAP=cap, GB=32, SELECT=select, HB=HIST_BINS, G=G, SUB=sub,
+        V, NT, nblk, stream, kmax,
+        TILE=tile, NT_P2=NT_P2, S_P2=max(16, _next_pow2(nblk)), CAP=cap, GB=32, SELECT=select, HB=HIST_BINS, G=G, SUB=sub,
         SMALL=min(256, cap), TOPT=topt, GD=gd, PIPE=direct_pipe, DS=ds, DEFER=defer, SEARCH=search,
         num_warps=plan_warps, **pdl,
     )
