@@ -38,20 +38,20 @@ def main() -> None:
     t0 = time.time()
     original = sampling_stats.row_stats_pass
     print(f"{torch.cuda.get_device_name()}, V={V}, B={B}: _row_stats_kernel device us (median of 10 calls)")
-    print(f"{'dtype':8s} {'mix':10s} " + " ".join(f"{f'{w}w/{r}/{c}':>12s}" for w, r, c in GEOMETRIES))
+    print(f"{'dtype':8s} {'mix':10s} " + " ".join(f"{w}w/{r}/{bpp or 'auto'}".rjust(12) for w, r, bpp in GEOMETRIES))
     for dtype in (torch.float32, torch.bfloat16):
         logits = make_logits(B, V, dtype, "llm", seed=B * 7 + V)
         for name, mix in MIXES.items():
             md = metadata(B, V, seeded=False, mix=mix)
             args = (logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions)
             cells, ref = [], None
-            for warps, maxnreg, chunks in GEOMETRIES:
+            for warps, maxnreg, bpp in GEOMETRIES:
                 if time.time() - t0 > BUDGET_S:
                     cells.append("skipped")
                     continue
                 sampling_topk_topp.row_stats_pass = functools.partial(original, num_warps=warps, maxnreg=maxnreg)
                 try:
-                    call = functools.partial(sample, *args, backend="triton", blocks_per_program=chunks)
+                    call = functools.partial(sample, *args, backend="triton", blocks_per_program=bpp)
                     tok = call().tokens
                     ref = tok if ref is None else ref
                     us = kernel_us(call).get("_row_stats_kernel", float("nan"))

@@ -941,8 +941,8 @@ def test_cuda_a_rows_distribution_does_not_depend_on_its_batch(dtype):
     # whether its batch leaves the search launches out (SEARCH False: no filter tensor, or
     # search=False) or has neighbours that need them (rows 2 and 3): the plan and finish kernels
     # compile in another variant, and a float expression contracted into an fma in one variant
-    # only would change the last bits of a seeded row's numbers. (The sampling kernels compile
-    # with contraction: this checks today's code generation, not a guarantee.)
+    # only would change the last bits of a seeded row's numbers. (The plan, select and finish
+    # kernels compile with contraction: this checks today's code generation, not a guarantee.)
     V = 128256
     g = torch.Generator(device="cuda").manual_seed(7)
     logits = (torch.randn(4, V, device="cuda", generator=g) * 3).to(dtype)
@@ -988,3 +988,37 @@ def test_pass1_block_grouping_changes_nothing(dtype):
         for name in ("tokens", "threshold", "row_max", "log_norm"):     # NaN where the row is invalid
             torch.testing.assert_close(getattr(run, name), getattr(runs[0], name), rtol=0, atol=0, equal_nan=True,
                                        msg=name)
+
+
+@pytest.mark.timeout(300)      # one compilation per pass-1 variant
+@pytest.mark.parametrize("V", [128256, 151936] if CUDA else [3001])
+def test_pass1_buffers_do_not_depend_on_block_grouping(V):
+    # what pass 1 writes (tile maxima and sums, block partials, histograms), bit for bit, for
+    # every grouping of blocks into programs, the launcher's own choice and one program per row
+    # included; unwritten entries keep their sentinel in every run
+    from specops.triton_kernels.sampling_stats import HIST_BINS, pass1_blocks, row_stats_pass, tile_size
+    device = "cuda" if CUDA else "cpu"
+    tile = tile_size(V) if CUDA else 16
+    NT = -(-V // tile)
+    tpb, nblk = pass1_blocks(NT, tile, -(-NT // max(1, 2048 // tile)) if CUDA else 7)
+    assert nblk >= 5
+    R = 8
+    g = torch.Generator(device=device).manual_seed(5)
+    logits = torch.randn(R, V, device=device, generator=g) * 2
+    logits[2, 7] = float("nan")
+    inv = torch.tensor([1.25, -1.0, 1.0, 1.0, 0.8, 1.0, 1.0, 2.0], device=device)   # row 1 greedy
+    k = torch.tensor([0, 0, 0, 40, 500, 0, 0, 0], dtype=torch.int32, device=device)  # row 3 direct
+    p = torch.tensor([1.0, 1.0, 0.9, 1.0, 1.0, 1.0, 0.7, 1.0], device=device)
+    log_min_p = torch.log(torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.1, 0.0, 0.0], device=device))
+    runs = []
+    for bpp in (1, 2, 3, 4, None, nblk):
+        out = [torch.full((R, NT), 7.0, device=device), torch.full((R, NT), 7.0, device=device),
+               torch.full((R, nblk, 4), 7.0, device=device),
+               torch.full((R, nblk, HIST_BINS), 7, dtype=torch.int16, device=device),
+               torch.full((R, nblk), 7, dtype=torch.int32, device=device)]
+        row_stats_pass(logits, inv, k, p, log_min_p, tile, tpb, *out, blocks_per_program=bpp, kmax=128)
+        runs.append([t.view(torch.int32) if t.is_floating_point() else t for t in out])
+    assert (runs[0][3] != 7).any() and (runs[0][1] != torch.tensor(7.0).view(torch.int32)).any()
+    for run in runs[1:]:
+        for name, a, b in zip(("tile_max", "tile_sum", "part_f", "hist", "hist_top"), run, runs[0]):
+            assert torch.equal(a, b), name

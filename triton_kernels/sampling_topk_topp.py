@@ -992,7 +992,7 @@ def sample_top_k_top_p_triton(
     Latency knobs of the direct path (each stores the same candidate set and gives the same
     tokens, thresholds, log_norm and paths["mode"] as the default, except where said; see
     bench/exp_plan_direct.py): `plan_warps`, the plan's warps (the sums of the direct rows'
-    finish, and the plan's chunk sums, are then over another thread layout);
+    finish, and the plan's sum of pass 1's block partials, are then over another thread layout);
     `direct_top=True` takes t_k and the top tiles from one `tl.topk` of (max, id) keys and
     reads them `direct_group` (default 64) tiles at a time with no tile list (`_top_tiles`);
     without it the listed tiles are read `direct_group` (default 2048 // tile) at a time,
@@ -1027,7 +1027,8 @@ def sample_top_k_top_p_triton(
         raise ValueError(f"tile must be at most the draw's sub-chunk ({sub} tokens at V={V}), got {tile}")
     if num_chunks is None:
         num_chunks = -(-NT // max(1, 2048 // tile))      # blocks of 2048 tokens
-    tpb, nblk = pass1_blocks(NT, tile, max(1, min(int(num_chunks), NT)))
+    # ask for at most 1024 blocks: the plan combines their partials in one vector
+    tpb, nblk = pass1_blocks(NT, tile, max(1, min(int(num_chunks), NT, 1024)))
     G = max(1, 2048 // tile)
     kmax = max(0, int(kmax)) if select else 0
     # topk width: k <= TOPT for every direct row, or k > NT_P2 (fewer tiles than k: t_k = -inf)

@@ -97,7 +97,7 @@ class Sampler:
     stream : int
         Generator stream of the draw (specops.rng.STREAM_SAMPLE).
     kernel_options : dict, optional
-        Tuning knobs of the Triton passes (cap, tile, num_chunks); tests use them. They
+        Tuning knobs of the Triton passes (cap, tile, num_chunks, blocks_per_program); tests use them. They
         also reach the rejection sampler's target rows. The metadata's search hint is added
         (`sample_options`); an explicit "search" stands.
 
