@@ -135,11 +135,13 @@ def tile_size(vocab_size: int) -> int:
     return max(128, _next_pow2(-(-vocab_size // 1024)))
 
 
-def pass1_blocks(num_tiles: int, tile: int, num_chunks: int, block: int = 2048) -> tuple[int, int]:
-    """(tiles per block TPB, blocks per row NBLK) of pass 1: blocks of `block` tokens, or fewer
-    tiles so that the row has about `num_chunks` blocks. A function of the vocabulary (and the
-    tests' knobs) only: every partial pass 1 writes is a block's."""
-    tpb = min(max(1, block // tile), _next_pow2(-(-num_tiles // num_chunks)))
+def pass1_blocks(num_tiles: int, tile: int, num_chunks: int | None = None, block: int = 2048) -> tuple[int, int]:
+    """(tiles per block TPB, blocks per row NBLK) of pass 1: blocks of `block` tokens (fewer
+    tiles when the row has fewer), or fewer tiles so that the row has about `num_chunks`
+    blocks (a tests' knob). A function of the vocabulary only: every partial pass 1 writes is
+    a block's."""
+    wanted = num_tiles if num_chunks is None else -(-num_tiles // num_chunks)
+    tpb = min(max(1, block // tile), _next_pow2(wanted))
     return tpb, -(-num_tiles // tpb)
 
 

@@ -1025,10 +1025,8 @@ def sample_top_k_top_p_triton(
     sub = draw_sub_chunk(V)
     if tile > sub:
         raise ValueError(f"tile must be at most the draw's sub-chunk ({sub} tokens at V={V}), got {tile}")
-    if num_chunks is None:
-        num_chunks = -(-NT // max(1, 2048 // tile))      # blocks of 2048 tokens
-    # ask for at most 1024 blocks: the plan combines their partials in one vector
-    tpb, nblk = pass1_blocks(NT, tile, max(1, min(int(num_chunks), NT, 1024)))
+    # a knob asks for at most 1024 blocks: the plan combines their partials in one vector
+    tpb, nblk = pass1_blocks(NT, tile, None if num_chunks is None else max(1, min(int(num_chunks), NT, 1024)))
     G = max(1, 2048 // tile)
     kmax = max(0, int(kmax)) if select else 0
     # topk width: k <= TOPT for every direct row, or k > NT_P2 (fewer tiles than k: t_k = -inf)
