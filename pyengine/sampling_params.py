@@ -185,7 +185,8 @@ def _token(name: str, tok, vocab_size: int | None) -> None:
     if isinstance(tok, bool) or not isinstance(tok, int):
         raise TypeError(f"{name} must hold int token ids, got {tok!r}")
     if tok < 0 or vocab_size is not None and tok >= vocab_size:
-        raise ValueError(f"{name}: token id {tok} is outside the vocabulary [0, {vocab_size})")
+        vocab = f"[0, {vocab_size})" if vocab_size is not None else "(token ids are >= 0)"
+        raise ValueError(f"{name}: token id {tok} is outside the vocabulary {vocab}")
 
 
 def _token_list(name: str, toks, vocab_size: int | None) -> None:

@@ -18,6 +18,36 @@ import sys
 import time
 from dataclasses import fields
 
+def _token_ids(text: str) -> list[int]:
+    """'5,7' -> [5, 7] (an option may also be repeated: the lists are joined)."""
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected token ids like 5,7 (comma-separated ints), got {text!r}") from None
+
+
+def _logit_bias(text: str) -> dict[int, float]:
+    """'{"3": -1.5}' -> {3: -1.5}."""
+    try:
+        obj = json.loads(text)
+        if not isinstance(obj, dict):
+            raise ValueError
+        return {int(k): float(v) for k, v in obj.items()}
+    except (ValueError, TypeError):
+        raise argparse.ArgumentTypeError(
+            f'expected a JSON object of token id -> bias, e.g. {{"3": -1.5}}, got {text!r}') from None
+
+
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a probability in [0, 1], got {text!r}")
+    return value
+
+
 # How each SamplingParams field is read from the command line (annotation -> argparse settings).
 _KINDS = {
     "int": dict(type=int),
@@ -25,8 +55,8 @@ _KINDS = {
     "float": dict(type=float),
     "bool": dict(action=argparse.BooleanOptionalAction),
     "list[str] | None": dict(action="append", metavar="STR"),
-    "list[int] | None": dict(type=int, nargs="+", metavar="ID"),
-    "dict[int, float] | None": dict(type=json.loads, metavar="JSON"),
+    "list[int] | None": dict(type=_token_ids, action="extend", metavar="ID[,ID...]"),
+    "dict[int, float] | None": dict(type=_logit_bias, metavar="JSON"),
 }
 _HELP = {
     "n": "number of samples per prompt",
@@ -38,12 +68,12 @@ _HELP = {
     "frequency_penalty": "subtract this x the token's output count",
     "presence_penalty": "subtract this if the token is in the output",
     "logit_bias": 'JSON object {"token_id": bias}',
-    "allowed_token_ids": "only these token ids can be sampled",
+    "allowed_token_ids": "only these token ids can be sampled (comma-separated; repeatable)",
     "bad_words": "a word never to complete (repeatable)",
     "min_tokens": "no end of sequence before this many tokens",
-    "max_tokens": "most tokens to generate",
+    "max_tokens": "most tokens to generate (default 256)",
     "stop": "stop when the text contains this (repeatable)",
-    "stop_token_ids": "stop after any of these token ids",
+    "stop_token_ids": "stop after any of these token ids (comma-separated; repeatable)",
     "ignore_eos": "keep going past end-of-sequence tokens",
     "seed": "per-request seed (reproducible sampling)",
     "logprobs": "print the log-probabilities of this many top tokens per step (stderr)",
@@ -74,23 +104,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help='batch mode: one prompt per line, a JSON string or {"prompt"|"messages": ..., '
                         '"id": ..., <sampling field>: ...}')
     g.add_argument("--output", default=None, metavar="OUT.jsonl", help="batch mode: where results go (default stdout)")
-    e = g.add_argument_group("engine")
-    e.add_argument("--max-model-len", type=int, default=None)
-    e.add_argument("--max-num-seqs", type=int, default=None)
-    e.add_argument("--max-num-batched-tokens", type=int, default=None)
-    e.add_argument("--block-size", type=int, default=None)
-    e.add_argument("--num-kv-blocks", type=int, default=None)
-    e.add_argument("--no-prefix-caching", action="store_true")
-    e.add_argument("--attn-backend", default=None, choices=["torch", "flashinfer"])
+    e = g.add_argument_group("engine (defaults: EngineConfig's)")
+    e.add_argument("--max-model-len", type=int, default=None, metavar="N", help="most tokens per sequence")
+    e.add_argument("--max-num-seqs", type=int, default=None, metavar="N", help="most sequences in a step")
+    e.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="N",
+                   help="token budget of a step (long prompts are prefilled in chunks)")
+    e.add_argument("--block-size", type=int, default=None, metavar="N", help="tokens per KV-cache block")
+    e.add_argument("--num-kv-blocks", type=int, default=None, metavar="N",
+                   help="KV-cache blocks (default: sized from max-num-seqs and max-model-len)")
+    e.add_argument("--no-prefix-caching", action="store_true", help="do not reuse the KV blocks of shared prefixes")
+    e.add_argument("--attn-backend", default=None, choices=["torch", "flashinfer"],
+                   help="attention kernels (default: flashinfer on CUDA when installed, else torch)")
     d = g.add_argument_group("speculative decoding")
     d.add_argument("--spec", default=None, choices=["ngram", "draft"],
                    help="propose draft tokens by prompt lookup (ngram) or with a small draft model (draft)")
-    d.add_argument("--num-spec-tokens", type=int, default=4, metavar="K", help="most drafts per step (default 4)")
+    d.add_argument("--num-spec-tokens", type=int, default=None, metavar="K", help="most drafts per step (default 4)")
     d.add_argument("--draft-model", default=None, metavar="DIR_OR_GGUF",
                    help="the draft model for --spec draft (must share the target's tokenizer)")
     d.add_argument("--spec-batch-schedule", default=None, metavar="B:K,...",
                    help='K by batch size, e.g. "1:4,16:2,64:0" (K is 0 from 64 requests on)')
-    d.add_argument("--spec-synthetic-acceptance", type=float, default=None, metavar="RATE",
+    d.add_argument("--spec-synthetic-acceptance", type=_probability, default=None, metavar="RATE",
                    help="benchmarks only: accept each draft with this probability (output is not the model's)")
     o = g.add_argument_group("structured output (constrain the text; one of these)")
     o.add_argument("--json-schema", default=None, metavar="FILE", help="a JSON Schema file the output must satisfy")
@@ -122,8 +155,6 @@ def _sampling_params(args, overrides: dict | None = None):
         value = getattr(args, "sp_" + f.name)
         if value is not None:
             kw[f.name] = value
-    if kw.get("logit_bias") is not None:
-        kw["logit_bias"] = {int(k): float(v) for k, v in kw["logit_bias"].items()}
     kw["structured_outputs"] = args.structured if hasattr(args, "structured") else _structured_options(args)
     kw.update(overrides or {})
     return SamplingParams(**kw)
@@ -148,7 +179,8 @@ def _engine_kwargs(args) -> dict:
     if args.no_prefix_caching:
         kw["enable_prefix_caching"] = False
     if args.spec is not None:
-        kw.update(spec_method=args.spec, num_spec_tokens=args.num_spec_tokens, draft_model=args.draft_model,
+        kw.update(spec_method=args.spec, num_spec_tokens=4 if args.num_spec_tokens is None else args.num_spec_tokens,
+                  draft_model=args.draft_model,
                   spec_batch_schedule=args.spec_batch_schedule,
                   spec_synthetic_acceptance=args.spec_synthetic_acceptance)
     if args.reasoning_end is not None:
@@ -268,11 +300,39 @@ def _generate_batch(llm, args) -> int:
     return 1 if errors else 0
 
 
+_SPEC_OPTIONS = ("num_spec_tokens", "draft_model", "spec_batch_schedule", "spec_synthetic_acceptance")
+
+
+def _check_device(device: str | None) -> None:
+    """Raise ValueError unless `device` (None: automatic) names a device this torch can use."""
+    if device is None:
+        return
+    import torch
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {device!r}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {device!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: this torch has no CUDA device (torch {torch.__version__})")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s)")
+
+
 def generate(args) -> int:
-    if (args.prompt is None) == (args.prompts_file is None):
-        print("error: give a prompt or --prompts-file (not both)", file=sys.stderr)
+    if args.prompt is None and args.prompts_file is None:
+        print("error: give a prompt, or --prompts-file", file=sys.stderr)
+        return 2
+    if args.prompt is not None and args.prompts_file is not None:
+        print("error: give a prompt or --prompts-file, not both", file=sys.stderr)
+        return 2
+    given = ["--" + name.replace("_", "-") for name in _SPEC_OPTIONS if getattr(args, name) is not None]
+    if given and args.spec is None:
+        print(f"error: {', '.join(given)} needs --spec ngram or --spec draft", file=sys.stderr)
         return 2
     try:
+        _check_device(args.device)
         sp = _sampling_params(args)
         sp.validate()
         args.structured = sp.structured_outputs

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from model_fixtures import tiny_checkpoint  # noqa: F401  (fixture)
 
 from specops.cli import _sampling_params, build_parser
@@ -31,7 +32,7 @@ def test_options_reach_sampling_params():
     args = build_parser().parse_args([
         "generate", "hi", "--temperature", "0.7", "--top-k", "5", "--top-p", "0.9", "--min-p", "0.05",
         "--repetition-penalty", "1.1", "--frequency-penalty", "0.2", "--presence-penalty", "0.3",
-        "--logit-bias", '{"3": -1.5}', "--allowed-token-ids", "3", "4", "5", "--bad-words", "foo",
+        "--logit-bias", '{"3": -1.5}', "--allowed-token-ids", "3,4", "--allowed-token-ids", "5", "--bad-words", "foo",
         "--min-tokens", "2", "--max-tokens", "9", "--stop", "a", "--stop", "b", "--stop-token-ids", "7",
         "--ignore-eos", "--seed", "11", "--logprobs", "2", "--n", "2", "--no-skip-special-tokens"])
     sp = _sampling_params(args)
@@ -73,6 +74,20 @@ def test_clear_errors(tmp_path):
     assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
     r = run_cli()
     assert r.returncode == 2 and "give a prompt" in r.stderr
+    # each refused before any model is loaded, with the option named and no traceback
+    cases = [(["--logit-bias", "[1, 2]"], "--logit-bias"),
+             (["--stop-token-ids", "5,x"], "--stop-token-ids"),
+             (["--device", "foo"], "--device"),
+             (["--num-spec-tokens", "3"], "--num-spec-tokens needs --spec"),
+             (["--spec", "ngram", "--spec-synthetic-acceptance", "2"], "--spec-synthetic-acceptance")]
+    if not torch.cuda.is_available():
+        cases.append((["--device", "cuda"], "no CUDA device"))
+    for argv, words in cases:
+        r = run_cli("hi", "--model", str(tmp_path / "missing"), *argv)
+        assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, (argv, r.stderr)
+    # ids after the prompt do not swallow it: comma-separated, or the option repeated
+    args = build_parser().parse_args(["generate", "--stop-token-ids", "5,7", "--stop-token-ids", "9", "hi"])
+    assert args.prompt == "hi" and args.sp_stop_token_ids == [5, 7, 9]
 
 
 def test_quickstart_default_model():

@@ -10,7 +10,8 @@ consecutive positions, and the number of distinct tokens per continuation (where
 Each test rejects at p < ALPHA = 1e-5; over the 4 x 12 tests a correct engine fails with
 probability < 5e-4 (the draws are seeded: a run that passes always passes). Power checks: the same
 tests reject a sampler at temperature x1.15, an engine whose penalty counts include rejected
-drafts, and a verifier whose target rows ignore the earlier drafts' penalty counts.
+drafts, a verifier whose target rows ignore the earlier drafts' penalty counts, and one whose
+target rows ignore min_p.
 """
 
 import pytest
@@ -31,7 +32,8 @@ LEN = 6  # tokens per continuation
 ALPHA = 1e-5
 SEED_PROMPT = [3, 7, 5, 3, 7, 5, 3, 7]
 TEMPERATURE = 1.5
-PROCESSED = dict(top_k=8, top_p=0.9, min_p=0.02, repetition_penalty=1.5, frequency_penalty=0.8,
+# min_p 0.1 cuts tokens that top-k and top-p keep (test_min_p_cuts_what_top_k_and_top_p_keep)
+PROCESSED = dict(top_k=8, top_p=0.9, min_p=0.1, repetition_penalty=1.5, frequency_penalty=0.8,
                  presence_penalty=0.8)
 
 
@@ -182,6 +184,33 @@ def test_spec_distribution_matches_plain_cuda(spec, processed):
     got = samples(f"{spec}-{processed}", processed=processed, spec=spec, device="cuda")
     ps = p_values(got, base)
     assert min(ps) > ALPHA, [f"{p:.2e}" for p in ps]
+
+
+def test_min_p_cuts_what_top_k_and_top_p_keep():
+    """At the first output position PROCESSED's min_p removes tokens of clear mass that top-k and
+    top-p alone keep (exact float64 law of the target's logits), so the processed runs test it."""
+    from specops.engine.model.reference import reference_forward
+    from test_rejection_sampler import params, processed_probs
+
+    logits = reference_forward(small_model().model, prompt())[-1]
+    law = {m: processed_probs(logits, prompt(), [], params(temperature=TEMPERATURE, **dict(PROCESSED, min_p=m)),
+                              VOCAB, EOS) for m in (PROCESSED["min_p"], 0.0)}
+    cut = (law[0.0] > 0) & (law[PROCESSED["min_p"]] == 0)
+    assert float(law[0.0][cut].sum()) > 0.05, law
+
+
+def test_power_a_verifier_without_min_p_is_caught(monkeypatch):
+    """A verifier whose target rows ignore min_p (top-k and top-p only) fails the test."""
+    from specops.spec_decode import rejection_sampler
+
+    threshold_pass = rejection_sampler.sample_with_thresholds
+
+    def without_min_p(logits, inv_temperature, top_k, top_p, min_p, *args, **kw):
+        return threshold_pass(logits, inv_temperature, top_k, top_p, None, *args, **kw)
+
+    monkeypatch.setattr(rejection_sampler, "sample_with_thresholds", without_min_p)
+    bad = samples("no-min-p-ngram", processed=True, spec="ngram", cache=False)
+    assert min(p_values(bad, samples("plain-processed", processed=True))) < ALPHA
 
 
 def test_power_a_slightly_hotter_sampler_is_caught():

@@ -208,3 +208,17 @@ def test_cuda_graph_capture():
         g.replay()
         torch.cuda.synchronize()
         check(x, tok, n, "raw_logprobs", out=out)
+
+
+def test_bad_arguments_are_refused_before_any_launch():
+    logits, tokens = torch.randn(3, 50), torch.tensor([1, 2, 3])
+    with pytest.raises(ValueError, match=r"tokens must have shape \[3\], got \(2,\)"):
+        compute_logprobs("raw_logprobs", 2, tokens[:2], raw_logits=logits)
+    with pytest.raises(TypeError, match="tokens must have dtype in"):
+        compute_logprobs("raw_logprobs", 2, tokens.float(), raw_logits=logits)
+    with pytest.raises(ValueError, match=r"must be a \[rows, vocab\] tensor, got \(50,\)"):
+        compute_logprobs("raw_logprobs", 2, tokens, raw_logits=logits[0])
+    with pytest.raises(ValueError, match=r"num_logprobs must be an int in \[0, 50\], got 51"):
+        compute_logprobs("raw_logprobs", 51, tokens, raw_logits=logits)
+    with pytest.raises(ValueError, match="processed_logprobs needs processed_logits"):
+        compute_logprobs("processed_logprobs", 2, tokens, raw_logits=logits)

@@ -141,17 +141,17 @@ def run_engine(lm, graphs: bool, **config):
                              tuple((lp.token_id, round(lp.logprob, 4), lp.rank, tuple(lp.top))
                                    for lp in (c.logprobs or [])))
                             for o in outs for c in o.outputs))
-    return steps, eng.runner.sampler
+    return steps, eng
 
 
 def assert_graphs_give_eager_steps(run, tiny_checkpoint):
-    """run(lm, graphs) -> (steps, sampler): with graphs on, the same steps, replayed from graphs."""
+    """run(lm, graphs) -> (steps, engine): with graphs on, the same steps, replayed from graphs."""
     lm = load_model(tiny_checkpoint, device="cuda", dtype=torch.float32)
-    eager, s_eager = run(lm, graphs=False)
-    graphed, s_graph = run(lm, graphs=True)
-    assert s_eager.graph.num_replays == 0
-    assert s_graph.graph.num_captures >= 2 and s_graph.graph.num_replays >= 10, \
-        (s_graph.graph.num_captures, s_graph.graph.num_replays)
+    eager, e_eager = run(lm, graphs=False)
+    graphed, e_graph = run(lm, graphs=True)
+    g_eager, g = e_eager.runner.sampler.graph, e_graph.runner.sampler.graph
+    assert g_eager.num_replays == 0
+    assert g.num_captures >= 2 and g.num_replays >= 10, (g.num_captures, g.num_replays)
     assert graphed == eager
 
 
@@ -173,7 +173,7 @@ def run_greedy_engine(lm, graphs: bool):
     steps = []
     while eng.has_unfinished_requests():
         steps.append(sorted((o.request_id, tuple(c.token_ids)) for o in eng.step() for c in o.outputs))
-    return steps, eng.runner.sampler
+    return steps, eng
 
 
 @cuda_only
@@ -186,7 +186,13 @@ def test_spec_decoding_steps_between_graph_replays(tiny_checkpoint):  # noqa: F8
     """Verification steps give the processors other rows (one per draft), which rebuilds their
     cached tensors: the graph must be dropped, never replayed on freed memory."""
     lm = load_model(tiny_checkpoint, device="cuda", dtype=torch.float32)
-    spec = dict(spec_method="ngram", num_spec_tokens=3)
+    # 5-grams: the first steps find no match, so their steady steps capture and replay a graph
+    # before the first verification step (on CPU: five steady steps before the first drafts)
+    spec = dict(spec_method="ngram", num_spec_tokens=3, ngram_min_n=5, ngram_max_n=5)
     eager, _ = run_engine(lm, graphs=False, **spec)
-    graphed, s_graph = run_engine(lm, graphs=True, **spec)
+    graphed, eng = run_engine(lm, graphs=True, **spec)
+    # the run mixes both kinds of step: drafts were verified, and plain steps replayed a graph
+    assert eng.stats()["spec_decoding"]["num_draft_tokens"] > 0
+    g = eng.runner.sampler.graph
+    assert g.num_captures >= 1 and g.num_replays >= 1, (g.num_captures, g.num_replays)
     assert graphed == eager

@@ -17,7 +17,7 @@ def build(n=3, **kw):
     return SamplingMetadata.from_params(kw.pop("temperature", [1.0] * n), **kw)
 
 
-@pytest.mark.parametrize("kwargs,exc,match", [
+@pytest.mark.parametrize("kwargs,exc,match", ([
     (dict(temperature=[1.0, -0.5]), ValueError, r"temperature\[1\] must be >= 0"),
     (dict(temperature=[float("nan")]), ValueError, r"temperature\[0\] must be finite"),
     (dict(temperature=["hot"]), TypeError, r"temperature\[0\] must be a real number"),
@@ -39,7 +39,11 @@ def build(n=3, **kw):
     (dict(max_num_logprobs=V + 1), ValueError, r"max_num_logprobs must be <= 100"),
     (dict(vocab_size=0), ValueError, r"vocab_size must be >= 1"),
     (dict(bad_words_token_ids={0: [[1, 2]]}), ValueError, r"output_token_ids"),
-])
+    (dict(temperature=1.0), TypeError, r"temperature must be a sequence with one value per row, got float"),
+    (dict(top_k=5), TypeError, r"top_k must be a sequence"),
+] + ([] if torch.cuda.is_available() else [
+    (dict(device="cuda"), ValueError, r"device 'cuda': this torch has no CUDA device"),
+])))
 def test_bad_parameters_are_rejected_with_clear_errors(kwargs, exc, match):
     with pytest.raises(exc, match=match):
         build(**kwargs)
@@ -167,3 +171,24 @@ def test_expand_gathers_rows_and_gives_fresh_keys():
         md.expand([0, 1])
     with pytest.raises(ValueError, match="host row_req_index"):
         md.expand(torch.tensor([1, 0]), output_token_ids=[[2], [1]])
+
+
+def test_sampler_refuses_logits_of_another_vocab_width():
+    # the rows were checked against vocab_size (top_k, allowed ids, penalty state): logits of
+    # another width would be sampled with filters that no longer mean what they said
+    from specops.sampling import Sampler
+    md = SamplingMetadata.from_params([0.8, 0.0], vocab_size=64, top_k=[10, 0])
+    assert md.vocab_size == 64 and md.expand([1, 0]).vocab_size == 64
+    with pytest.raises(ValueError, match="128 columns but the metadata was built for vocab_size=64"):
+        Sampler(backend="torch")(torch.randn(2, 128), md)
+    assert Sampler(backend="torch")(torch.randn(2, 64), md).sampled_token_ids.shape == (2,)
+
+
+def test_triton_backend_on_cpu_without_the_interpreter_is_refused(monkeypatch):
+    from specops.sampling.topk_topp import resolve_backend
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="backend='triton' on CPU needs TRITON_INTERPRET=1"):
+        resolve_backend("triton", torch.device("cpu"))
+    assert resolve_backend("auto", torch.device("cpu")) == "torch"
+    with pytest.raises(ValueError, match="backend must be 'auto', 'triton' or 'torch'"):
+        resolve_backend("cuda", torch.device("cpu"))

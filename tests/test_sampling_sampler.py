@@ -14,6 +14,7 @@ import textwrap
 from dataclasses import replace
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -141,18 +142,36 @@ def test_pipeline_order_matches_hand_reference():
 
 
 def test_target_distribution_is_what_is_sampled():
+    # the distribution the Sampler reports and its draws are both the exact target, computed
+    # independently from the raw logits and the parameters (brute force): half the rows are cut
+    # by min-p then top-p, half by top-k, so a Sampler that drops a filter or mixes rows fails
+    from test_sampling_topk_topp import chi2_ok, exact_target
     from specops.sampling import processed_probs
     g = fresh_gen()
-    V, N = 24, 12000
-    row = torch.randn(V, generator=g) * 2
-    md = SamplingMetadata.from_params([0.8] * N, vocab_size=V, top_k=[9] * N, top_p=[0.85] * N, min_p=[0.02] * N,
+    V, N = 32, 12000
+    row = torch.full((V,), -2.4) + 0.1 * torch.randn(V, generator=g)
+    row[torch.randperm(V, generator=g)[:4]] += 2.4     # 4 head tokens near 0, a tail of 28 at -2.4
+    groups = [(0.8, 0, 0.7, 0.1), (1.2, 2, 0.9, 0.0)]  # (temperature, top_k, top_p, min_p), N / 2 rows each
+    per_row = [q for q in groups for _ in range(N // 2)]
+    md = SamplingMetadata.from_params([q[0] for q in per_row], vocab_size=V, top_k=[q[1] for q in per_row],
+                                      top_p=[q[2] for q in per_row], min_p=[q[3] for q in per_row],
                                       seeds=[5] * N, positions=list(range(N)))
     proc, res = Sampler(backend="torch").target_distribution(row.expand(N, V).clone(), md)
-    probs = processed_probs(proc, res)[0].double()
-    assert abs(float(probs.sum()) - 1) < 1e-5 and int((probs > 0).sum()) <= 9
-    freq = torch.bincount(res.tokens, minlength=V).double() / N
-    assert float(freq[probs == 0].sum()) == 0
-    assert 0.5 * float((freq - probs).abs().sum()) < 0.03   # TV; its sd here is below 0.006
+    probs = processed_probs(proc, res).double().numpy()
+    for i, (temp, k, p, mp) in enumerate(groups):
+        rows = slice(i * N // 2, (i + 1) * N // 2)
+        target = exact_target(row.numpy(), 1 / temp, k, p, mp)
+        # power guard: dropping a filter only adds tokens, here worth >= 40 expected draws, which
+        # the masked-token check below catches (without min-p the tail's mass moves top-p's cut
+        # past the 4th head token; without top-p that token is kept; without top-k the tail is)
+        for dropped in [(k, 1.0, mp), (k, p, 0.0)] if i == 0 else [(0, p, mp)]:
+            wrong = exact_target(row.numpy(), 1 / temp, *dropped)
+            assert 0.5 * np.abs(wrong - target).sum() * (N // 2) >= 40, (groups[i], dropped)
+        np.testing.assert_allclose(probs[rows], np.broadcast_to(target, probs[rows].shape), atol=1e-5)
+        counts = np.bincount(res.tokens[rows].numpy(), minlength=V)
+        assert counts[target == 0].sum() == 0, f"{groups[i]}: a masked token was drawn"
+        ok, stat, q = chi2_ok(counts, target)
+        assert ok, f"{groups[i]}: chi-square {stat:.1f} >= {q:.1f}"
 
 
 def test_penalty_op_matches_the_reference():

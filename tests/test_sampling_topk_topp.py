@@ -183,7 +183,12 @@ PARAMS = [  # (temperature, top_k, top_p, min_p)
 ]
 
 
+# top-k alone cuts where the k-th and (k+1)-th tokens both carry mass: distinct values, and on
+# the peaked rows a temperature that keeps the gaps at the top small enough (the power guard
+# of the test below held on all of 4M simulated rows)
+TOP_K_CASES = [("flat", (1.0, 7, 1.0, 0.0)), ("peaked", (2.5, 5, 1.0, 0.0))]
 CASES = [(d, PARAMS[(i + j) % len(PARAMS)]) for i, d in enumerate(sorted(DISTRIBUTIONS)) for j in range(0, 6, 2)]
+CASES += TOP_K_CASES
 
 
 @pytest.mark.parametrize("dist,params", CASES)
@@ -196,8 +201,16 @@ def test_reference_matches_exact_target(dist, params):
                                       seeds=[4242] * N, positions=list(range(N)))
     res = sample_torch(row.expand(N, V), md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions)
     target = exact_target(row.numpy(), float(md.inv_temperature[0]), k, p, mp)
+    if (dist, params) in TOP_K_CASES:
+        # power guard: top-k off by one either way moves >= 40 expected draws onto a masked
+        # token (k + 1) or off a kept one (k - 1), which the two checks below catch
+        for k_wrong in (k - 1, k + 1):
+            wrong = exact_target(row.numpy(), float(md.inv_temperature[0]), k_wrong, p, mp)
+            assert 0.5 * np.abs(wrong - target).sum() * N >= 40, f"top-k {k} vs {k_wrong}: too close to tell"
     counts = np.bincount(res.tokens.numpy(), minlength=V)
     assert counts[target == 0].sum() == 0, "a masked token was drawn"
+    # a kept token is drawn (a correct sampler misses one it expects >= 30 times w.p. < e^-30)
+    assert (counts[target * N >= 30] > 0).all(), "a kept token was never drawn"
     ok, stat, q = chi2_ok(counts, target)
     assert ok, f"chi-square {stat:.1f} >= {q:.1f} ({dist}, {params})"
     # the processed distribution reported with the draw is the target
@@ -282,9 +295,35 @@ def test_thresholds_keep_ties():
     assert row_thresholds_torch(x, k1, None, None).item() == 3.0  # both 3.0 kept
     k3 = torch.tensor([3], dtype=torch.int32)
     assert row_thresholds_torch(x, k3, None, None).item() == 2.0  # all three 2.0 kept with k=3
+    # k on the last of a tie (k - 1 or k + 1 would give another value)
+    assert row_thresholds_torch(x, torch.tensor([2], dtype=torch.int32), None, None).item() == 3.0
+    assert row_thresholds_torch(x, torch.tensor([6], dtype=torch.int32), None, None).item() == 1.0
     # top-p: the two 3.0 carry 2e^3/(2e^3+3e^2+e+1) ~ 0.62 of the mass; p = 0.5 keeps both
     assert row_thresholds_torch(x, None, torch.tensor([0.5]), None).item() == 3.0
     assert row_thresholds_torch(x, None, torch.tensor([0.7]), None).item() == 2.0
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_top_k_keeps_exactly_the_k_largest(backend):
+    # distinct values in random order, one row per k = 1 .. V: the kept set is the k largest
+    # tokens exactly, not k - 1 or k + 1 (ties, as above, can hide an off-by-one); the Triton
+    # passes through the direct top-k path and, with kmax=0, the candidate collect; the token
+    # drawn is one of the kept
+    V = 16
+    device = "cuda" if CUDA else "cpu"
+    x = (torch.randperm(V) - 7.5).float().to(device)
+    logits = x.expand(V, V)
+    k = torch.arange(1, V + 1, dtype=torch.int32, device=device)
+    rank = (x.unsqueeze(0) > x.unsqueeze(1)).sum(dim=1)          # tokens above each token
+    want = rank.unsqueeze(0) < k.unsqueeze(1)                    # [k, token]
+    seeds, pos = torch.randint(0, 2**40, (V,), device=device), torch.arange(V, device=device)
+    inv = torch.ones(V, device=device)
+    small = {} if CUDA else dict(tile=4, cap=16)
+    for kw in ([{}] if backend == "torch" else [small, small | dict(kmax=0)]):
+        res = sample(logits, inv, k, None, None, seeds, pos, backend=backend, **kw)
+        kept = logits >= res.threshold.unsqueeze(1)
+        assert torch.equal(kept, want), (kw, res.threshold.tolist())
+        assert bool(want.gather(1, res.tokens.unsqueeze(1)).all()), kw
 
 
 # ---- the Triton passes against the reference ----------------------------------------------
@@ -352,18 +391,18 @@ def test_triton_ties_and_masked_tokens():
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_invalid_rows_give_minus_one(backend):
-    if backend == "triton" and CUDA:
-        pytest.skip("covered by the CUDA full-shape test")
-    V = 50
-    logits = torch.randn(6, V)
+    # on CUDA at a full vocabulary (the compiled kernels' shapes), on CPU at a small one
+    device, V = ("cuda", 128256) if CUDA else ("cpu", 50)
+    logits = torch.randn(6, V, device=device)
     logits[0, 3] = float("nan")
     logits[1, 7] = float("inf")
     logits[2] = float("-inf")
     logits[3, 9] = float("nan")              # greedy row with a NaN
-    inv = torch.tensor([1.0, 1.0, 1.0, -1.0, 1.0, -1.0])
-    k = torch.tensor([0, 5, 0, 0, 5, 0], dtype=torch.int32)
-    kw = dict(tile=16, cap=32) if backend == "triton" else {}
-    res = sample(logits, inv, k, None, None, torch.arange(6), torch.zeros(6, dtype=torch.int64), backend=backend, **kw)
+    inv = torch.tensor([1.0, 1.0, 1.0, -1.0, 1.0, -1.0], device=device)
+    k = torch.tensor([0, 5, 0, 0, 5, 0], dtype=torch.int32, device=device)
+    kw = dict(tile=16, cap=32) if backend == "triton" and not CUDA else {}
+    seeds, pos = torch.arange(6, device=device), torch.zeros(6, dtype=torch.int64, device=device)
+    res = sample(logits, inv, k, None, None, seeds, pos, backend=backend, **kw)
     assert res.tokens.tolist()[:4] == [-1, -1, -1, -1]
     assert res.tokens[4] >= 0 and res.tokens[5] == logits[5].argmax()
     assert bool(torch.isnan(res.threshold[:4]).all()) and not bool(torch.isnan(res.threshold[4:]).any())

@@ -76,6 +76,10 @@ def test_bad_types():
         build_spec_decode_metadata(torch.tensor([1.0]), [2])
     with pytest.raises(ValueError, match="input_ids has 3 tokens"):
         build_spec_decode_metadata([1], [4], input_ids=torch.arange(3))
+    with pytest.raises(TypeError, match="input_ids must be a torch.Tensor, got list"):
+        build_spec_decode_metadata([1], [4], input_ids=[1, 2, 3, 4])
+    with pytest.raises(TypeError, match="input_ids must be int32 or int64 token ids, got torch.float32"):
+        build_spec_decode_metadata([1], [4], input_ids=torch.zeros(4))
 
 
 def test_parse_output():
@@ -88,6 +92,8 @@ def test_parse_output():
         parse_output(out[0])
     with pytest.raises(TypeError, match="torch.Tensor"):
         parse_output([[1, -1]])
+    with pytest.raises(TypeError, match="int32 or int64, got torch.float32"):
+        parse_output(out.float())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.int32])

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specops._arg_checks import check_1d
+
 from .metadata import LOGPROBS_MODES
 from .sampler_torch import SampleResult, scale_logits
 from .topk_topp import resolve_backend
@@ -36,7 +38,9 @@ _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 @dataclass
 class LogprobsTensors:
-    """Attributes
+    """The logprobs of one step: the sampled token's and the top n per row.
+
+    Attributes
     ----------
     token_ids : torch.Tensor   [R, n + 1] int64, the sampled token first, then the top n
     logprobs : torch.Tensor    [R, n + 1] fp32, in the requested mode
@@ -127,9 +131,16 @@ def compute_logprobs(
     """
     if mode not in LOGPROBS_MODES:
         raise ValueError(f"logprobs mode must be one of {LOGPROBS_MODES}, got {mode!r}")
+    logits = raw_logits if mode.startswith("raw") else processed_logits
+    if logits is None:
+        raise ValueError(f"{mode} needs {'raw_logits' if mode.startswith('raw') else 'processed_logits'}")
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        raise ValueError(f"the logits must be a [rows, vocab] tensor, got "
+                         f"{tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__}")
+    check_1d("tokens", tokens, logits.shape[0], (torch.int32, torch.int64), logits.device)
+    if not isinstance(num_logprobs, int) or not 0 <= num_logprobs <= logits.shape[1]:
+        raise ValueError(f"num_logprobs must be an int in [0, {logits.shape[1]}], got {num_logprobs!r}")
     if mode.startswith("raw"):
-        if raw_logits is None:
-            raise ValueError(f"{mode} needs raw_logits")
         if resolve_backend(backend, raw_logits.device) == "triton" and raw_logits.dtype in _KERNEL_DTYPES:
             return gather_logprobs_triton(raw_logits, tokens, num_logprobs, mode == "raw_logprobs")
         scores = raw_logits.float()

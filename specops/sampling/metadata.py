@@ -46,6 +46,8 @@ def _as_list(name: str, values, n: int | None, default=None) -> list:
         return [default] * n
     if isinstance(values, torch.Tensor):
         values = values.tolist()  # host inputs only: the builder validates values
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name} must be a sequence with one value per row, got {type(values).__name__}")
     values = list(values)
     if n is not None and len(values) != n:
         raise ValueError(f"{name} must have one value per row ({n}), got {len(values)}")
@@ -206,6 +208,10 @@ class SamplingMetadata:
     engine_seed : int
     step : torch.Tensor
         [] int64 engine step counter on the device.
+    vocab_size : int or None
+        The vocabulary the rows were checked against (top_k, allowed and banned token ids,
+        penalty state); the Sampler refuses logits of another width. None: not known (built
+        by hand), not checked.
     """
 
     temperature: torch.Tensor
@@ -235,6 +241,7 @@ class SamplingMetadata:
     rows: LogitsRows | None = None
     max_filtered_top_k: int | float | None = None
     filters_of_hint: tuple = field(default=(), repr=False, compare=False)
+    vocab_size: int | None = None
 
     @property
     def num_rows(self) -> int:
@@ -402,6 +409,8 @@ class SamplingMetadata:
         rows in one, all int64 rows in the other), then views and a few device ops."""
         n = len(temps)
         dev = torch.device(device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {device!r}: this torch has no CUDA device")
         bad = {}
         for row, words in (bad_words_token_ids or {}).items():
             row = _check_int("bad_words_token_ids row", row, 0, n - 1)
@@ -444,6 +453,7 @@ class SamplingMetadata:
             allowed_token_mask=_allowed_mask(allowed, n, V, dev) if allowed is not None else None,
             bad_words_token_ids=bad, output_token_ids=output_token_ids, max_num_logprobs=max_num_logprobs,
             logitsprocs=logitsprocs, rows=rows, max_filtered_top_k=_max_filtered_top_k(temps, ks, ps, mps),
+            vocab_size=V,
         )
         md.filters_of_hint = (md.temperature, md.top_k, md.top_p, md.min_p)
         return md

@@ -35,7 +35,7 @@ from .logprobs import LogprobsTensors, compute_logprobs
 from .metadata import LOGPROBS_MODES, SamplingMetadata
 from .sampler_torch import (SampleResult, apply_allowed_token_mask_, apply_bad_words_, apply_penalties_torch,
                             scale_logits, target_probs_torch)
-from .topk_topp import resolve_backend, sample, sample_options
+from .topk_topp import check_backend_name, resolve_backend, sample, sample_options
 
 
 @dataclass
@@ -64,7 +64,9 @@ class ProcessedLogits:
 
 @dataclass
 class SamplerOutput:
-    """Attributes
+    """What `Sampler` returns for one step.
+
+    Attributes
     ----------
     sampled_token_ids : torch.Tensor   [R] int64, -1 for invalid rows
     logprobs : LogprobsTensors or None
@@ -114,7 +116,7 @@ class Sampler:
                  stream: int = rng.STREAM_SAMPLE, kernel_options: dict | None = None):
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
-        resolve_backend(backend, torch.device("cpu"))
+        check_backend_name(backend)
         self.logprobs_mode = logprobs_mode
         self.backend = backend
         self.stream = stream
@@ -141,6 +143,8 @@ class Sampler:
         R, V = logits.shape
         if R != metadata.num_rows:
             raise ValueError(f"logits has {R} rows but the metadata describes {metadata.num_rows}")
+        if metadata.vocab_size is not None and V != metadata.vocab_size:
+            raise ValueError(f"logits has {V} columns but the metadata was built for vocab_size={metadata.vocab_size}")
         if logits.device != metadata.device:
             raise ValueError(f"logits are on {logits.device} but the metadata on {metadata.device}")
         procs = metadata.logitsprocs

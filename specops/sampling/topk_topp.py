@@ -11,6 +11,8 @@ no host sync, CUDA-graph capturable), "torch" (the sort-based reference), "auto"
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from specops import rng
@@ -52,11 +54,23 @@ def check_sample_args(logits, inv_temperature, top_k, top_p, min_p, seeds, posit
         raise ValueError(f"stream must be an int in [0, 2**16), got {stream!r}")
 
 
-def resolve_backend(backend: str, device: torch.device) -> str:
-    if backend not in ("auto", "triton", "torch"):
+BACKENDS = ("auto", "triton", "torch")
+
+
+def check_backend_name(backend: str) -> None:
+    """Raise ValueError unless `backend` is one of BACKENDS."""
+    if backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """The backend that runs on `device`: "auto" is Triton on CUDA and torch elsewhere; "triton"
+    on CPU needs the Triton interpreter (TRITON_INTERPRET=1, set before triton is imported)."""
+    check_backend_name(backend)
     if backend == "auto":
         return "triton" if device.type == "cuda" else "torch"
+    if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("backend='triton' on CPU needs TRITON_INTERPRET=1 (set before importing triton)")
     return backend
 
 
@@ -155,6 +169,8 @@ def draw(
     """
     if not isinstance(greedy, torch.Tensor) or greedy.dtype != torch.bool:
         raise TypeError("greedy must be a bool tensor of shape [rows]")
+    if isinstance(logits, torch.Tensor) and logits.dim() == 2:
+        check_1d("greedy", greedy, logits.shape[0], (torch.bool,), logits.device)
     inv_t = torch.where(greedy, torch.full_like(greedy, -1.0, dtype=torch.float32),
                         torch.ones_like(greedy, dtype=torch.float32))
     return sample(logits, inv_t, None, None, None, seeds, positions, stream, backend).tokens

@@ -141,6 +141,10 @@ def build_spec_decode_metadata(
         raise ValueError(f"request {bad} schedules {int(num_sched[bad])} tokens but has {int(nd[bad])} "
                          f"drafts: num_draft_tokens[r] + 1 <= scheduled tokens of r is required")
     if input_ids is not None:
+        if not isinstance(input_ids, torch.Tensor):
+            raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
+        if input_ids.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"input_ids must be int32 or int64 token ids, got {input_ids.dtype}")
         if input_ids.dim() != 1:
             raise ValueError(f"input_ids must be one-dimensional, got shape {tuple(input_ids.shape)}")
         if cu.size and input_ids.shape[0] < cu[-1]:

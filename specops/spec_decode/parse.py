@@ -36,6 +36,8 @@ def parse_output(
     """
     if not isinstance(output_token_ids, torch.Tensor):
         raise TypeError(f"output_token_ids must be a torch.Tensor, got {type(output_token_ids).__name__}")
+    if output_token_ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"output_token_ids must be int32 or int64, got {output_token_ids.dtype}")
     if output_token_ids.dim() != 2:
         raise ValueError(f"output_token_ids must be [num_reqs, max_spec_len + 1], got shape "
                          f"{tuple(output_token_ids.shape)}")

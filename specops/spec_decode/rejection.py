@@ -14,19 +14,32 @@ is the reference and the CPU fallback.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from specops.spec_decode.metadata import MAX_SPEC_LEN
 from specops.spec_decode.rejection_torch import rejection_sample_torch
 from specops._arg_checks import check_1d, dense
+from specops.sampling.topk_topp import resolve_backend
 from specops.triton_kernels.rejection_recover import rejection_recover_pass
 from specops.triton_kernels.rejection_sample import (check_sub_chunk, chunk_size, rejection_sample_pass,
                                                     sub_chunk_size)
 
 _INT_DTYPES = (torch.int32, torch.int64)
 _LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_draft_probs(draft_probs, num_drafts: int, vocab: int, device: torch.device) -> None:
+    """Raise TypeError/ValueError unless `draft_probs` is None or a [num_drafts, vocab] float
+    tensor on `device` (its values are not read: no host sync)."""
+    if draft_probs is None:
+        return
+    if not isinstance(draft_probs, torch.Tensor) or tuple(draft_probs.shape) != (num_drafts, vocab):
+        raise ValueError(f"draft_probs must have shape [{num_drafts}, {vocab}], got "
+                         f"{tuple(draft_probs.shape) if isinstance(draft_probs, torch.Tensor) else draft_probs!r}")
+    if draft_probs.dtype not in _LOGIT_DTYPES:
+        raise TypeError(f"draft_probs must be float32, float16 or bfloat16, got {draft_probs.dtype}")
+    if draft_probs.device != device:
+        raise ValueError(f"draft_probs must be on {device}, got {draft_probs.device}")
 
 
 def rejection_sample(
@@ -131,7 +144,7 @@ def rejection_sample(
     >>> logits = torch.tensor([[0.0, 5.0, 0.0], [9.0, 0.0, 0.0]])
     >>> rejection_sample(logits, torch.tensor([1, 2]), torch.tensor([2]), 2, torch.tensor([0]),
     ...                  is_greedy=True, backend="torch")
-    tensor([[1, 0, -1]], dtype=torch.int32)
+    tensor([[ 1,  0, -1]], dtype=torch.int32)
     """
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
         raise ValueError(f"logits must be a [num_logits, vocab] tensor, got "
@@ -161,14 +174,7 @@ def rejection_sample(
     elif num_logits != num_drafts:
         raise ValueError(f"logits has {num_logits} rows; without target_rows it must have one row per "
                          f"draft ({num_drafts})")
-    if draft_probs is not None:
-        if not isinstance(draft_probs, torch.Tensor) or tuple(draft_probs.shape) != (num_drafts, vocab):
-            raise ValueError(f"draft_probs must have shape [{num_drafts}, {vocab}], got "
-                             f"{tuple(draft_probs.shape) if isinstance(draft_probs, torch.Tensor) else draft_probs!r}")
-        if draft_probs.dtype not in _LOGIT_DTYPES:
-            raise TypeError(f"draft_probs must be float32, float16 or bfloat16, got {draft_probs.dtype}")
-        if draft_probs.device != device:
-            raise ValueError(f"draft_probs must be on {device}, got {draft_probs.device}")
+    check_draft_probs(draft_probs, num_drafts, vocab, device)
     if temperature is not None:
         check_1d("temperature", temperature, num_reqs, (torch.float32,), device)
         if inv_temperature is not None:
@@ -201,12 +207,7 @@ def rejection_sample(
     chunk = chunk_size(vocab)
     sub_chunk = sub_chunk_size(vocab) if sub_chunk is None else sub_chunk
     check_sub_chunk(sub_chunk, chunk)
-    if backend not in ("auto", "triton", "torch"):
-        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
-    if backend == "auto":
-        backend = "triton" if device.type == "cuda" else "torch"
-    if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError("backend='triton' on CPU needs TRITON_INTERPRET=1 (set before importing triton)")
+    backend = resolve_backend(backend, device)
 
     if backend == "torch":
         return rejection_sample_torch(

@@ -28,13 +28,16 @@ from specops.sampling.logits_processors.builtin import MinPLogitsProcessor
 from specops.sampling.topk_topp import resolve_backend, sample_options
 from specops.sampling.topk_topp import sample as sample_with_thresholds
 from specops.spec_decode.metadata import SpecDecodeMetadata
-from specops.spec_decode.rejection import rejection_sample
+from specops._arg_checks import check_1d
+from specops.spec_decode.rejection import check_draft_probs, rejection_sample
 from specops.triton_kernels.expand import expand_to_draft_rows
 
 
 @dataclass
 class RejectionSamplerOutput:
-    """Attributes
+    """What `RejectionSampler` returns for one step.
+
+    Attributes
     ----------
     output_token_ids : torch.Tensor
         [num_reqs, max_spec_len + 1] int32: accepted drafts, then the recovered or bonus
@@ -138,9 +141,13 @@ class RejectionSampler:
                              f"{tuple(logits.shape) if isinstance(logits, torch.Tensor) else logits!r}")
         if metadata.num_rows != num_reqs:
             raise ValueError(f"metadata has {metadata.num_rows} rows, expected one per request ({num_reqs})")
-        if tuple(draft_token_ids.shape) != (total,):
-            raise ValueError(f"draft_token_ids must have shape [{total}], got {tuple(draft_token_ids.shape)}")
         device, vocab = logits.device, logits.shape[1]
+        if metadata.vocab_size is not None and vocab != metadata.vocab_size:
+            raise ValueError(f"logits has {vocab} columns but the metadata was built for "
+                             f"vocab_size={metadata.vocab_size}")
+        # every input checked here, before the bonus rows' Sampler launches anything
+        check_1d("draft_token_ids", draft_token_ids, total, (torch.int32, torch.int64), device)
+        check_draft_probs(draft_probs, total, vocab, device)
         md = metadata
         procs = md.logitsprocs
         history_procs = _active(procs, False) + _active(procs, True)
