@@ -7,6 +7,9 @@
 // and a row loop in the chunk kernel (+0.1 us at batch 1): logs/exp_bitmask_2026-11-30*.txt.
 // Session 14 dropped partial stores (a mixed chunk never read, only its disallowed logits
 // stored, the DRAM merging the sector): 1.5-2.5x slower at B >= 128, logs/exp_bitmask_2026-11-30g.txt.
+// Session 16 added the chunk kernel at 4 and 8 chunks per thread. With grammar masks from B=32, x4 lazy
+// is 0.5-4% slower than the launcher and x8 lazy between 2% faster (bf16 B=32) and 11% slower; random
+// masks: x4 up to 9% faster at bf16 V=151936 B=32 only. Slower at B <= 8: logs/exp_bitmask_2026-12-01.txt.
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90 -Icsrc --expt-relaxed-constexpr bench/exp_bitmask.cu -o /tmp/exp_bitmask
 //   /tmp/exp_bitmask [reps]
@@ -250,6 +253,8 @@ int main(int argc, char** argv) {
             };
             chunk(IntTag<1>{});
             chunk(IntTag<2>{});
+            chunk(IntTag<4>{});
+            chunk(IntTag<8>{});
             vs.push_back({"xgrammar scheme", [&](const BitmaskParams& q, cudaStream_t s) {
                             constexpr int PER = VEC < 4 ? 4 : VEC;
                             one_chunk_kernel<T, VEC, PER><<<dim3(ceil_div(q.vocab, 256 * PER), q.n), 256, 0, s>>>(
