@@ -9,9 +9,10 @@ depend on how the launch groups the blocks. For each block it writes
 
 - the max of every tile (`tile_max`, temperature-scaled): the greedy argmax and the exact
   search of sampling_topk_topp.py use it (bounds of the thresholds, tiles worth reading);
-- the block's max and sum exp(x - max) (NaN when the block holds a NaN or +inf) and its
-  number of finite tokens (the sum: each tile's sum exp(x - tile max), then the tiles
-  weighted by exp(tile max - block max), compiled without fma contraction);
+- the block's max and sum exp(x - max) (NaN when the block holds a NaN or +inf; the sum:
+  each tile's sum exp(x - tile max), then the tiles weighted by exp(tile max - block max),
+  compiled without fma contraction), and its number of finite tokens on rows that get a
+  histogram (below; 0 on the others, whose plan never reads it);
 - for rows that need no threshold (random, no top-k / top-p / min-p) the sum of
   exp(x - tile max) of every tile (`tile_sum`), from which the plan draws the row's
   sub-chunk (sampling_topk_topp.py: a two-level race, the token noise of one sub-chunk only);
@@ -61,7 +62,7 @@ def _row_stats_kernel(
     log_min_p_ptr,                # [R] fp32: log(min_p), -inf = off
     tile_max_ptr,                 # [R, NT] fp32 out
     tile_sum_ptr,                 # [R, NT] fp32 out: sum exp(x - tile max) (unfiltered rows only)
-    part_f_ptr,                   # [R, NBLK, 4] fp32 out: max, sumexp, (unused), finite tokens
+    part_f_ptr,                   # [R, NBLK, 4] fp32 out: max, sumexp, (unused), finite tokens (0 without histogram)
     hist_ptr,                     # [R, NBLK, HIST_BINS] int16 out (filtered rows)
     hist_top_ptr,                 # [R, NBLK] int32 out: a(block max) (filtered rows)
     V, NT, NBLK,
@@ -112,7 +113,9 @@ def _row_stats_kernel(
             tl.store(tile_sum_ptr + row_t, t_sum, mask=tid < NT)
         m = tl.max(tmax, axis=0)
         z = tl.sum(t_sum * tl.exp(tmax - tl.where(m == float("-inf"), 0.0, m)), axis=0)
-        n_fin = tl.sum(tl.sum((x > float("-inf")).to(tl.int32), axis=1), axis=0)
+        n_fin = tl.zeros([], tl.int32)   # only the plan of a filtered row reads it
+        if filtered:
+            n_fin = tl.sum(tl.sum((x > float("-inf")).to(tl.int32), axis=1), axis=0)
         blk = r.to(tl.int64) * NBLK + b
         tl.store(part_f_ptr + blk * 4 + 0, m)
         tl.store(part_f_ptr + blk * 4 + 1, z)

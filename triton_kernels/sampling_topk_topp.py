@@ -561,7 +561,7 @@ def _direct_top_k(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p, tau
 @triton.jit
 def _combine_chunks(part_f_ptr, r, S, S_P2: tl.constexpr):
     """Row max m, normaliser Z = sum exp(x - m) and the number of finite tokens, from pass 1's
-    S block partials."""
+    S block partials (the count only on rows with a histogram: 0 on the others)."""
     si = tl.arange(0, S_P2)
     sm = si < S
     pb = (r * S + si).to(tl.int64)
