@@ -179,10 +179,8 @@ def _engine_kwargs(args) -> dict:
     if args.no_prefix_caching:
         kw["enable_prefix_caching"] = False
     if args.spec is not None:
-        kw.update(spec_method=args.spec, num_spec_tokens=4 if args.num_spec_tokens is None else args.num_spec_tokens,
-                  draft_model=args.draft_model,
-                  spec_batch_schedule=args.spec_batch_schedule,
-                  spec_synthetic_acceptance=args.spec_synthetic_acceptance)
+        kw["spec_method"] = args.spec
+        kw.update({name: getattr(args, name) for name in _SPEC_OPTIONS if getattr(args, name) is not None})
     if args.reasoning_end is not None:
         kw["reasoning_end"] = args.reasoning_end
     if args.structured_timeout is not None:
@@ -311,8 +309,8 @@ def _check_device(device: str | None) -> None:
     try:
         dev = torch.device(device)
     except RuntimeError:
-        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {device!r}") from None
-    if dev.type not in ("cpu", "cuda"):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
         raise ValueError(f"--device must be cpu, cuda or cuda:N, got {device!r}")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: this torch has no CUDA device (torch {torch.__version__})")

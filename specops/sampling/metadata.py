@@ -243,6 +243,12 @@ class SamplingMetadata:
     filters_of_hint: tuple = field(default=(), repr=False, compare=False)
     vocab_size: int | None = None
 
+    def check_vocab(self, vocab: int) -> None:
+        """Raise ValueError when logits of `vocab` columns do not match the vocabulary the
+        rows were built for (nothing to check when vocab_size is None)."""
+        if self.vocab_size is not None and vocab != self.vocab_size:
+            raise ValueError(f"logits has {vocab} columns but the metadata was built for vocab_size={self.vocab_size}")
+
     @property
     def num_rows(self) -> int:
         return self.temperature.shape[0]

@@ -143,8 +143,7 @@ class Sampler:
         R, V = logits.shape
         if R != metadata.num_rows:
             raise ValueError(f"logits has {R} rows but the metadata describes {metadata.num_rows}")
-        if metadata.vocab_size is not None and V != metadata.vocab_size:
-            raise ValueError(f"logits has {V} columns but the metadata was built for vocab_size={metadata.vocab_size}")
+        metadata.check_vocab(V)
         if logits.device != metadata.device:
             raise ValueError(f"logits are on {logits.device} but the metadata on {metadata.device}")
         procs = metadata.logitsprocs

@@ -142,9 +142,7 @@ class RejectionSampler:
         if metadata.num_rows != num_reqs:
             raise ValueError(f"metadata has {metadata.num_rows} rows, expected one per request ({num_reqs})")
         device, vocab = logits.device, logits.shape[1]
-        if metadata.vocab_size is not None and vocab != metadata.vocab_size:
-            raise ValueError(f"logits has {vocab} columns but the metadata was built for "
-                             f"vocab_size={metadata.vocab_size}")
+        metadata.check_vocab(vocab)
         # every input checked here, before the bonus rows' Sampler launches anything
         check_1d("draft_token_ids", draft_token_ids, total, (torch.int32, torch.int64), device)
         check_draft_probs(draft_probs, total, vocab, device)
