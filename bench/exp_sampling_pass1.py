@@ -28,6 +28,8 @@ from specops.triton_kernels import sampling_stats, sampling_topk_topp  # noqa: E
 # launcher's choice by the launch's size); the first is the default. Session 7 measured other
 # warps and register caps (logs/exp_sampling_pass1_2026-11-30.txt), with one program per block.
 GEOMETRIES = [(4, 96, None), (4, 96, 1), (4, 96, 2), (4, 96, 4), (4, 96, 8), (4, 128, 4), (4, 128, 8), (8, 128, 4)]
+if os.environ.get("EXP_GEOMETRIES"):   # e.g. "4/96/-,4/80/-": warps/maxnreg/blocks per program ('-': the launcher's)
+    GEOMETRIES = [tuple(None if v == "-" else int(v) for v in g.split("/")) for g in os.environ["EXP_GEOMETRIES"].split(",")]
 MIXES = {"greedy": [(0.0, 0, 1.0, 0.0)], "plain": [(1.0, 0, 1.0, 0.0)], "top_p=0.9": [(1.0, 0, 0.9, 0.0)],
          "bench MIX": MIX}
 BUDGET_S = float(os.environ.get("EXP_BUDGET_S", "150"))

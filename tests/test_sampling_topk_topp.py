@@ -1034,7 +1034,9 @@ def test_pass1_block_grouping_changes_nothing(dtype):
 def test_pass1_buffers_do_not_depend_on_block_grouping(V):
     # what pass 1 writes (tile maxima and sums, block partials, histograms), bit for bit, for
     # every grouping of blocks into programs, the launcher's own choice and one program per row
-    # included; unwritten entries keep their sentinel in every run
+    # included, and for every register cap (the same code; a launch promised no histogram rows
+    # still builds the histograms of the rows that need one); unwritten entries keep their
+    # sentinel in every run
     from specops.triton_kernels.sampling_stats import HIST_BINS, pass1_blocks, row_stats_pass, tile_size
     device = "cuda" if CUDA else "cpu"
     tile = tile_size(V) if CUDA else 16
@@ -1050,12 +1052,15 @@ def test_pass1_buffers_do_not_depend_on_block_grouping(V):
     p = torch.tensor([1.0, 1.0, 0.9, 1.0, 1.0, 1.0, 0.7, 1.0], device=device)
     log_min_p = torch.log(torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.1, 0.0, 0.0], device=device))
     runs = []
-    for bpp in (1, 2, 3, 4, None, nblk):
+    launches = [dict(blocks_per_program=bpp) for bpp in (1, 2, 3, 4, None, nblk)]
+    launches += [dict(maxnreg=64, blocks_per_program=4), dict(maxnreg=80), dict(maxnreg=96, blocks_per_program=2),
+                 dict(histograms=False, blocks_per_program=4)]
+    for launch in launches:
         out = [torch.full((R, NT), 7.0, device=device), torch.full((R, NT), 7.0, device=device),
                torch.full((R, nblk, 4), 7.0, device=device),
                torch.full((R, nblk, HIST_BINS), 7, dtype=torch.int16, device=device),
                torch.full((R, nblk), 7, dtype=torch.int32, device=device)]
-        row_stats_pass(logits, inv, k, p, log_min_p, tile, tpb, *out, blocks_per_program=bpp, kmax=128)
+        row_stats_pass(logits, inv, k, p, log_min_p, tile, tpb, *out, kmax=128, **launch)
         runs.append([t.view(torch.int32) if t.is_floating_point() else t for t in out])
     assert (runs[0][3] != 7).any() and (runs[0][1] != torch.tensor(7.0).view(torch.int32)).any()
     for run in runs[1:]:

@@ -156,6 +156,17 @@ BLOCKS_PER_PROGRAM = 4
 MANY_BLOCKS = 4096
 
 
+def pass1_maxnreg(histograms: bool) -> int:
+    """Registers per thread of pass 1 (4 warps): 64 (8 programs per SM) when no row of the
+    launch builds a histogram, else 80 (6 per SM: rows with a histogram run slower at 64).
+    The same code at every cap, so the same outputs bit for bit. On the H200 (V = 128256,
+    B = 128, logs/exp_sampling_pass1_2026-12-01.txt) pass 1 took, at 96 / 80 / 64 registers:
+    plain fp32 rows 24.8 / 21.9 / 21.1 us, bf16 19.1 / 17.0 / 15.1; top-p fp32 rows
+    59.2 / 58.0 / 60.8; the bench's mixed rows 40.1 / 39.7 / 42.5 (the whole sample() call:
+    logs/exp_pass1_maxnreg_2026-12-01.txt)."""
+    return 80 if histograms else 64
+
+
 def row_stats_pass(
     logits,            # [R, V] fp32/bf16/fp16, unit column stride
     inv_temperature,   # [R] fp32
@@ -169,15 +180,19 @@ def row_stats_pass(
     hist,              # [R, NBLK, HIST_BINS] int16 out
     hist_top,          # [R, NBLK] int32 out
     blocks_per_program: int | None = None,
-    num_warps: int = 4,          # 4 warps within 96 registers: 5 programs per SM
+    num_warps: int = 4,
     kmax: int = 0,
-    maxnreg: int | None = 96,
+    maxnreg: int | None = None,
+    histograms: bool = True,
 ):
     """Launch pass 1 (see module docstring); rows with 1 <= top_k <= kmax get no histogram.
     `blocks_per_program` (default: 1, or BLOCKS_PER_PROGRAM from MANY_BLOCKS blocks in the
-    launch; more than one prefetches the next block) changes speed only; `num_warps` and
-    `maxnreg` change speed and the rounding of the block sums (keep them functions of the
-    vocabulary, for batch invariance)."""
+    launch; more than one prefetches the next block) changes speed only; `num_warps` changes
+    speed and the rounding of the block sums (keep it a function of the vocabulary, for batch
+    invariance). `maxnreg` (registers per thread; default: `pass1_maxnreg(histograms)`) caps
+    the registers of the same code, so it changes speed only (the tests check every buffer bit
+    for bit); `histograms=False` promises that no row needs a histogram (a row that does still
+    gets it, only more slowly)."""
     R, V = logits.shape
     NT = tile_max.shape[1]
     nblk = part_f.shape[1]
@@ -189,5 +204,5 @@ def row_stats_pass(
         tile_max, tile_sum, part_f, hist, hist_top,
         V, NT, nblk, bpp, kmax,
         TILE=tile, TPB=tpb, PREFETCH=bpp > 1, num_warps=num_warps,
-        **({} if maxnreg is None else {"maxnreg": maxnreg}), **pdl_kwargs(logits), **NO_FP_FUSION,
+        maxnreg=maxnreg or pass1_maxnreg(histograms), **pdl_kwargs(logits), **NO_FP_FUSION,
     )

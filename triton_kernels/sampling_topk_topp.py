@@ -1066,8 +1066,9 @@ def sample_top_k_top_p_triton(
     tile_list = torch.empty(R, NT_P2, dtype=i32, device=dev)
     cand = torch.empty(R, cap, dtype=torch.int64, device=dev)
     pdl = pdl_kwargs(logits)
+    # rows that need the search are the rows with a histogram: without them pass 1 runs lighter
     row_stats_pass(logits, inv_temperature, top_k, top_p, log_min_p, tile, tpb,
-                   tile_max, tile_sum, part_f, hist, hist_top, blocks_per_program, kmax=kmax)
+                   tile_max, tile_sum, part_f, hist, hist_top, blocks_per_program, kmax=kmax, histograms=search)
     _plan_kernel[(R,)](
         logits, logits.stride(0), inv_temperature, top_k, top_p, log_min_p,
         tile_max, tile_sum, part_f, hist, hist_top, seeds, positions, tile_list, cand,
