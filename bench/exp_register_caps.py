@@ -14,7 +14,8 @@ FAST timing), the capped kernel by the profiler. fp32, V = 128256: the sampler o
 bench_sampling's mixed 'llm' rows at B = 128 and 512, rejection at K = 1, B = 128 and K = 4,
 B = 32, with and without draft probs (exp_rejection_pass1.make_inputs).
 
-Written in session 17 after its device time was spent: not run on a GPU yet.
+Run in session 18 (logs/exp_register_caps_2026-12-01.txt): collect and plan gained (adopted
+after bench/exp_collect_caps.py re-timed them interleaved); the others did not.
 """
 import contextlib
 import functools

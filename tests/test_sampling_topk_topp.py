@@ -999,13 +999,15 @@ def test_cuda_a_rows_distribution_does_not_depend_on_its_batch(dtype):
             assert torch.equal(getattr(full, name)[one], getattr(alone, name)), (row, sorted(kw), name)
 
 
-@pytest.mark.timeout(300)      # one compilation per pass-1 variant
+@pytest.mark.timeout(300)      # one compilation per pass-1 variant and register cap
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_pass1_block_grouping_changes_nothing(dtype):
+def test_pass1_block_grouping_changes_nothing(dtype, monkeypatch):
     # pass 1 groups its blocks into programs by the launch's size (one block each, or several
     # with the next one prefetched): each block is reduced alone, in one layout and without fma
-    # contraction, so every output is bit for bit the same however they are grouped; rows of
-    # every path, a NaN row and an all -inf row included
+    # contraction, so every output is bit for bit the same however they are grouped; likewise
+    # for the register caps of the plan and the collect launch (set by the batch's size); rows
+    # of every path, a NaN row and an all -inf row included
+    from specops.triton_kernels import sampling_topk_topp
     device, V, kw = ("cuda", 128256, {}) if CUDA else ("cpu", 3001, dict(tile=16, num_chunks=7))
     R = 12
     g = torch.Generator(device=device).manual_seed(11)
@@ -1020,9 +1022,14 @@ def test_pass1_block_grouping_changes_nothing(dtype):
     p = torch.tensor([0.95, 1.0, 0.9, 1.0, 0.9, 1.0, 0.8, 0.95, 1.0, 0.5, 1.0, 1.0], device=device)
     mp = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.02, 0.0, 0.05, 0.0, 0.0, 0.0], device=device)
     seeds, pos = torch.arange(R, device=device) + 100, torch.arange(R, device=device) * 3
-    runs = [sample(logits, inv, k, p, mp, seeds, pos, backend="triton", blocks_per_program=bpp, **kw)
+    paths = {}
+    runs = [sample(logits, inv, k, p, mp, seeds, pos, backend="triton", blocks_per_program=bpp, paths=paths, **kw)
             for bpp in (1, 2, 3, 4)]
     assert runs[0].tokens[4] == -1 and runs[0].tokens[5] == -1 and (runs[0].tokens[:4] >= 0).all()
+    assert (paths["mode"] == int(sampling_topk_topp.COLLECT.value)).any()   # the collect launch ran
+    for regs in ({"plan": None, "collect": None}, {"plan": 128, "collect": 64}, {"plan": 96, "collect": 96}):
+        monkeypatch.setattr(sampling_topk_topp, "later_maxnreg", lambda rows, regs=regs: regs)
+        runs.append(sample(logits, inv, k, p, mp, seeds, pos, backend="triton", **kw))
     for run in runs[1:]:
         for name in ("tokens", "threshold", "row_max", "log_norm"):     # NaN where the row is invalid
             torch.testing.assert_close(getattr(run, name), getattr(runs[0], name), rtol=0, atol=0, equal_nan=True,

@@ -935,6 +935,22 @@ and at most ~k * TILE tokens read from L2 by one program, whose ~k candidates fi
 small sort (256)."""
 
 
+MANY_ROWS = 256
+
+
+def later_maxnreg(rows: int) -> dict[str, int | None]:
+    """Registers per thread of the plan and the collect launch for a launch of `rows` rows
+    ({"plan": cap or None, "collect": cap}). A cap compiles the same code into fewer registers
+    (more programs per SM), so it changes speed only: every output is bit for bit the same (the
+    tests compare them), and a row's token does not depend on its batch. On the H200 (the
+    whole sample() call, bench_sampling's mixed rows, interleaved rounds;
+    logs/exp_collect_caps_2026-12-01.txt): collect at 80 registers (119 uncapped) takes 0.95-0.96x of the uncapped call at fp32
+    V = 128256 B = 32 and 128, and at 64 0.90x at B = 512, where the plan at 128 (165 uncapped,
+    one program per SM) saves 2-3% more; below MANY_ROWS rows the plan's cap costs 4-12%."""
+    many = rows >= MANY_ROWS
+    return {"plan": 128 if many else None, "collect": 64 if many else 80}
+
+
 def draw_sub_chunk(vocab: int) -> int:
     """Tokens per sub-chunk of the two-level draw of rows without a filter (`_draw_unfiltered`;
     specops.sampling.sampler_torch mirrors it): 2048, or an eighth of a small vocabulary, and
@@ -1066,6 +1082,7 @@ def sample_top_k_top_p_triton(
     tile_list = torch.empty(R, NT_P2, dtype=i32, device=dev)
     cand = torch.empty(R, cap, dtype=torch.int64, device=dev)
     pdl = pdl_kwargs(logits)
+    regs = later_maxnreg(R)
     # rows that need the search are the rows with a histogram: without them pass 1 runs lighter
     row_stats_pass(logits, inv_temperature, top_k, top_p, log_min_p, tile, tpb,
                    tile_max, tile_sum, part_f, hist, hist_top, blocks_per_program, kmax=kmax, histograms=search)
@@ -1076,7 +1093,7 @@ def sample_top_k_top_p_triton(
         V, NT, nblk, stream, kmax,
         TILE=tile, NT_P2=NT_P2, S_P2=max(16, _next_pow2(nblk)), CAP=cap, GB=32, SELECT=select, HB=HIST_BINS, G=G, SUB=sub,
         SMALL=min(256, cap), TOPT=topt, GD=gd, PIPE=direct_pipe, DS=ds, DEFER=defer, SEARCH=search,
-        num_warps=plan_warps, **pdl,
+        num_warps=plan_warps, maxnreg=regs["plan"], **pdl,
     )
     if paths is not None:
         paths["planned"] = st_i[:, 0].clone()
@@ -1098,7 +1115,8 @@ def sample_top_k_top_p_triton(
             DEFER=defer, num_warps=8, **pdl)
     elif search:
         _collect_kernel[(R, s3)](logits, logits.stride(0), inv_temperature, seeds, positions, st_i, st_f, cand,
-                                 pn, pf, pi, V, s3, bpp, stream, BLOCK=2048, CAP=cap, num_warps=8, **pdl)
+                                 pn, pf, pi, V, s3, bpp, stream, BLOCK=2048, CAP=cap, num_warps=8,
+                                 maxnreg=regs["collect"], **pdl)
     _finish_kernel[(R,)](
         logits, logits.stride(0), inv_temperature, top_k, top_p, seeds, positions, tile_max,
         st_i, st_f, pn, pf, pi, tile_list, cand, tokens, thr, lnorm,
