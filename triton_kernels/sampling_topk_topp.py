@@ -944,9 +944,10 @@ def later_maxnreg(rows: int) -> dict[str, int | None]:
     (more programs per SM), so it changes speed only: every output is bit for bit the same (the
     tests compare them), and a row's token does not depend on its batch. On the H200 (the
     whole sample() call, bench_sampling's mixed rows, interleaved rounds;
-    logs/exp_collect_caps_2026-12-01.txt): collect at 80 registers (119 uncapped) takes 0.95-0.96x of the uncapped call at fp32
-    V = 128256 B = 32 and 128, and at 64 0.90x at B = 512, where the plan at 128 (165 uncapped,
-    one program per SM) saves 2-3% more; below MANY_ROWS rows the plan's cap costs 4-12%."""
+    logs/exp_collect_caps_2026-12-01.txt): collect at 80 registers (119 uncapped) takes
+    0.95-0.96x of the uncapped call at fp32 V = 128256 B = 32 and 128, and at 64 0.90x at
+    B = 512, where the plan at 128 (165 uncapped, one program per SM) saves 2-3% more; below
+    MANY_ROWS rows the plan's cap costs 4-12%."""
     many = rows >= MANY_ROWS
     return {"plan": 128 if many else None, "collect": 64 if many else 80}
 
