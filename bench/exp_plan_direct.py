@@ -48,8 +48,10 @@ VARIANTS = {                       # name -> sample_top_k_top_p_triton keyword a
     "g64-pipe": dict(direct_group=64, direct_pipe=True),
     "ds64": dict(direct_small=64),                     # <= 64 candidates: a sort of 64 keys
     "ds128": dict(direct_small=128),
+    "g64-ds64": dict(direct_group=64, direct_small=64),
     "top-ds64": dict(direct_top=True, direct_small=64),
     "top-ds128": dict(direct_top=True, direct_small=128),
+    "plan": dict(direct_in="plan"),                    # decided in the plan (the default above DEFER_ROWS rows)
     "defer": dict(direct_in="collect"),                # decided in the collect launch
     "defer-top": dict(direct_in="collect", direct_top=True),
     "spread": dict(direct_in="spread"),                # plan lists the top tiles, collect reads, finish sorts
@@ -132,6 +134,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--variants", default=",".join(v for v in VARIANTS if v not in SPILLING))
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    ap.add_argument("--params", default="engine,mix", help="parameter sets: engine, mix or both")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("exp_plan_direct: no CUDA device, nothing to do")
@@ -152,6 +155,8 @@ def main() -> int:
     print(f"{'params':6s} {'B':>4s} {'dir':>4s}  {'variant':10s} {'plan':>6s} {'collect':>7s} {'finish':>6s} "
           f"{'kernels':>7s} {'graph':>7s}  vs default", flush=True)
     for name, mix in (("engine", ENGINE), ("mix", MIX)):
+        if name not in a.params.split(","):
+            continue
         for B in batches:
             run(name, mix, B, variants)
     return 0

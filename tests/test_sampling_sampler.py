@@ -224,8 +224,8 @@ def test_sampler_leaves_out_the_search_kernels_when_no_row_needs_them(wide, monk
     from test_sampling_topk_topp import _CountingKernel
     from specops.triton_kernels import sampling_topk_topp as tk
     launched = []
-    for name in ("_refine_kernel", "_collect_kernel"):
-        monkeypatch.setattr(tk, name, _CountingKernel(getattr(tk, name), name, launched))
+    for name in ("_refine_kernel", "_collect_kernel", "_collect_direct_kernel"):   # either collect launch
+        monkeypatch.setattr(tk, name, _CountingKernel(getattr(tk, name), name.replace("_direct", ""), launched))
     g = fresh_gen()
     V = 128256 if CUDA else 2000
     plist = [params(temperature=0.0), params(), params(top_k=20, seed=5), params(top_k=128, top_p=0.8),

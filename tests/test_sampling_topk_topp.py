@@ -439,6 +439,88 @@ def test_seeded_rows_are_batch_invariant(backend):
                              unfiltered_row=unfiltered_row)
 
 
+@pytest.mark.timeout(300)
+def test_direct_rows_are_the_same_whichever_launch_decides_them(monkeypatch):
+    # direct_in="auto": small top-k rows are decided in the plan when the launch has no search
+    # (the rows alone), in the collect launch when it has one and at most DEFER_ROWS rows (beside a
+    # top-p row), in the plan again above that: every output of those rows is the same bit for bit
+    from specops.triton_kernels import sampling_topk_topp as stk
+
+    g = fresh_gen()
+    dev = "cuda" if CUDA else "cpu"
+    V, kw = (128256, {}) if CUDA else (1500, dict(tile=16, cap=256))
+    monkeypatch.setattr(stk, "DEFER_ROWS", 4)       # the rule, at a small batch
+    R = stk.DEFER_ROWS + 4
+    logits = torch.randn(R, V, generator=g) * 2
+    logits.scatter_add_(1, torch.randint(0, V, (R, 32), generator=g), 6 + 6 * torch.rand(R, 32, generator=g))
+    logits = logits.to(dev)
+    inv = torch.full((R,), 1 / 0.8, device=dev)
+    k = torch.tensor([40, 50] + [0] * (R - 2), dtype=torch.int32, device=dev)
+    p = torch.tensor([0.95, 1.0] + [0.9] * (R - 2), device=dev)
+    seeds, pos = torch.arange(R, device=dev) + 7, torch.arange(R, device=dev) * 5
+    launched = []
+    monkeypatch.setattr(stk, "_collect_direct_kernel", _CountingKernel(stk._collect_direct_kernel, "direct", launched))
+
+    def run(rows, **opts):
+        paths = {}
+        res = sample(logits[:rows], inv[:rows], k[:rows], p[:rows], None, seeds[:rows], pos[:rows],
+                     backend="triton", paths=paths, **kw, **opts)
+        return res, paths["mode"][:2].tolist()
+
+    D = _modes()["DIRECT"]
+    alone, mode_alone = run(2, search=False)                 # in the plan, no search launched
+    assert launched == []
+    beside, mode_beside = run(3)                              # in the collect launch
+    assert launched == ["direct"]
+    many, mode_many = run(R)                                  # R > DEFER_ROWS: in the plan
+    assert launched == ["direct"]
+    assert mode_alone == mode_beside == mode_many == [D, D]
+    for got in (beside, many):
+        for x, y in zip((alone.tokens, alone.threshold, alone.row_max, alone.log_norm),
+                        (got.tokens, got.threshold, got.row_max, got.log_norm)):
+            assert torch.equal(x[:2], y[:2])
+
+
+def test_missing_filters_read_cached_constants():
+    from specops.triton_kernels.sampling_topk_topp import _CONSTANT_ROWS, constant_rows
+
+    _CONSTANT_ROWS.clear()
+    a = constant_rows(5, 0, torch.int32, torch.device("cpu"))
+    b = constant_rows(3, 0, torch.int32, "cpu")
+    assert a.dtype == torch.int32 and a.tolist() == [0] * 5 and b.tolist() == [0] * 3
+    assert b.data_ptr() == a.data_ptr()                       # one buffer, no new fill
+    c = constant_rows(300, float("-inf"), torch.float32, "cpu")
+    assert c.shape == (300,) and bool((c == float("-inf")).all())
+    assert constant_rows(2, 1.0, torch.float32, "cpu").tolist() == [1.0, 1.0]
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_cuda_missing_filters_inside_a_first_graph_capture():
+    # a launch without filter tensors whose constants are not cached yet fills its own inside the
+    # capture (a cached buffer filled there would hold garbage until the first replay)
+    from specops.triton_kernels.sampling_topk_topp import _CONSTANT_ROWS
+
+    g = fresh_gen()
+    R, V = 3, 4096
+    logits = (torch.randn(R, V, generator=g) * 2).cuda()
+    inv = torch.tensor([1.0, 0.5, -1.0], device="cuda")
+    seeds, pos = torch.arange(R, device="cuda") + 1, torch.zeros(R, dtype=torch.int64, device="cuda")
+    want = sample(logits, inv, None, None, None, seeds, pos, backend="triton")     # compiles
+    _CONSTANT_ROWS.clear()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+        got = sample(logits, inv, None, None, None, seeds, pos, backend="triton")
+    torch.cuda.current_stream().wait_stream(side)
+    assert not _CONSTANT_ROWS                                  # nothing cached from inside the capture
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.log_norm, want.log_norm)
+    again = sample(logits, inv, None, None, None, seeds, pos, backend="triton")
+    assert torch.equal(again.tokens, want.tokens) and _CONSTANT_ROWS
+
+
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_nan_parameters_count_as_off(backend):
     # sample() takes parameter tensors unchecked (SamplingMetadata validates them): a NaN
@@ -636,7 +718,7 @@ def test_search_false_skips_the_search_launches_and_stays_exact(monkeypatch):
     from specops.triton_kernels import sampling_topk_topp as tk
     DIRECT, DONE, FALLBACK = (int(c.value) for c in (sel.DIRECT, sel.DONE, sel.FALLBACK))
     launched = []
-    for name in ("_refine_kernel", "_refine_combine_kernel", "_collect_kernel"):
+    for name in ("_refine_kernel", "_refine_combine_kernel", "_collect_kernel", "_collect_direct_kernel"):
         kernel = getattr(tk, name)
         monkeypatch.setattr(tk, name, _CountingKernel(kernel, name, launched))
     V = 8000
@@ -819,7 +901,7 @@ def _direct_rows(g: torch.Generator, V: int, kmax: int):
 def test_direct_top_k_path_is_taken_and_exact(dtype, monkeypatch):
     g = fresh_gen()
     V, kmax = 1500, 12
-    kw = dict(tile=16, cap=64, num_chunks=3, kmax=kmax)
+    kw = dict(tile=16, cap=64, num_chunks=3, kmax=kmax, direct_in="plan")   # "planned": the plan's own decisions
     logits, args, want = _direct_rows(g, V, kmax)
     logits = logits.to(dtype)
     inv, k, p, mp, seeds, pos = args

@@ -11,7 +11,8 @@ exponential-noise draw. The launcher `sample_top_k_top_p_triton` runs, with no h
    (`_draw_unfiltered`: a two-level exponential race, noise from specops.rng, STREAM given
    by the caller; its sub-chunk noise on STREAM + SUB_STREAM). Rows with
    1 <= top_k <= kmax (128) are decided here (`_direct_top_k`): the
-   tiles whose max reaches the k-th largest tile max hold every token the filters keep;
+   tiles whose max reaches a lower bound of the k-th largest tile max (found by counting
+   the tile maxima against probes, not by sorting them) hold every token the filters keep;
    their tokens are collected and finished as in step 4 (ties or overflow: the exact
    search of step 4); launcher knobs (see `sample_top_k_top_p_triton`) trade how this
    is done (a tl.topk of the tile maxima, bigger groups of tiles) or where (in the collect
@@ -196,6 +197,36 @@ def _top_tiles(tm_row, NT, k, TOPT: tl.constexpr, NT_P2: tl.constexpr):
     lo = tl.max(tl.where(tl.arange(0, TOPT) == k - 1, tx, float("-inf")), axis=0)
     n_sel = tl.sum((tm >= tl.maximum(lo, -3.4028234663852886e38)).to(tl.int32), axis=0)
     return lo, tid, n_sel
+
+
+@triton.jit
+def _tile_bound(tm_row, NT, m, k, NT_P2: tl.constexpr, P: tl.constexpr = 16, ROUNDS: tl.constexpr = 2):
+    """(lo, n_sel): a lower bound lo of t_k, the k-th largest tile max, found by counting
+    instead of sorting, and the number of tiles whose max is >= max(lo, -FLT_MAX).
+
+    A bracket [lo, hi) with count(lo) >= k tiles (count(x): tiles whose max is >= x) starts at
+    [smallest finite tile max, row max m] and shrinks ROUNDS times: the P probes hi - (hi -
+    lo) (j + 1) / P (the last one lo itself) are counted at once; lo becomes the largest probe
+    counted >= k times, hi the smallest counted fewer. count(lo) >= k means lo <= t_k, so the
+    tiles reaching lo hold every tile reaching t_k; they exceed k only by the tiles whose
+    max lies in [lo, t_k), a bracket (m - smallest tile max) / P**ROUNDS wide. With fewer than
+    k finite tiles, lo = -inf (every finite tile). A function of the tile maxima and k only.
+    """
+    t = tl.arange(0, NT_P2)
+    tm = tl.load(tm_row + t, mask=t < NT, other=float("-inf"))
+    n_fin = tl.sum((tm > float("-inf")).to(tl.int32), axis=0)
+    enough = n_fin >= k
+    lo = tl.where(enough, tl.min(tl.where(tm > float("-inf"), tm, float("inf")), axis=0), m)
+    hi = m
+    j = tl.arange(0, P)
+    for _ in tl.static_range(ROUNDS):
+        probes = tl.where(j == P - 1, lo, hi - (hi - lo) * ((j + 1).to(tl.float32) * (1.0 / P)))
+        cnt = tl.sum((tm[None, :] >= probes[:, None]).to(tl.int32), axis=1)      # [P]
+        lo = tl.maximum(lo, tl.max(tl.where(cnt >= k, probes, float("-inf")), axis=0))
+        hi = tl.minimum(hi, tl.min(tl.where(cnt < k, probes, float("inf")), axis=0))
+    lo = tl.where(enough, lo, float("-inf"))
+    n_sel = tl.sum((tm >= tl.maximum(lo, -3.4028234663852886e38)).to(tl.int32), axis=0)
+    return lo, n_sel
 
 
 @triton.jit
@@ -440,8 +471,8 @@ def _resolve_filtered(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p,
 
 
 @triton.jit
-def _spread_plan(tm_row, list_row, NT, k, max_tiles, TOPT: tl.constexpr, NT_P2: tl.constexpr):
-    """Plan of a direct row whose tiles the collect launch reads (direct_in="spread"): (t_k,
+def _spread_plan(tm_row, list_row, NT, m, k, max_tiles, TOPT: tl.constexpr, NT_P2: tl.constexpr):
+    """Plan of a direct row whose tiles the collect launch reads (direct_in="spread"): (lo,
     n_sel) as `_direct_top_k` finds them; when n_sel <= max_tiles the ids of those tiles are in
     list_row[:n_sel] (their order is free: the finish sorts the candidates)."""
     if TOPT > 0:
@@ -451,10 +482,7 @@ def _spread_plan(tm_row, list_row, NT, k, max_tiles, TOPT: tl.constexpr, NT_P2: 
         elif n_sel <= max_tiles:
             _select_tiles(tm_row, list_row, NT, tl.maximum(lo, -3.4028234663852886e38), NT_P2)
     else:
-        t = tl.arange(0, NT_P2)
-        stm = tl.sort(tl.load(tm_row + t, mask=t < NT, other=float("-inf")), 0, True)
-        lo = tl.max(tl.where(t == k - 1, stm, float("-inf")), axis=0)
-        n_sel = tl.sum((stm >= tl.maximum(lo, -3.4028234663852886e38)).to(tl.int32), axis=0)
+        lo, n_sel = _tile_bound(tm_row, NT, m, k, NT_P2)
         if n_sel <= max_tiles:
             _select_tiles(tm_row, list_row, NT, tl.maximum(lo, -3.4028234663852886e38), NT_P2)
     return lo, n_sel
@@ -497,35 +525,33 @@ def _direct_top_k(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p, tau
     """Exact threshold and draw of a row with a small top-k (1 <= k < V), from its top tiles.
 
     t_k, the k-th largest tile max, bounds the k-th largest value v_k from below: the k tiles
-    with the largest maxima each hold a value >= t_k. So every token >= t_k lies in one of
-    the tiles whose max is >= t_k (k of them, more on ties), and once they are collected
-    (all of them: hi = +inf) the candidates hold every token the top-k, min-p and top-p cuts
-    can keep (tau >= t1 = max(tau_min, v_k) >= t_k). `_finish_collected` then decides tau
-    and draws exactly as the finish does for such a complete set. With fewer than k finite
-    tiles, t_k = -inf and the candidates are all finite tokens.
+    with the largest maxima each hold a value >= t_k. So does any lo <= t_k, and every token
+    >= lo lies in one of the tiles whose max is >= lo; once they are collected (all of them:
+    hi = +inf) the candidates hold every token the top-k, min-p and top-p cuts can keep (tau
+    >= t1 = max(tau_min, v_k) >= lo). `_finish_collected` then decides tau and draws exactly as
+    the finish does for such a complete set. With fewer than k finite tiles, lo = -inf and the
+    candidates are all finite tokens.
 
-    TOPT = 0: t_k from a sort of the tile maxima, the tiles listed through global memory
-    (`_select_tiles`) and read G at a time. TOPT > 0 (a power of two >= min(kmax, NT_P2)):
-    t_k and the top tiles' ids from one `tl.topk` of (max, id) keys (`_top_tiles`), the
-    tiles read GD at a time straight from those ids (`_collect_top`; ties that put more
-    than TOPT tiles at t_k take the list). Both store the same candidate set, so the sorted
-    candidates, every sum and the draw are the same. The list path reads GD tiles a group
-    (software-pipelined with PIPE).
+    TOPT = 0: lo from counting the tile maxima against probes (`_tile_bound`: no sort; a few
+    tiles more than k are read), the tiles listed through global memory (`_select_tiles`) and
+    read GD at a time (software-pipelined with PIPE). TOPT > 0 (a power of two >= min(kmax,
+    NT_P2)): lo = t_k exactly and the top tiles' ids from one `tl.topk` of (max, id) keys
+    (`_top_tiles`), the tiles read GD at a time straight from those ids (`_collect_top`;
+    ties that put more than TOPT tiles at t_k take the list). The candidate sets differ only
+    by tokens below v_k, which sort after the kept ones and add +0.0: the sorted candidates'
+    leading positions, every sum and the draw are the same while the sort size is.
 
     DS > 0 (a power of two < SMALL): at most DS candidates are sorted as DS keys instead of
     SMALL. The kept tokens hold the same leading positions and the rest add +0.0, but the
     sums then run over another layout: the same results only where the experiment shows it.
 
     Returns (ok, tau, token, kept mass); ok is False when more than `max_tiles` tiles reach
-    t_k or more than CAP tokens do (ties), or a check of `_finish_collected` fails.
+    lo or more than CAP tokens do (ties), or a check of `_finish_collected` fails.
     """
     if TOPT > 0:
         lo, tid, n_sel = _top_tiles(tm_row, NT, k, TOPT, NT_P2)
     else:
-        t = tl.arange(0, NT_P2)
-        stm = tl.sort(tl.load(tm_row + t, mask=t < NT, other=float("-inf")), 0, True)
-        lo = tl.max(tl.where(t == k - 1, stm, float("-inf")), axis=0)
-        n_sel = tl.sum((stm >= tl.maximum(lo, -3.4028234663852886e38)).to(tl.int32), axis=0)
+        lo, n_sel = _tile_bound(tm_row, NT, m, k, NT_P2)
     lo_fin = tl.maximum(lo, -3.4028234663852886e38)      # x >= lo_fin: the finite x >= lo
     ok = n_sel <= max_tiles
     tau = tau_min
@@ -677,7 +703,7 @@ def _plan_kernel(
             if has_k & (k <= KMAX):
                 mode = r * 0 + DIRECT
                 if DEFER == 2:
-                    lo, n_top = _spread_plan(tile_max_ptr + r64 * NT, list_ptr + r64 * NT_P2, NT, k, 2 * KMAX,
+                    lo, n_top = _spread_plan(tile_max_ptr + r64 * NT, list_ptr + r64 * NT_P2, NT, m, k, 2 * KMAX,
                                              TOPT, NT_P2)
                     mode = tl.where(n_top <= 2 * KMAX, SPREAD, FALLBACK)
                     hi = tl.full([], float("inf"), tl.float32)
@@ -746,13 +772,17 @@ def _collect_direct_kernel(
     r = tl.program_id(0)
     c = tl.program_id(1)
     mode = tl.load(st_i_ptr + r * 4)
-    if mode == SPREAD:
-        r64 = r.to(tl.int64)
-        _spread_collect(logits_ptr + r64 * stride_row, list_ptr + r64 * NT_P2, cand_ptr + r64 * CAP,
-                        st_i_ptr + r * 4 + 1, tl.load(st_i_ptr + r * 4 + 3), V, tl.load(inv_temp_ptr + r),
-                        tl.load(st_f_ptr + r * 6 + 2), c, S3, TILE, TPP, CAP)
+    if DEFER == 2:          # (each mode compiles only its own branch)
+        if mode == SPREAD:
+            r64 = r.to(tl.int64)
+            _spread_collect(logits_ptr + r64 * stride_row, list_ptr + r64 * NT_P2, cand_ptr + r64 * CAP,
+                            st_i_ptr + r * 4 + 1, tl.load(st_i_ptr + r * 4 + 3), V, tl.load(inv_temp_ptr + r),
+                            tl.load(st_f_ptr + r * 6 + 2), c, S3, TILE, TPP, CAP)
+        else:
+            collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, st_i_ptr, st_f_ptr, cand_ptr,
+                            n_ptr, f_ptr, i_ptr, V, S3, BPP, stream, r, c, mode, BLOCK, CAP)
     elif mode == DIRECT:
-        if (DEFER == 1) & (c == 0):
+        if c == 0:
             r64 = r.to(tl.int64)
             k = tl.load(top_k_ptr + r)
             p = tl.load(top_p_ptr + r)
@@ -935,6 +965,38 @@ and at most ~k * TILE tokens read from L2 by one program, whose ~k candidates fi
 small sort (256)."""
 
 
+DIRECT_SMALL = 64
+"""Default `direct_small`: a direct row with at most 64 candidates (the common top_k values of
+20 .. 50 on LLM logits) sorts them as 64 keys, not 256. On the H200 (V = 128256 fp32, batch 1,
+bench_sampling's first mixed row; logs/exp_direct_stages_2026-12-01b.txt) the direct path took
+9.3 against 10.2 µs and the whole sample() call 14.9 against 15.5."""
+
+DEFER_ROWS = 64
+"""Largest launch whose direct rows `direct_in="auto"` decides in the collect launch (when
+the launch has one). On the H200 (bench_sampling's mixed rows, fp32 V = 128256; the whole
+sample() call in a CUDA graph; logs/exp_plan_direct_2026-12-01c.txt): 34.3 / 42.5 / 53.3 /
+65.8 / 90.3 µs against 39.3 / 45.6 / 63.6 / 71.8 / 92.8 in the plan at B = 4 / 8 / 16 / 32 /
+64; not measured above."""
+
+_CONSTANT_ROWS: dict = {}
+
+
+def constant_rows(R: int, value, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[R] tensor of `value` that kernels only read: a view of one cached buffer per (value,
+    dtype, device), so that a call without a filter launches no fill kernel. The buffer is
+    filled once, outside any CUDA-graph capture (a fill captured in a graph would run only at
+    its replay: such a call gets a fresh tensor of its own)."""
+    key = (value, dtype, torch.device(device))
+    buf = _CONSTANT_ROWS.get(key)
+    if buf is not None and buf.numel() >= R:
+        return buf[:R]
+    if torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.full((R,), value, dtype=dtype, device=device)
+    buf = torch.full((max(R, 2 * (buf.numel() if buf is not None else 0), 64),), value, dtype=dtype, device=device)
+    _CONSTANT_ROWS[key] = buf
+    return buf[:R]
+
+
 MANY_ROWS = 256
 
 
@@ -982,8 +1044,8 @@ def sample_top_k_top_p_triton(
     direct_top: bool = False,
     direct_group: int | None = None,
     direct_pipe: bool = False,
-    direct_small: int = 0,
-    direct_in: str = "plan",
+    direct_small: int = DIRECT_SMALL,
+    direct_in: str = "auto",
     search: bool = True,
 ):
     """Pass 1 (row statistics, tile maxima, histograms), plan, refine, collect and finish.
@@ -1006,23 +1068,27 @@ def sample_top_k_top_p_triton(
     `paths`, when a dict, receives "mode": [R] int32, the path each row took
     (sampling_select.DONE / DRAW / COLLECT / FALLBACK / DIRECT).
 
-    Latency knobs of the direct path (each stores the same candidate set and gives the same
-    tokens, thresholds, log_norm and paths["mode"] as the default, except where said; see
-    bench/exp_plan_direct.py): `plan_warps`, the plan's warps (the sums of the direct rows'
-    finish, and the plan's sum of pass 1's block partials, are then over another thread layout);
-    `direct_top=True` takes t_k and the top tiles from one `tl.topk` of (max, id) keys and
-    reads them `direct_group` (default 64) tiles at a time with no tile list (`_top_tiles`);
-    without it the listed tiles are read `direct_group` (default 2048 // tile) at a time,
-    software-pipelined with `direct_pipe=True`; `direct_small` (0 = off, else a power of
-    two below 256) sorts at most that many candidates in a smaller sort (the sums then run
-    over another layout: same results only where the experiment shows it);
-    `direct_in="collect"` decides the direct rows in program 0 of their row in the collect
-    launch instead of in the plan, so that they run beside the other rows' refine and
-    collect rather than before them (`_collect_direct_kernel`); `direct_in="spread"`: the
-    plan only lists the top tiles (t_k from the sort, or the topk with direct_top), every
-    collect program of the row reads a few of them and the finish sorts the candidates.
-    With either, paths["planned"] / ["refined"] show DIRECT / SPREAD also for rows that
-    then fall back; paths["mode"] is the default's.
+    Latency knobs of the direct path (each gives the same tokens, thresholds, log_norm and
+    paths["mode"] as the default, except where said; see bench/exp_plan_direct.py):
+    `plan_warps`, the plan's warps (the sums of the direct rows' finish, and the plan's sum of
+    pass 1's block partials, are then over another thread layout); `direct_top=True` takes
+    t_k itself (not the counted bound) and the top tiles from one `tl.topk` of (max, id) keys
+    (fewer candidates, the same leading ones) and reads them `direct_group` (default 64)
+    tiles at a time with no tile list (`_top_tiles`); without it the listed tiles are read
+    `direct_group` (default 2048 // tile) at a time, software-pipelined with
+    `direct_pipe=True`; `direct_small` (default DIRECT_SMALL; 0 = off, else a power of two
+    below 256) sorts at most that many candidates in a smaller sort (the sums then run over
+    another layout: same results only where the experiment shows it); `direct_in="collect"`
+    decides the direct rows in program 0 of their row in the collect launch instead of in
+    the plan, so that they run beside the other rows' refine and collect rather than before
+    them (`_collect_direct_kernel`); `direct_in="spread"`: the plan only lists the top tiles
+    (those reaching the counted bound, or t_k with direct_top), every collect program of the
+    row reads a few of them and the finish sorts the candidates. With either,
+    paths["planned"] / ["refined"] show DIRECT / SPREAD also for rows that then fall back;
+    paths["mode"] is the default's. The default, "auto", is "collect" when the launch has
+    the refine and collect kernels anyway (`search`) and at most DEFER_ROWS rows, else
+    "plan": the direct rows' results are the same either way (the same `_direct_top_k` call,
+    the same layout), so a row's results do not depend on its batch.
     """
     R, V = logits.shape
     dev = logits.device
@@ -1035,8 +1101,8 @@ def sample_top_k_top_p_triton(
                     ("direct_small", direct_small or 1)):
         if v < 1 or v & (v - 1):
             raise ValueError(f"{name} must be a power of two, got {v}")
-    if direct_in not in ("plan", "collect", "spread"):
-        raise ValueError(f"direct_in must be 'plan', 'collect' or 'spread', got {direct_in!r}")
+    if direct_in not in ("auto", "plan", "collect", "spread"):
+        raise ValueError(f"direct_in must be 'auto', 'plan', 'collect' or 'spread', got {direct_in!r}")
     NT = -(-V // tile)
     NT_P2 = max(16, _next_pow2(NT))
     sub = draw_sub_chunk(V)
@@ -1050,23 +1116,26 @@ def sample_top_k_top_p_triton(
     topt = min(_next_pow2(max(kmax, 1)), NT_P2) if direct_top else 0
     gd = min(direct_group or 64, topt) if direct_top else (direct_group or G)
     ds = direct_small if 0 < direct_small < min(256, cap) else 0
-    defer = {"plan": 0, "collect": 1, "spread": 2}[direct_in] if kmax > 0 else 0
     # no filter tensor at all: no row can need the search; the direct rows of defer > 0 and
     # the DRAW rows of select=False need the collect launch
-    search = (bool(search) and (top_k is not None or top_p is not None or min_p is not None)) or not select \
-        or defer != 0
+    search = (bool(search) and (top_k is not None or top_p is not None or min_p is not None)) or not select
+    if direct_in == "auto":
+        direct_in = "collect" if search and R <= DEFER_ROWS else "plan"
+    defer = {"plan": 0, "collect": 1, "spread": 2}[direct_in] if kmax > 0 else 0
+    search = search or defer != 0
     tokens = torch.empty(R, dtype=torch.int64, device=dev)
     thr = torch.empty(R, dtype=torch.float32, device=dev)
     rmax = torch.empty_like(thr)
     lnorm = torch.empty_like(thr)
     if R == 0:
         return tokens, thr, rmax, lnorm
+    # a filter that is not given is off on every row: a view of a cached constant (no fill kernel)
     if top_k is None:
-        top_k = torch.zeros(R, dtype=torch.int32, device=dev)
+        top_k = constant_rows(R, 0, torch.int32, dev)
     if top_p is None:
-        top_p = torch.ones(R, dtype=torch.float32, device=dev)
+        top_p = constant_rows(R, 1.0, torch.float32, dev)
     # log(min_p) once, in torch, so that the kernels and the reference share its rounding
-    log_min_p = (torch.full((R,), float("-inf"), device=dev) if min_p is None else torch.log(min_p))
+    log_min_p = constant_rows(R, float("-inf"), torch.float32, dev) if min_p is None else torch.log(min_p)
     s3, bpp = refine_geometry(V)
     f32, i32 = torch.float32, torch.int32
     tile_max = torch.empty(R, NT, dtype=f32, device=dev)
@@ -1112,7 +1181,7 @@ def sample_top_k_top_p_triton(
             logits, logits.stride(0), inv_temperature, top_k, top_p, seeds, positions, tile_max, st_i, st_f,
             cand, pn, pf, pi, tile_list, tokens, thr, lnorm, V, NT, s3, bpp, stream, kmax,
             BLOCK=2048, CAP=cap, TILE=tile, G=G, NT_P2=NT_P2, SMALL=min(256, cap), TOPT=topt, GD=gd,
-            PIPE=direct_pipe, DS=ds, TPP=_next_pow2(-(-2 * kmax // s3)),
+            PIPE=direct_pipe, DS=ds, TPP=min(16, _next_pow2(-(-2 * kmax // s3))),   # [TPP, TILE] a load
             DEFER=defer, num_warps=8, **pdl)
     elif search:
         _collect_kernel[(R, s3)](logits, logits.stride(0), inv_temperature, seeds, positions, st_i, st_f, cand,
