@@ -97,9 +97,11 @@ def test_sampling_chain_is_the_same_with_and_without_pdl(monkeypatch, B, dtype):
     monkeypatch.setenv("SPECOPS_PDL", "1")
     with_pdl = sample(*args, backend="triton")
     names = {name for name, _, _ in log}
-    # MIX rows with top-p and min-p need the bracket search: refine and collect run too
-    assert {"_row_stats_kernel", "_plan_kernel", "_refine_kernel", "_refine_combine_kernel", "_collect_kernel",
+    # MIX rows with top-p and min-p need the bracket search: refine and collect run too (the
+    # collect launch that also decides the small top-k rows up to DEFER_ROWS rows, else the plain one)
+    assert {"_row_stats_kernel", "_plan_kernel", "_refine_kernel", "_refine_combine_kernel",
             "_finish_kernel"} <= names, names
+    assert names & {"_collect_kernel", "_collect_direct_kernel"}, names
     assert all(launch is True and pdl is True for _, launch, pdl in log), log
     log.clear()
     monkeypatch.setenv("SPECOPS_PDL", "0")

@@ -200,17 +200,35 @@ def _top_tiles(tm_row, NT, k, TOPT: tl.constexpr, NT_P2: tl.constexpr):
 
 
 @triton.jit
-def _tile_bound(tm_row, NT, m, k, NT_P2: tl.constexpr, P: tl.constexpr = 16, ROUNDS: tl.constexpr = 2):
+def _bound_round(tm, lo, hi, k, P: tl.constexpr):
+    """One round of `_tile_bound`: the P probes hi - (hi - lo) (j + 1) / P (the last one lo
+    itself) counted against the tile maxima tm at once; returns the new (lo, hi) and how many
+    tiles reach the new lo."""
+    j = tl.arange(0, P)
+    probes = tl.where(j == P - 1, lo, hi - (hi - lo) * ((j + 1).to(tl.float32) * (1.0 / P)))
+    cnt = tl.sum((tm[None, :] >= probes[:, None]).to(tl.int32), axis=1)      # [P], falls as the probe rises
+    reach = cnt >= k
+    lo_new = tl.maximum(lo, tl.max(tl.where(reach, probes, float("-inf")), axis=0))
+    hi_new = tl.minimum(hi, tl.min(tl.where(reach, float("inf"), probes), axis=0))
+    return lo_new, hi_new, tl.min(tl.where(reach, cnt, _BIG), axis=0)
+
+
+@triton.jit
+def _tile_bound(tm_row, NT, m, k, NT_P2: tl.constexpr, P: tl.constexpr = 16, ROUNDS: tl.constexpr = 2,
+                SLACK: tl.constexpr = 16):
     """(lo, n_sel): a lower bound lo of t_k, the k-th largest tile max, found by counting
     instead of sorting, and the number of tiles whose max is >= max(lo, -FLT_MAX).
 
     A bracket [lo, hi) with count(lo) >= k tiles (count(x): tiles whose max is >= x) starts at
-    [smallest finite tile max, row max m] and shrinks ROUNDS times: the P probes hi - (hi -
-    lo) (j + 1) / P (the last one lo itself) are counted at once; lo becomes the largest probe
-    counted >= k times, hi the smallest counted fewer. count(lo) >= k means lo <= t_k, so the
-    tiles reaching lo hold every tile reaching t_k; they exceed k only by the tiles whose
-    max lies in [lo, t_k), a bracket (m - smallest tile max) / P**ROUNDS wide. With fewer than
-    k finite tiles, lo = -inf (every finite tile). A function of the tile maxima and k only.
+    [smallest finite tile max, row max m] and shrinks up to ROUNDS times: the P probes hi -
+    (hi - lo) (j + 1) / P (the last one lo itself) are counted at once; lo becomes the largest
+    probe counted >= k times, hi the smallest counted fewer. count(lo) >= k means lo <= t_k,
+    so the tiles reaching lo hold every tile reaching t_k; they exceed k only by the tiles
+    whose max lies in [lo, t_k), a bracket (m - smallest tile max) / P**rounds wide. A round
+    after the first runs only while more than k + SLACK tiles reach lo (on peaked logits one
+    round usually leaves a few tiles more than k, and a round costs about 1 µs on the H200).
+    With fewer than k finite tiles, lo = -inf (every finite tile). A function of the tile
+    maxima and k only (so of the row, never of its batch).
     """
     t = tl.arange(0, NT_P2)
     tm = tl.load(tm_row + t, mask=t < NT, other=float("-inf"))
@@ -218,12 +236,10 @@ def _tile_bound(tm_row, NT, m, k, NT_P2: tl.constexpr, P: tl.constexpr = 16, ROU
     enough = n_fin >= k
     lo = tl.where(enough, tl.min(tl.where(tm > float("-inf"), tm, float("inf")), axis=0), m)
     hi = m
-    j = tl.arange(0, P)
-    for _ in tl.static_range(ROUNDS):
-        probes = tl.where(j == P - 1, lo, hi - (hi - lo) * ((j + 1).to(tl.float32) * (1.0 / P)))
-        cnt = tl.sum((tm[None, :] >= probes[:, None]).to(tl.int32), axis=1)      # [P]
-        lo = tl.maximum(lo, tl.max(tl.where(cnt >= k, probes, float("-inf")), axis=0))
-        hi = tl.minimum(hi, tl.min(tl.where(cnt < k, probes, float("inf")), axis=0))
+    lo, hi, n_lo = _bound_round(tm, lo, hi, k, P)
+    for _ in tl.static_range(ROUNDS - 1):
+        if enough & (n_lo > k + SLACK):
+            lo, hi, n_lo = _bound_round(tm, lo, hi, k, P)
     lo = tl.where(enough, lo, float("-inf"))
     n_sel = tl.sum((tm >= tl.maximum(lo, -3.4028234663852886e38)).to(tl.int32), axis=0)
     return lo, n_sel
@@ -521,7 +537,7 @@ def _direct_top_k(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p, tau
                   seed, pos, stream,
                   TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr, CAP: tl.constexpr,
                   SMALL: tl.constexpr, TOPT: tl.constexpr = 0, GD: tl.constexpr = 16, PIPE: tl.constexpr = False,
-                  DS: tl.constexpr = 0):
+                  DS: tl.constexpr = 0, BOUND_SLACK: tl.constexpr = 16):
     """Exact threshold and draw of a row with a small top-k (1 <= k < V), from its top tiles.
 
     t_k, the k-th largest tile max, bounds the k-th largest value v_k from below: the k tiles
@@ -534,7 +550,8 @@ def _direct_top_k(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p, tau
 
     TOPT = 0: lo from counting the tile maxima against probes (`_tile_bound`: no sort; a few
     tiles more than k are read), the tiles listed through global memory (`_select_tiles`) and
-    read GD at a time (software-pipelined with PIPE). TOPT > 0 (a power of two >= min(kmax,
+    read GD at a time (software-pipelined with PIPE; BOUND_SLACK: `_tile_bound`'s SLACK, -1
+    for every round). TOPT > 0 (a power of two >= min(kmax,
     NT_P2)): lo = t_k exactly and the top tiles' ids from one `tl.topk` of (max, id) keys
     (`_top_tiles`), the tiles read GD at a time straight from those ids (`_collect_top`;
     ties that put more than TOPT tiles at t_k take the list). The candidate sets differ only
@@ -551,7 +568,7 @@ def _direct_top_k(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p, tau
     if TOPT > 0:
         lo, tid, n_sel = _top_tiles(tm_row, NT, k, TOPT, NT_P2)
     else:
-        lo, n_sel = _tile_bound(tm_row, NT, m, k, NT_P2)
+        lo, n_sel = _tile_bound(tm_row, NT, m, k, NT_P2, SLACK=BOUND_SLACK)
     lo_fin = tl.maximum(lo, -3.4028234663852886e38)      # x >= lo_fin: the finite x >= lo
     ok = n_sel <= max_tiles
     tau = tau_min
@@ -971,12 +988,15 @@ DIRECT_SMALL = 64
 bench_sampling's first mixed row; logs/exp_direct_stages_2026-12-01b.txt) the direct path took
 9.3 against 10.2 µs and the whole sample() call 14.9 against 15.5."""
 
-DEFER_ROWS = 64
+DEFER_ROWS = 16
 """Largest launch whose direct rows `direct_in="auto"` decides in the collect launch (when
-the launch has one). On the H200 (bench_sampling's mixed rows, fp32 V = 128256; the whole
-sample() call in a CUDA graph; logs/exp_plan_direct_2026-12-01c.txt): 34.3 / 42.5 / 53.3 /
-65.8 / 90.3 µs against 39.3 / 45.6 / 63.6 / 71.8 / 92.8 in the plan at B = 4 / 8 / 16 / 32 /
-64; not measured above."""
+the launch has one); above, the plan decides them. The same results either way, bit for bit.
+On the H200 (bench_sampling's mixed rows, fp32 V = 128256; the whole sample() call in a CUDA
+graph; logs/exp_plan_direct_2026-12-01e.txt, after session 19's fix of the collect-direct
+kernel): at B = 4 / 8 / 16 / 32 / 48 / 64 the collect launch took 35.3 / 39.7 / 56.0 / 74.1 /
+87.9 / 107.6 µs against 40.8 / 44.6 / 64.5 / 71.9 / 80.5 / 93.4 in the plan, and 178.0 / 308.8
+against 137.8 / 224.8 at B = 128 / 256 (logs/exp_plan_direct_2026-12-01f.txt). (Session 19
+measured 64 rows before that fix, and set 64.)"""
 
 _CONSTANT_ROWS: dict = {}
 
