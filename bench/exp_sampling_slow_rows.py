@@ -2,6 +2,8 @@
 
     python bench/exp_sampling_slow_rows.py             (GPU machine, repo root, after bench/gpu_check.sh's build)
     python bench/exp_sampling_slow_rows.py --k-sweep   (top_k 100 .. 2000 with top_p 0.95: which take FALLBACK)
+    python bench/exp_sampling_slow_rows.py --k-sweep --kernels   (also top_k 40 .. 300, batch 8, and
+                                                                  each call's kernels' device µs)
 
 For each shape: the whole sample's time, the count of rows per path (paths["mode"]:
 0 DONE, 1 DRAW, 4 COLLECT, 5 FALLBACK, 6 DIRECT), and for each FALLBACK row its MIX entry,
@@ -55,12 +57,14 @@ def bench_shapes() -> None:
             print(f"  without those rows: {t2:.1f} us")
 
 
-def k_sweep() -> None:
-    """fp32 llm rows at V=128256, T=1, top_p=0.95 and one top_k per batch: the path and time."""
+def k_sweep(with_kernels: bool = False) -> None:
+    """fp32 llm rows at V=128256, T=1, top_p=0.95 and one top_k per batch: the path and time
+    (with_kernels: more top_k values and batches, and each call's longest kernels)."""
     V = 128256
-    for B in (1, 32):
+    ks = (40, 100, 200, 300, 500, 1000, 2000, 0) if with_kernels else (100, 500, 1000, 2000, 0)
+    for B in ((1, 8, 32) if with_kernels else (1, 32)):
         logits = make_logits(B, V, torch.float32, "llm", seed=B * 7 + V)
-        for k in (100, 500, 1000, 2000, 0):
+        for k in ks:
             mix = [(1.0, k, 0.95, 0.0)]
             md = metadata(B, V, seeded=False, mix=mix)
             args = (logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions)
@@ -69,7 +73,9 @@ def k_sweep() -> None:
             mode = torch.bincount(paths["mode"].cpu(), minlength=8).tolist()
             t = time_us(lambda: sample(*args, backend="triton"), warmup=3, iters=10, replays_per_graph=1)
             print(f"B={B:3d} top_k={k:5d} top_p=0.95: {t:7.1f} us, rows per path {mode}", flush=True)
+            if with_kernels:
+                print(f"    kernels: {kernels(lambda: sample(*args, backend='triton'))}", flush=True)
 
 
 if __name__ == "__main__":
-    k_sweep() if "--k-sweep" in sys.argv else bench_shapes()
+    k_sweep("--kernels" in sys.argv) if "--k-sweep" in sys.argv else bench_shapes()
