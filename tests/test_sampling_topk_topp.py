@@ -16,10 +16,13 @@ import math
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from specops import rng
 from specops.sampling import SamplingMetadata, row_thresholds_torch, sample, sample_torch
 from specops.sampling.sampler_torch import scale_logits
+from specops.triton_kernels.sampling_topk_topp import _tile_bound
 
 CUDA = torch.cuda.is_available()
 Z_1E6 = 4.753  # one-sided standard normal quantile for probability 1e-6
@@ -894,6 +897,73 @@ def _direct_rows(g: torch.Generator, V: int, kmax: int):
     mp = torch.tensor([q[3] for q in params])
     seeds, pos = torch.randint(0, 2**40, (R,), generator=g), torch.randint(0, 2**20, (R,), generator=g)
     return logits, (inv, k, p, mp, seeds, pos), want
+
+
+@triton.jit
+def _tile_bound_kernel(tm_ptr, k_ptr, lo_ptr, n_ptr, NT, NT_P2: tl.constexpr, SLACK: tl.constexpr):
+    r = tl.program_id(0)
+    t = tl.arange(0, NT_P2)
+    tm_r = tl.load(tm_ptr + r * NT + t, mask=t < NT, other=float("-inf"))
+    lo, n_sel = _tile_bound(tm_ptr + r * NT, NT, tl.max(tm_r, axis=0), tl.load(k_ptr + r), NT_P2, SLACK=SLACK)
+    tl.store(lo_ptr + r, lo)
+    tl.store(n_ptr + r, n_sel)
+
+
+def _tile_bounds(tm: torch.Tensor, k: torch.Tensor, slack: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_tile_bound` of each row of tile maxima tm [R, NT] with its k [R] (int32), one program a
+    row, at SLACK `slack`: (lo [R] fp32, n_sel [R] int32)."""
+    R, NT = tm.shape
+    lo = torch.empty(R, dtype=torch.float32, device=tm.device)
+    n_sel = torch.empty(R, dtype=torch.int32, device=tm.device)
+    _tile_bound_kernel[(R,)](tm, k, lo, n_sel, NT, NT_P2=1 << (NT - 1).bit_length(), SLACK=slack)
+    return lo, n_sel
+
+
+def test_tile_bound_is_a_lower_bound_and_skips_only_rounds_it_needs_not(device):
+    # the counted lower bound of t_k (the k-th largest tile max) of the small top-k path, with
+    # its second round only while more than k + 16 tiles reach the first round's bound, against
+    # both rounds always (SLACK -1), the first round alone (SLACK 2**30) and the sorted tile
+    # maxima: lo <= t_k, n_sel = tiles >= lo >= k, never above the two-round bound, equal to it
+    # whenever it leaves more than k + 16 tiles or the first round did, else the first round's;
+    # fewer than k finite tiles: lo = -inf, every finite tile
+    g = fresh_gen()
+    NT = 300
+    peaked = torch.randn(NT, generator=g) * 0.5
+    peaked[torch.randperm(NT, generator=g)[:40]] += 4.0 + 4.0 * torch.rand(40, generator=g)
+    ties = torch.randint(0, 4, (NT,), generator=g).float()
+    sparse = torch.full((NT,), float("-inf"))
+    sparse[torch.randperm(NT, generator=g)[:30]] = torch.randn(30, generator=g)
+    outlier = torch.randn(NT, generator=g)          # one far tile: the first round's probes are coarse
+    outlier[int(torch.randint(0, NT, (1,), generator=g))] = 60.0
+    rows, ks = [], []
+    for base in (torch.randn(NT, generator=g), peaked, ties, sparse, torch.randn(NT, generator=g) * 1e-3, outlier):
+        for k in (1, 5, 20, 40, 64, 128):
+            rows.append(base)
+            ks.append(k)
+    tm = torch.stack(rows).to(device)
+    k = torch.tensor(ks, dtype=torch.int32, device=device)
+    lo, n_sel = (v.cpu() for v in _tile_bounds(tm, k, 16))
+    lo2, n_sel2 = (v.cpu() for v in _tile_bounds(tm, k, -1))
+    tm, k = tm.cpu(), k.cpu().long()
+    n_fin = (tm > float("-inf")).sum(1)
+    t_k = tm.sort(1, descending=True).values.gather(1, (k - 1).clamp(max=NT - 1)[:, None])[:, 0]
+    enough = n_fin >= k
+    assert not enough.all() and enough.any()
+    reach = (tm >= torch.maximum(lo, torch.tensor(-3.4028234663852886e38))[:, None]).sum(1)
+    assert torch.equal(n_sel.long(), reach)
+    assert torch.equal(lo[~enough], torch.full_like(lo[~enough], float("-inf")))
+    assert torch.equal(n_sel[~enough].long(), n_fin[~enough])
+    assert (lo[enough] <= t_k[enough]).all() and (n_sel[enough].long() >= k[enough]).all()
+    assert (lo <= lo2).all() and (n_sel >= n_sel2).all()
+    wide = enough & (n_sel.long() > k + 16)
+    assert torch.equal(lo[wide], lo2[wide]) and torch.equal(n_sel[wide], n_sel2[wide])
+    assert (enough & (lo < lo2)).any(), "no row stopped after one round: the test lost its point"
+    # the rows whose first round alone leaves more than k + 16 tiles took the second round
+    lo1, n_sel1 = (v.cpu() for v in _tile_bounds(tm.to(device), k.int().to(device), 1 << 30))
+    needs = enough & (n_sel1.long() > k + 16)
+    assert needs.any(), "no row needed its second round: the test lost its point"
+    assert torch.equal(lo[needs], lo2[needs]) and torch.equal(n_sel[needs], n_sel2[needs])
+    assert torch.equal(lo[enough & ~needs], lo1[enough & ~needs])
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter test")
