@@ -549,10 +549,9 @@ def _direct_top_k(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p, tau
     candidates are all finite tokens.
 
     TOPT = 0: lo from counting the tile maxima against probes (`_tile_bound`: no sort; a few
-    tiles more than k are read), the tiles listed through global memory (`_select_tiles`) and
-    read GD at a time (software-pipelined with PIPE; BOUND_SLACK: `_tile_bound`'s SLACK, -1
-    for every round). TOPT > 0 (a power of two >= min(kmax,
-    NT_P2)): lo = t_k exactly and the top tiles' ids from one `tl.topk` of (max, id) keys
+    tiles more than k are read; BOUND_SLACK is its SLACK, -1 to run every round), the tiles
+    listed through global memory (`_select_tiles`) and read GD at a time (software-pipelined
+    with PIPE). TOPT > 0 (a power of two >= min(kmax, NT_P2)): lo = t_k exactly and the top tiles' ids from one `tl.topk` of (max, id) keys
     (`_top_tiles`), the tiles read GD at a time straight from those ids (`_collect_top`;
     ties that put more than TOPT tiles at t_k take the list). The candidate sets differ only
     by tokens below v_k, which sort after the kept ones and add +0.0: the sorted candidates'
