@@ -53,6 +53,7 @@ _BIG = tl.constexpr(2147483647)
 _PAD_KEY = tl.constexpr(-9187343241974906880)  # pack_key(-inf, 0): sorts after every candidate
 _MAX_SEARCH = tl.constexpr(64)
 NPROBE = tl.constexpr(8)   # thresholds counted per pass of the exact search (a power of 2)
+BOUND_SLACK = 16           # `_tile_bound`: a second round only while more than k + BOUND_SLACK tiles reach lo
 
 
 @triton.jit
@@ -215,7 +216,7 @@ def _bound_round(tm, lo, hi, k, P: tl.constexpr):
 
 @triton.jit
 def _tile_bound(tm_row, NT, m, k, NT_P2: tl.constexpr, P: tl.constexpr = 16, ROUNDS: tl.constexpr = 2,
-                SLACK: tl.constexpr = 16):
+                SLACK: tl.constexpr = BOUND_SLACK):
     """(lo, n_sel): a lower bound lo of t_k, the k-th largest tile max, found by counting
     instead of sorting, and the number of tiles whose max is >= max(lo, -FLT_MAX).
 
@@ -537,7 +538,7 @@ def _direct_top_k(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p, tau
                   seed, pos, stream,
                   TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr, CAP: tl.constexpr,
                   SMALL: tl.constexpr, TOPT: tl.constexpr = 0, GD: tl.constexpr = 16, PIPE: tl.constexpr = False,
-                  DS: tl.constexpr = 0, BOUND_SLACK: tl.constexpr = 16):
+                  DS: tl.constexpr = 0, SLACK: tl.constexpr = BOUND_SLACK):
     """Exact threshold and draw of a row with a small top-k (1 <= k < V), from its top tiles.
 
     t_k, the k-th largest tile max, bounds the k-th largest value v_k from below: the k tiles
@@ -548,12 +549,12 @@ def _direct_top_k(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p, tau
     the finish does for such a complete set. With fewer than k finite tiles, lo = -inf and the
     candidates are all finite tokens.
 
-    TOPT = 0: lo from counting the tile maxima against probes (`_tile_bound`: no sort; a few
-    tiles more than k are read; BOUND_SLACK is its SLACK, -1 to run every round), the tiles
-    listed through global memory (`_select_tiles`) and read GD at a time (software-pipelined
-    with PIPE). TOPT > 0 (a power of two >= min(kmax, NT_P2)): lo = t_k exactly and the top tiles' ids from one `tl.topk` of (max, id) keys
-    (`_top_tiles`), the tiles read GD at a time straight from those ids (`_collect_top`;
-    ties that put more than TOPT tiles at t_k take the list). The candidate sets differ only
+    TOPT = 0: lo from counting the tile maxima against probes (`_tile_bound` with SLACK, -1
+    to run every round: no sort; a few tiles more than k are read), the tiles listed through
+    global memory (`_select_tiles`) and read GD at a time (software-pipelined with PIPE).
+    TOPT > 0 (a power of two >= min(kmax, NT_P2)): lo = t_k exactly and the top tiles' ids
+    from one `tl.topk` of (max, id) keys (`_top_tiles`), the tiles read GD at a time straight
+    from those ids (`_collect_top`; ties that put more than TOPT tiles at t_k take the list). The candidate sets differ only
     by tokens below v_k, which sort after the kept ones and add +0.0: the sorted candidates'
     leading positions, every sum and the draw are the same while the sort size is.
 
@@ -567,7 +568,7 @@ def _direct_top_k(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p, tau
     if TOPT > 0:
         lo, tid, n_sel = _top_tiles(tm_row, NT, k, TOPT, NT_P2)
     else:
-        lo, n_sel = _tile_bound(tm_row, NT, m, k, NT_P2, SLACK=BOUND_SLACK)
+        lo, n_sel = _tile_bound(tm_row, NT, m, k, NT_P2, SLACK=SLACK)
     lo_fin = tl.maximum(lo, -3.4028234663852886e38)      # x >= lo_fin: the finite x >= lo
     ok = n_sel <= max_tiles
     tau = tau_min
