@@ -1,4 +1,4 @@
-"""Experiment: what the sampler's finish costs per sort size (prepared in session 20, not yet run).
+"""Experiment: what the sampler's finish costs per sort size and sort kind (prepared in session 20, not yet run).
 
     python bench/exp_finish_sort.py      (GPU machine, repo root; exits 0 without CUDA)
 
@@ -6,14 +6,17 @@ Why: `logs/exp_sampling_slow_rows_2026-12-01.txt` shows the finish kernel at 14 
 row whose candidate set exceeds SMALL (256 keys: it sorts CAP = 1024) against about 6 µs
 at or below it (fp32 V = 128256, top_p 0.95 with top_k 200 .. 1000, or top-p alone, at
 batch 1, 8 and 32), while such a row at batch 8 takes 44-58 µs in all. Two cheap changes
-could cut it: a middle sort size of 512 keys, and more warps for the finish.
+could cut it: a middle sort size of 512 keys, and more warps for the finish; and one exact
+change (branch wip/finish-value-sort): sorting the candidates' values alone as 32-bit keys
+(`_finish_collected(.., VALUE_SORT=True)`) instead of the 64-bit (value, index) keys, the
+draw then reading the candidates in their slots (the same results bit for bit).
 
 What: `_finish_collected` (the finish's exact thresholds and draw over a complete candidate
 set) in a one-program kernel, on candidates taken from bench_sampling's fp32 "llm" row
 (T 1, V = 128256): the tokens >= lo, lo chosen so that about N of them exist, for N in
 NS, with top_k 0.9 N and top_p 0.95; the sort sizes S >= N in SIZES, at each warp count in WARPS; µs per launch in a CUDA
-graph of back-to-back launches (bench.common.time_us), minus an empty launch's. Also the
-sort alone (`_sorted_candidates`). The table says for each (N, S, warps) whether tau, the
+graph of back-to-back launches (bench.common.time_us), minus an empty launch's, for each
+sort kind (keys: `_sorted_candidates`; values: `_sorted_values`). Also the sort alone. The table says for each (N, S, warps) whether tau, the
 token and the kept mass are the same bits as at (N, CAP, 8 warps), the finish's current
 setting for N > 256 (the sums then run over another layout, so they may not be).
 """
@@ -30,7 +33,8 @@ import triton.language as tl
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from specops.triton_kernels.sampling_common import pack_key  # noqa: E402
-from specops.triton_kernels.sampling_topk_topp import _finish_collected, _sorted_candidates  # noqa: E402
+from specops.triton_kernels.sampling_topk_topp import (_finish_collected, _sorted_candidates,  # noqa: E402
+                                                       _sorted_values)
 
 V = 128256
 NS = (200, 300, 450, 900)          # candidates in the set
@@ -50,13 +54,18 @@ def _pack_kernel(x_ptr, idx_ptr, out_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _finish_stage_kernel(cand_ptr, n, m, z, k, p, lo, out_f, out_i, STAGE: tl.constexpr, S: tl.constexpr):
-    """STAGE 0: an empty launch; 1: the sort alone; 2: `_finish_collected` as the finish calls it
-    on a complete set (nothing above hi = +inf, no min-p base known)."""
+def _finish_stage_kernel(cand_ptr, n, m, z, k, p, lo, out_f, out_i, STAGE: tl.constexpr, S: tl.constexpr,
+                         VS: tl.constexpr = True):
+    """STAGE 0: an empty launch; 1: the sort alone (VS: of the values, `_sorted_values`; else of
+    the (value, index) keys, `_sorted_candidates`); 2: `_finish_collected` (VALUE_SORT=VS) as
+    the finish calls it on a complete set (nothing above hi = +inf, no min-p base known)."""
     if STAGE == 0:
         tl.store(out_i, n)
     elif STAGE == 1:
-        sx, sidx, valid, i = _sorted_candidates(cand_ptr, n, S)
+        if VS:
+            sx, ux, sidx, valid, i = _sorted_values(cand_ptr, n, S)
+        else:
+            sx, sidx, valid, i = _sorted_candidates(cand_ptr, n, S)
         tl.store(out_f, tl.sum(tl.where(valid, sx, 0.0), axis=0))
         tl.store(out_i, tl.sum(sidx, axis=0))
     else:
@@ -64,7 +73,7 @@ def _finish_stage_kernel(cand_ptr, n, m, z, k, p, lo, out_f, out_i, STAGE: tl.co
         ok, tau, tok, mass = _finish_collected(cand_ptr, n, n * 0, zero, zero - 1.0, zero - 1.0, n * 0 + 2147483647,
                                                m, z, k, p, zero + float("-inf"), lo, zero + float("inf"),
                                                zero - 1.0, k > 0, p < 1.0, tl.full([], 1000, tl.int64),
-                                               tl.full([], 17, tl.int64), 0, S)
+                                               tl.full([], 17, tl.int64), 0, S, VS)
         tl.store(out_f, tau)
         tl.store(out_f + 1, mass)
         tl.store(out_i, tok)
@@ -102,28 +111,32 @@ def main() -> int:
     empty = time_us(lambda: _finish_stage_kernel[(1,)](out_i, 0, m, z, 1, TOP_P, 0.0, out_f, out_i, STAGE=0,
                                                        S=256, num_warps=4), **timing)
     print(f"  empty launch {empty:.2f} us", flush=True)
-    print("  N cands  S  warps |  sort  finish | tau, token, mass the same as S=1024 8 warps | ok", flush=True)
+    print("  N cands  S  warps  sort of | sort  finish | tau, token, mass the same as S=1024 8 warps keys | ok",
+          flush=True)
     for n_want in NS:
         keys, lo, n = candidates(x, n_want)
         k = n_want * 9 // 10
 
-        def launch(stage, S, w):
-            _finish_stage_kernel[(1,)](keys, n, m, z, k, TOP_P, lo, out_f, out_i, STAGE=stage, S=S, num_warps=w)
+        def launch(stage, S, w, vs):
+            _finish_stage_kernel[(1,)](keys, n, m, z, k, TOP_P, lo, out_f, out_i, STAGE=stage, S=S, VS=vs,
+                                       num_warps=w)
 
-        def result(S, w):
-            launch(2, S, w)
+        def result(S, w, vs):
+            launch(2, S, w, vs)
             torch.cuda.synchronize()
             return (float(out_f[0]), int(out_i[0]), float(out_f[1])), int(out_i[1])
 
-        ref, _ = result(max(SIZES), 8)
+        ref, _ = result(max(SIZES), 8, False)
         for S in SIZES:
             if S < n:
                 continue
             for w in WARPS:
-                res, ok = result(S, w)
-                t_sort = time_us(lambda: launch(1, S, w), **timing) - empty
-                t_fin = time_us(lambda: launch(2, S, w), **timing) - empty
-                print(f"  {n:6d} {S:5d} {w:3d} | {t_sort:6.2f} {t_fin:6.2f} | {res == ref} | {ok}", flush=True)
+                for vs in (False, True):
+                    res, ok = result(S, w, vs)
+                    t_sort = time_us(lambda: launch(1, S, w, vs), **timing) - empty
+                    t_fin = time_us(lambda: launch(2, S, w, vs), **timing) - empty
+                    print(f"  {n:6d} {S:5d} {w:3d} {'values' if vs else 'keys  '} | {t_sort:6.2f} {t_fin:6.2f} | "
+                          f"{res == ref} | {ok}", flush=True)
     return 0
 
 

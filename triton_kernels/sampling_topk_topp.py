@@ -285,6 +285,20 @@ def _sorted_candidates(cand_row, n, CAP: tl.constexpr):
 
 
 @triton.jit
+def _sorted_values(cand_row, n, CAP: tl.constexpr):
+    """The stored candidates in their slots (x, token, valid, slot) and their values sorted
+    descending, sx: the same value sequence as `_sorted_candidates`' (a sort of the (value,
+    index) keys orders equal values by index, but they are equal), from a sort of 32-bit
+    keys instead of 64. Returns (sx, x, token, valid, position)."""
+    i = tl.arange(0, CAP)
+    valid = i < n
+    x, idx = unpack_key(tl.load(cand_row + i, mask=valid, other=_PAD_KEY))
+    x = tl.where(valid, x, float("-inf"))
+    sx = key_float(tl.sort(float_key(x), 0, True))
+    return sx, x, idx, valid, i
+
+
+@triton.jit
 def _first_argmax(row, tm_row, NT, m, V, TILE: tl.constexpr, NT_P2: tl.constexpr):
     """First index of the row max m (unscaled row): scan the first tile whose max is m."""
     t = tl.arange(0, NT_P2)
@@ -534,6 +548,16 @@ def _finish_direct(cand_row, n, m, z, k, p, tau_min, lo, has_p, seed, pos, strea
 
 
 @triton.jit
+def _finish_direct_sized(cand_row, n, m, z, k, p, tau_min, lo, has_p, seed, pos, stream,
+                         SMALL: tl.constexpr, CAP: tl.constexpr):
+    """`_finish_direct` at the sort size `_finish_collected_sized` picks for n candidates."""
+    zero = tl.full([], 0.0, tl.float32)
+    return _finish_collected_sized(cand_row, n, k * 0, zero, zero - 1.0, zero - 1.0, k * 0 + _BIG, m, z, k, p,
+                                   tau_min, lo, zero + float("inf"), zero - 1.0, k > 0, has_p, seed, pos, stream,
+                                   SMALL, CAP)
+
+
+@triton.jit
 def _direct_top_k(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p, tau_min, has_p, max_tiles,
                   seed, pos, stream,
                   TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr, CAP: tl.constexpr,
@@ -588,16 +612,12 @@ def _direct_top_k(row, tm_row, list_row, cand_row, V, NT, scale, m, z, k, p, tau
             if n <= DS:
                 ok, tau, tok, mass = _finish_direct(cand_row, n, m, z, k, p, tau_min, lo, has_p, seed, pos, stream,
                                                     DS)
-            elif n <= SMALL:
-                ok, tau, tok, mass = _finish_direct(cand_row, n, m, z, k, p, tau_min, lo, has_p, seed, pos, stream,
-                                                    SMALL)
             else:
-                ok, tau, tok, mass = _finish_direct(cand_row, n, m, z, k, p, tau_min, lo, has_p, seed, pos, stream,
-                                                    CAP)
-        elif n <= SMALL:        # the finish's two sort sizes: the same sums as its complete sets
-            ok, tau, tok, mass = _finish_direct(cand_row, n, m, z, k, p, tau_min, lo, has_p, seed, pos, stream, SMALL)
-        else:
-            ok, tau, tok, mass = _finish_direct(cand_row, n, m, z, k, p, tau_min, lo, has_p, seed, pos, stream, CAP)
+                ok, tau, tok, mass = _finish_direct_sized(cand_row, n, m, z, k, p, tau_min, lo, has_p, seed, pos,
+                                                          stream, SMALL, CAP)
+        else:                   # the finish's sort sizes: the same sums as its complete sets
+            ok, tau, tok, mass = _finish_direct_sized(cand_row, n, m, z, k, p, tau_min, lo, has_p, seed, pos, stream,
+                                                      SMALL, CAP)
     return ok, tau, tok, mass
 
 
@@ -822,17 +842,27 @@ def _collect_direct_kernel(
 
 @triton.jit
 def _finish_collected(cand_row, n_cand, n_above, m_above, m_min, best_a, tok_a, m, z, k, p, tau_min, lo, hi,
-                      target, has_k, has_p, seed, pos, stream, CAP: tl.constexpr):
+                      target, has_k, has_p, seed, pos, stream, CAP: tl.constexpr, VALUE_SORT: tl.constexpr = True):
     """Exact thresholds from the sorted candidates [lo, hi), the exact count / mass above hi
     and the exact mass m_min above the min-p threshold tau_min (m_min < 0: the candidates
     hold every token >= tau_min whenever it is the top-p base, their mass is used).
+
+    The thresholds and every sum need the candidates' values in descending order only; the
+    draw (argmax of exp(x - m) / E_t over the kept tokens, lowest token on ties) needs no
+    order. VALUE_SORT sorts the values alone (`_sorted_values`: 32-bit keys) and draws over
+    the candidates in their slots; otherwise the (value, index) keys are sorted and the draw
+    reads the sorted tokens. The same results either way, bit for bit.
 
     Returns (ok, tau, token, kept mass); ok is False when an assumption of the plan fails
     (then the exact search decides).
     """
     ok = n_cand <= CAP
     n = tl.minimum(n_cand, CAP)
-    sx, sidx, valid, i = _sorted_candidates(cand_row, n, CAP)
+    if VALUE_SORT:
+        sx, ux, uidx, valid, i = _sorted_values(cand_row, n, CAP)
+    else:
+        sx, uidx, valid, i = _sorted_candidates(cand_row, n, CAP)
+        ux = sx
     e = tl.where(valid, tl.exp(sx - m), 0.0)
     t1 = tau_min
     if has_k:
@@ -854,12 +884,43 @@ def _finish_collected(cand_row, n_cand, n_above, m_above, m_min, best_a, tok_a, 
         tau = tl.maximum(t1, tl.max(tl.where(i == jp, sx, float("-inf")), axis=0))
     ok = ok & (tau <= hi) & (tau >= lo)
     kept = valid & (sx >= tau)
-    sc = tl.where(kept, e / token_noise(seed, pos, stream, sidx), -1.0)
+    ukept = valid & (ux >= tau)                                     # the same tokens, in draw order
+    if VALUE_SORT:
+        ue = tl.exp(ux - m)
+    else:
+        ue = e
+    sc = tl.where(ukept, ue / token_noise(seed, pos, stream, uidx), -1.0)
     bs = tl.max(sc, axis=0)
-    bi = tl.min(tl.where(kept & (sc == bs), sidx, _BIG), axis=0)
+    bi = tl.min(tl.where(ukept & (sc == bs), uidx, _BIG), axis=0)
     better = (bs > best_a) | ((bs == best_a) & (bi < tok_a))
     tok = tl.where(better, bi, tok_a)
     return ok, tau, tok, m_above + tl.sum(tl.where(kept, e, 0.0), axis=0)
+
+
+@triton.jit
+def _finish_collected_sized(cand_row, n_cand, n_above, m_above, m_min, best_a, tok_a, m, z, k, p, tau_min, lo, hi,
+                            target, has_k, has_p, seed, pos, stream, SMALL: tl.constexpr, CAP: tl.constexpr):
+    """`_finish_collected` sorting the fewest keys of SMALL, 2 SMALL (when < CAP) and CAP that
+    hold the n_cand candidates (CAP when they are more; it then returns ok = False). The sort
+    is most of the finish: 2.6 / 3.8 / 7.8 µs for 256 / 512 / 1024 keys at 8 warps on the H200
+    (logs/exp_finish_sort_2026-12-01.txt), where one size of 1024 keys above 256 took 11.3."""
+    if n_cand <= SMALL:
+        ok, tau, tok, mass = _finish_collected(cand_row, n_cand, n_above, m_above, m_min, best_a, tok_a, m, z, k, p,
+                                               tau_min, lo, hi, target, has_k, has_p, seed, pos, stream, SMALL)
+    else:
+        if 2 * SMALL < CAP:
+            if n_cand <= 2 * SMALL:
+                ok, tau, tok, mass = _finish_collected(cand_row, n_cand, n_above, m_above, m_min, best_a, tok_a, m, z,
+                                                       k, p, tau_min, lo, hi, target, has_k, has_p, seed, pos, stream,
+                                                       2 * SMALL)
+            else:
+                ok, tau, tok, mass = _finish_collected(cand_row, n_cand, n_above, m_above, m_min, best_a, tok_a, m, z,
+                                                       k, p, tau_min, lo, hi, target, has_k, has_p, seed, pos, stream,
+                                                       CAP)
+        else:
+            ok, tau, tok, mass = _finish_collected(cand_row, n_cand, n_above, m_above, m_min, best_a, tok_a, m, z, k,
+                                                   p, tau_min, lo, hi, target, has_k, has_p, seed, pos, stream, CAP)
+    return ok, tau, tok, mass
 
 
 @triton.jit(do_not_specialize=["NT", "S3", "stream"])
@@ -927,26 +988,18 @@ def _finish_kernel(
             else:
                 n_cand = tl.load(st_i_ptr + r * 4 + 1)
                 t1_exact = tl.load(st_i_ptr + r * 4 + 2) != 0
-                if n_cand <= SMALL:   # sort what is there: most brackets hold a few hundred tokens
-                    ok, tau, tok, mass = _finish_collected(cand_row, n_cand, n_above, mass, m_t1, best, tok_a, m, z,
-                                                           k, p, tau_min, lo, hi, target, has_k & ~t1_exact, has_p,
-                                                           seed, pos, stream, SMALL)
-                else:
-                    ok, tau, tok, mass = _finish_collected(cand_row, n_cand, n_above, mass, m_t1, best, tok_a, m, z,
-                                                           k, p, tau_min, lo, hi, target, has_k & ~t1_exact, has_p,
-                                                           seed, pos, stream, CAP)
+                # sort what is there: most brackets hold a few hundred tokens
+                ok, tau, tok, mass = _finish_collected_sized(cand_row, n_cand, n_above, mass, m_t1, best, tok_a, m, z,
+                                                             k, p, tau_min, lo, hi, target, has_k & ~t1_exact, has_p,
+                                                             seed, pos, stream, SMALL, CAP)
                 if ~ok:
                     mode = r * 0 + FALLBACK
                     tau = tau_min
         if SPREAD_ROWS:   # the top tiles' candidates (collect launch): as `_direct_top_k` ends
             if mode == SPREAD:
                 n_cand = tl.load(st_i_ptr + r * 4 + 1)
-                if n_cand <= SMALL:
-                    ok, tau, tok, mass = _finish_direct(cand_row, n_cand, m, z, k, p, tau_min, lo, has_p, seed, pos,
-                                                        stream, SMALL)
-                else:
-                    ok, tau, tok, mass = _finish_direct(cand_row, n_cand, m, z, k, p, tau_min, lo, has_p, seed, pos,
-                                                        stream, CAP)
+                ok, tau, tok, mass = _finish_direct_sized(cand_row, n_cand, m, z, k, p, tau_min, lo, has_p, seed, pos,
+                                                          stream, SMALL, CAP)
                 mode = tl.where(ok, DIRECT, FALLBACK)
                 if ~ok:
                     tau = tau_min
