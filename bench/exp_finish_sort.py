@@ -1,4 +1,6 @@
-"""Experiment: what the sampler's finish costs per sort size and sort kind (prepared in session 20, not yet run).
+"""Experiment: what the sampler's finish costs per sort size and sort kind (H200 run:
+`bench/results/logs/exp_finish_sort_2026-12-01.txt`, session 21; it led to the value sort and
+the sort sizes 256 / 512 / 1024 of `_finish_collected_sized`).
 
     python bench/exp_finish_sort.py      (GPU machine, repo root; exits 0 without CUDA)
 
@@ -7,7 +9,7 @@ row whose candidate set exceeds SMALL (256 keys: it sorts CAP = 1024) against ab
 at or below it (fp32 V = 128256, top_p 0.95 with top_k 200 .. 1000, or top-p alone, at
 batch 1, 8 and 32), while such a row at batch 8 takes 44-58 µs in all. Two cheap changes
 could cut it: a middle sort size of 512 keys, and more warps for the finish; and one exact
-change (branch wip/finish-value-sort): sorting the candidates' values alone as 32-bit keys
+change (the default since session 21): sorting the candidates' values alone as 32-bit keys
 (`_finish_collected(.., VALUE_SORT=True)`) instead of the 64-bit (value, index) keys, the
 draw then reading the candidates in their slots (the same results bit for bit).
 
@@ -17,8 +19,8 @@ set) in a one-program kernel, on candidates taken from bench_sampling's fp32 "ll
 NS, with top_k 0.9 N and top_p 0.95; the sort sizes S >= N in SIZES, at each warp count in WARPS; µs per launch in a CUDA
 graph of back-to-back launches (bench.common.time_us), minus an empty launch's, for each
 sort kind (keys: `_sorted_candidates`; values: `_sorted_values`). Also the sort alone. The table says for each (N, S, warps) whether tau, the
-token and the kept mass are the same bits as at (N, CAP, 8 warps), the finish's current
-setting for N > 256 (the sums then run over another layout, so they may not be).
+token and the kept mass are the same bits as at (N, CAP, 8 warps), the finish's setting
+for N > 256 before session 21 (the sums then run over another layout, so they may not be).
 """
 
 from __future__ import annotations
