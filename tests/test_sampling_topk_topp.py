@@ -997,7 +997,6 @@ def test_finish_sorting_values_alone_changes_nothing():
             assert hit.any() and float(rows_x[r][:ns[r]][hit][0]) >= tau
 
 
-
 @triton.jit
 def _finish_sized_kernel(cand_ptr, n_ptr, k_ptr, p_ptr, m_ptr, lo_ptr, seed_ptr, out_f, out_i,
                          CAP: tl.constexpr, SMALL: tl.constexpr, SIZED: tl.constexpr):
