@@ -1,7 +1,12 @@
-"""Compile the sampler's Triton kernels for the H200 (sm_90) on a machine without a GPU, and
-print each kernel's registers, stack and local memory (spills) per thread.
+"""Compile specops' Triton kernels for the H200 (sm_90) on a machine without a GPU, and print
+each kernel's registers, stack and local memory (spills) per thread.
 
-    python scripts/triton_resources.py [--cap 1024] [--batch 8] [--vocab 128256] [--dtype fp32]
+    python scripts/triton_resources.py [--op sample] [--cap 1024] [--batch 8] [--vocab 128256] [--dtype fp32]
+    python scripts/triton_resources.py --op rejection [--batch 8] [--vocab 128256] [--dtype fp32]
+
+--op sample: every launch of one sample() call (the Sampler's top-k / top-p / min-p pipeline);
+--op rejection: the expand kernel and the rejection passes with draft probabilities (pass 1,
+finalize, recover) and without (pass 1 and finalize), K = 4 drafts per request.
 
 Why: device time is short; a change that only moves registers (a larger `cap`, another sort
 size) can be checked here first. How: a stand-in driver reports an sm_90 target, every
@@ -60,8 +65,44 @@ def resource_usage(cubin: bytes) -> str:
     return " ".join(line.split()[:5])
 
 
+def compile_sample(R: int, V: int, dtype: torch.dtype, cap: int) -> None:
+    """Every launch of one sample() call on [R, V] logits with mixed top-k / top-p / min-p rows."""
+    from specops.triton_kernels.sampling_topk_topp import sample_top_k_top_p_triton
+
+    rows = torch.arange(R)
+    sample_top_k_top_p_triton(torch.zeros(R, V, dtype=dtype), torch.ones(R), (rows % 3 * 20).to(torch.int32),
+                              torch.full((R,), 0.9), torch.full((R,), 0.02), rows.long(), rows.long(), cap=cap)
+
+
+def compile_rejection(num_reqs: int, V: int, dtype: torch.dtype, K: int = 4) -> None:
+    """The expand kernel, and the rejection passes as specops.spec_decode.rejection launches
+    them, with draft probabilities (pass 1, finalize, recover) and without."""
+    from specops.triton_kernels.expand import expand_to_draft_rows
+    from specops.triton_kernels.rejection_recover import rejection_recover_pass
+    from specops.triton_kernels.rejection_sample import chunk_size, rejection_sample_pass, sub_chunk_size
+
+    T = num_reqs * K
+    cu = torch.arange(1, num_reqs + 1) * K
+    expand_to_draft_rows(torch.ones(num_reqs), cu, T, K, replace_from=0.0, replace_to=1.0)
+    logits = torch.zeros(T, V, dtype=dtype)
+    chunk, sub = chunk_size(V), sub_chunk_size(V)
+    for probs in (torch.zeros(T, V), None):
+        out = torch.empty(num_reqs, K + 1, dtype=torch.int32)
+        args = dict(target_rows=None, draft_token_ids=torch.zeros(T, dtype=torch.int64), draft_probs=probs,
+                    cu_num_draft_tokens=cu, temperature=torch.ones(num_reqs), inv_temperature=None, threshold=None,
+                    seeds=torch.zeros(num_reqs, dtype=torch.int64), has_seed=torch.zeros(num_reqs, dtype=torch.bool),
+                    positions=torch.zeros(num_reqs, dtype=torch.int64), step=torch.zeros(1, dtype=torch.int64),
+                    engine_seed=0)
+        pass1 = rejection_sample_pass(out, logits, bonus_token_ids=torch.zeros(num_reqs, dtype=torch.int64),
+                                      is_greedy=torch.zeros(num_reqs, dtype=torch.bool), fuse_race=False,
+                                      chunk=chunk, sub_chunk=sub, **args)
+        if probs is not None:
+            rejection_recover_pass(out, logits, pass1=pass1, chunk=chunk, sub_chunk=sub, **args)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--op", default="sample", choices=("sample", "rejection"))
     ap.add_argument("--cap", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=128256)
@@ -78,15 +119,13 @@ def main() -> None:
         return kernel
 
     JITFunction.run = compile_only
-    from specops.triton_kernels.sampling_topk_topp import sample_top_k_top_p_triton
-
-    R, V = a.batch, a.vocab
     dtype = torch.float32 if a.dtype == "fp32" else torch.bfloat16
-    logits = torch.zeros(R, V, dtype=dtype)
-    rows = torch.arange(R)
-    sample_top_k_top_p_triton(logits, torch.ones(R), (rows % 3 * 20).to(torch.int32), torch.full((R,), 0.9),
-                              torch.full((R,), 0.02), rows.long(), rows.long(), cap=a.cap)
-    print(f"triton {triton.__version__}, sm_90, cap={a.cap}, R={R}, V={V}, {a.dtype}")
+    if a.op == "sample":
+        compile_sample(a.batch, a.vocab, dtype, a.cap)
+        print(f"triton {triton.__version__}, sm_90, sample, cap={a.cap}, R={a.batch}, V={a.vocab}, {a.dtype}")
+    else:
+        compile_rejection(a.batch, a.vocab, dtype)
+        print(f"triton {triton.__version__}, sm_90, rejection, K=4, requests={a.batch}, V={a.vocab}, {a.dtype}")
     for name, warps, kernel in compiled:
         print(f"  {name:32s} warps {kernel.metadata.num_warps:2d}  {resource_usage(kernel.asm['cubin'])}")
 

@@ -1,9 +1,11 @@
-"""The sampler's Triton kernels compile for the H200 (sm_90) on a machine without a GPU.
+"""The sampler's and the rejection sampler's Triton kernels compile for the H200 (sm_90) on a
+machine without a GPU.
 
 The interpreter (how CI runs the kernels) accepts code that the compiler rejects; this test
-compiles every launch of one sample() call through `scripts/triton_resources.py` (a stand-in
-sm_90 driver, launches compiled and never run) in a subprocess, so the stand-in never touches
-this process, and checks that each kernel the call needs came out with a register count.
+compiles every launch of one sample() call, and of the expand kernel and the rejection passes,
+through `scripts/triton_resources.py` (a stand-in sm_90 driver, launches compiled and never
+run) in a subprocess, so the stand-in never touches this process, and checks that each
+kernel came out with a register count.
 """
 import os
 import re
@@ -28,15 +30,17 @@ def _have_nvidia_backend() -> bool:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the tests compile and run every kernel")
 @pytest.mark.skipif(not _have_nvidia_backend(), reason="Triton without its NVIDIA backend tools")
-@pytest.mark.parametrize("batch, dtype, kernels", [
-    (8, "fp32", {"_row_stats_kernel", "_plan_kernel", "_refine_kernel", "_refine_combine_kernel",
-                 "_collect_direct_kernel", "_finish_kernel"}),
-    (512, "bf16", {"_row_stats_kernel", "_plan_kernel", "_refine_kernel", "_refine_combine_kernel",
-                   "_collect_kernel", "_finish_kernel"}),
+@pytest.mark.parametrize("op, batch, dtype, kernels", [
+    ("sample", 8, "fp32", {"_row_stats_kernel", "_plan_kernel", "_refine_kernel", "_refine_combine_kernel",
+                           "_collect_direct_kernel", "_finish_kernel"}),
+    ("sample", 512, "bf16", {"_row_stats_kernel", "_plan_kernel", "_refine_kernel", "_refine_combine_kernel",
+                             "_collect_kernel", "_finish_kernel"}),
+    ("rejection", 8, "bf16", {"_expand_kernel", "_rejection_sample_kernel", "_rejection_finalize_kernel",
+                              "_residual_mass_kernel", "_recover_race_kernel"}),
 ])
-def test_sampler_kernels_compile_for_sm90(batch, dtype, kernels):
+def test_kernels_compile_for_sm90(op, batch, dtype, kernels):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, SCRIPT, "--batch", str(batch), "--dtype", dtype],
+    run = subprocess.run([sys.executable, SCRIPT, "--op", op, "--batch", str(batch), "--dtype", dtype],
                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     regs = {m.group(1): int(m.group(2)) for m in re.finditer(r"^\s+(\w+)\s+warps\s+\d+\s+REG:(\d+)", run.stdout, re.M)}
