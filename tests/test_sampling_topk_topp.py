@@ -923,17 +923,21 @@ def _tile_bounds(tm: torch.Tensor, k: torch.Tensor, slack: int) -> tuple[torch.T
 
 @triton.jit
 def _finish_collected_kernel(cand_ptr, n_ptr, k_ptr, p_ptr, m_ptr, lo_ptr, seed_ptr, out_f, out_i,
-                             S: tl.constexpr, VALUE_SORT: tl.constexpr):
+                             S: tl.constexpr, SMALL: tl.constexpr, SIZED: tl.constexpr, VALUE_SORT: tl.constexpr):
+    # row r: `_finish_collected` of the complete set in cand_ptr[r, :S] (SIZED: the sized one,
+    # SMALL .. S keys); out_f[r] = (tau, mass), out_i[r] = (token, ok)
     r = tl.program_id(0)
     zero = tl.full([], 0.0, tl.float32)
     n = tl.load(n_ptr + r)
     k = tl.load(k_ptr + r)
     p = tl.load(p_ptr + r)
-    ok, tau, tok, mass = _finish_collected(cand_ptr + r * S, n, n * 0, zero, zero - 1.0, zero - 1.0, n * 0 + 2147483647,
-                                           tl.load(m_ptr + r), zero + 1.0, k, p, zero + float("-inf"),
-                                           tl.load(lo_ptr + r), zero + float("inf"), zero - 1.0, k > 0, p < 1.0,
-                                           tl.load(seed_ptr + r), tl.load(seed_ptr + r) + 7, 0, S,
-                                           VALUE_SORT=VALUE_SORT)
+    args = (cand_ptr + r * S, n, n * 0, zero, zero - 1.0, zero - 1.0, n * 0 + 2147483647, tl.load(m_ptr + r),
+            zero + 1.0, k, p, zero + float("-inf"), tl.load(lo_ptr + r), zero + float("inf"), zero - 1.0, k > 0,
+            p < 1.0, tl.load(seed_ptr + r), tl.load(seed_ptr + r) + 7, 0)
+    if SIZED:
+        ok, tau, tok, mass = _finish_collected_sized(*args, SMALL, S)
+    else:
+        ok, tau, tok, mass = _finish_collected(*args, S, VALUE_SORT=VALUE_SORT)
     tl.store(out_f + r * 2, tau)
     tl.store(out_f + r * 2 + 1, mass)
     tl.store(out_i + r * 2, tok)
@@ -946,44 +950,57 @@ def _pack_keys_kernel(x_ptr, idx_ptr, out_ptr, N: tl.constexpr):
     tl.store(out_ptr + i, pack_key(tl.load(x_ptr + i), tl.load(idx_ptr + i)))
 
 
+def _candidate_sets(ns: list[int], g: torch.Generator, device: str):
+    """Candidate sets of ns[r] tokens (randn * 2 values, every other row rounded to quarters:
+    ties; distinct shuffled token ids), with top-k / top-p / both / neither cycling over the
+    rows. Returns (xs, idxs, packed keys [R, 256] padded with _PAD_KEY, the kernel's row
+    arguments n, k, p, m, lo, seed)."""
+    R, W = len(ns), 256
+    keys = torch.full((R, W), -9187343241974906880, dtype=torch.int64, device=device)     # _PAD_KEY
+    xs, idxs, ks, ps, ms, los = [], [], [], [], [], []
+    for r, n in enumerate(ns):
+        x = torch.randn(n, generator=g) * 2.0
+        if r % 2:
+            x = (x * 4).round() / 4
+        idx = torch.randperm(50000, generator=g)[:n].to(torch.int32)
+        _pack_keys_kernel[(1,)](torch.cat([x, torch.zeros(W - n)]).to(device),
+                                torch.cat([idx, torch.zeros(W - n, dtype=torch.int32)]).to(device), keys[r], N=W)
+        keys[r, n:] = -9187343241974906880
+        xs.append(x)
+        idxs.append(idx)
+        ks.append([0, max(1, n // 3), n][r % 3])
+        ps.append([1.0, 0.7, 0.95, 0.3][r % 4])
+        ms.append(float(x.max()) + float(torch.rand(1, generator=g)))
+        los.append(float(x.min()))
+    row_args = [torch.tensor(ns, dtype=torch.int32), torch.tensor(ks, dtype=torch.int32), torch.tensor(ps),
+                torch.tensor(ms), torch.tensor(los), torch.randint(0, 2**40, (R,), generator=g)]
+    return xs, idxs, keys, [a.to(device) for a in row_args], ks, ps
+
+
+def _run_finish(keys, row_args, S: int, SMALL: int = 0, SIZED: bool = False, VALUE_SORT: bool = True):
+    """The wrapper kernel on keys[:, :S] (padded with _PAD_KEY to S): ((tau, mass) [R, 2],
+    (token, ok) [R, 2]) on the CPU."""
+    R, device = keys.shape[0], keys.device
+    cand = torch.full((R, S), -9187343241974906880, dtype=torch.int64, device=device)
+    w = min(S, keys.shape[1])
+    cand[:, :w] = keys[:, :w]
+    out_f = torch.zeros(R, 2, device=device)
+    out_i = torch.zeros(R, 2, dtype=torch.int32, device=device)
+    _finish_collected_kernel[(R,)](cand, *row_args, out_f, out_i, S=S, SMALL=SMALL or S, SIZED=SIZED,
+                                   VALUE_SORT=VALUE_SORT)
+    return out_f.cpu(), out_i.cpu()
+
+
 def test_finish_sorting_values_alone_changes_nothing():
-    device = KERNEL_DEVICE
     # the finish's thresholds and sums need the candidates' values in order, the draw no order:
     # sorting the values alone (32-bit keys) and drawing over the slots gives the same tau,
     # token, kept mass and ok bit for bit as sorting the (value, index) keys, on candidate sets
     # in shuffled slots with ties (rounded values), top-k / top-p / both, at two sort sizes
     g = fresh_gen()
     S, R = 256, 12
-    rows_x, rows_i, ns, ks, ps, ms, los = [], [], [], [], [], [], []
-    for r in range(R):
-        n = int(torch.randint(1, S + 1, (1,), generator=g))
-        x = torch.randn(n, generator=g) * 2.0
-        if r % 3 == 0:
-            x = (x * 4).round() / 4                      # many ties
-        idx = torch.randperm(50000, generator=g)[:n].to(torch.int32)
-        pad = S - n
-        rows_x.append(torch.cat([x, torch.zeros(pad)]))
-        rows_i.append(torch.cat([idx, torch.zeros(pad, dtype=torch.int32)]))
-        ns.append(n)
-        ks.append([0, max(1, n // 3), n][r % 3])
-        ps.append([1.0, 0.7, 0.95, 0.3][r % 4])
-        ms.append(float(x.max()) + float(torch.rand(1, generator=g)))
-        los.append(float(x.min()))
-    keys = torch.empty(R, S, dtype=torch.int64, device=device)
-    for r in range(R):
-        _pack_keys_kernel[(1,)](rows_x[r].to(device), rows_i[r].to(device), keys[r], N=S)
-    args = [keys, torch.tensor(ns, dtype=torch.int32), torch.tensor(ks, dtype=torch.int32), torch.tensor(ps),
-            torch.tensor(ms), torch.tensor(los), torch.randint(0, 2**40, (R,), generator=g)]
-    args = [a.to(device) for a in args]
-    out = {}
-    for size in (S, 2 * S):
-        padded = torch.full((R, size), -9187343241974906880, dtype=torch.int64, device=device)   # _PAD_KEY
-        padded[:, :S] = args[0]
-        for vs in (False, True):
-            out_f = torch.zeros(R, 2, device=device)
-            out_i = torch.zeros(R, 2, dtype=torch.int32, device=device)
-            _finish_collected_kernel[(R,)](padded, *args[1:], out_f, out_i, S=size, VALUE_SORT=vs)
-            out[size, vs] = (out_f.cpu(), out_i.cpu())
+    ns = [int(torch.randint(1, S + 1, (1,), generator=g)) for _ in range(R)]
+    xs, idxs, keys, row_args, _, _ = _candidate_sets(ns, g, KERNEL_DEVICE)
+    out = {(size, vs): _run_finish(keys, row_args, size, VALUE_SORT=vs) for size in (S, 2 * S) for vs in (False, True)}
     for size in (S, 2 * S):
         assert torch.equal(out[size, True][0], out[size, False][0]), size
         assert torch.equal(out[size, True][1], out[size, False][1]), size
@@ -993,33 +1010,11 @@ def test_finish_sorting_values_alone_changes_nothing():
     for r in range(R):
         if ok[r]:
             tok, tau = int(out[S, True][1][r, 0]), float(out[S, True][0][r, 0])
-            hit = rows_i[r][:ns[r]] == tok
-            assert hit.any() and float(rows_x[r][:ns[r]][hit][0]) >= tau
-
-
-@triton.jit
-def _finish_sized_kernel(cand_ptr, n_ptr, k_ptr, p_ptr, m_ptr, lo_ptr, seed_ptr, out_f, out_i,
-                         CAP: tl.constexpr, SMALL: tl.constexpr, SIZED: tl.constexpr):
-    r = tl.program_id(0)
-    zero = tl.full([], 0.0, tl.float32)
-    n = tl.load(n_ptr + r)
-    k = tl.load(k_ptr + r)
-    p = tl.load(p_ptr + r)
-    args = (cand_ptr + r * CAP, n, n * 0, zero, zero - 1.0, zero - 1.0, n * 0 + 2147483647, tl.load(m_ptr + r),
-            zero + 1.0, k, p, zero + float("-inf"), tl.load(lo_ptr + r), zero + float("inf"), zero - 1.0, k > 0,
-            p < 1.0, tl.load(seed_ptr + r), tl.load(seed_ptr + r) + 7, 0)
-    if SIZED:
-        ok, tau, tok, mass = _finish_collected_sized(*args, SMALL, CAP)
-    else:
-        ok, tau, tok, mass = _finish_collected(*args, CAP)
-    tl.store(out_f + r * 2, tau)
-    tl.store(out_f + r * 2 + 1, mass)
-    tl.store(out_i + r * 2, tok)
-    tl.store(out_i + r * 2 + 1, ok.to(tl.int32))
+            hit = idxs[r] == tok
+            assert hit.any() and float(xs[r][hit][0]) >= tau
 
 
 def test_finish_sort_size_follows_the_candidate_count():
-    device = KERNEL_DEVICE
     # `_finish_collected_sized` sorts SMALL, 2 SMALL or CAP keys, the fewest that hold the set:
     # the same tau, token and ok as one sort of CAP keys (the sums may differ in the last bit:
     # another layout), for sets at and below SMALL, up to 2 SMALL, above it, and above CAP
@@ -1027,30 +1022,8 @@ def test_finish_sort_size_follows_the_candidate_count():
     SMALL, CAP = 32, 128
     ns = [5, 32, 33, 50, 64, 65, 100, 128, 129, 200]
     R = len(ns)
-    keys = torch.full((R, CAP), -9187343241974906880, dtype=torch.int64, device=device)     # _PAD_KEY
-    ks, ps, ms, los = [], [], [], []
-    for r, n in enumerate(ns):
-        x = torch.randn(n, generator=g) * 2.0
-        if r % 2:
-            x = (x * 4).round() / 4                      # ties
-        idx = torch.randperm(50000, generator=g)[:n].to(torch.int32)
-        row = torch.empty(256, dtype=torch.int64, device=device)
-        _pack_keys_kernel[(1,)](torch.cat([x, torch.zeros(256 - n)]).to(device),
-                                torch.cat([idx, torch.zeros(256 - n, dtype=torch.int32)]).to(device), row, N=256)
-        keys[r, :min(n, CAP)] = row[:min(n, CAP)]
-        ks.append([0, max(1, n // 3), n][r % 3])
-        ps.append([1.0, 0.7, 0.95, 0.3][r % 4])
-        ms.append(float(x.max()) + float(torch.rand(1, generator=g)))
-        los.append(float(x.min()))
-    args = [keys, torch.tensor(ns, dtype=torch.int32), torch.tensor(ks, dtype=torch.int32), torch.tensor(ps),
-            torch.tensor(ms), torch.tensor(los), torch.randint(0, 2**40, (R,), generator=g)]
-    args = [a.to(device) for a in args]
-    out = {}
-    for sized in (False, True):
-        out_f = torch.zeros(R, 2, device=device)
-        out_i = torch.zeros(R, 2, dtype=torch.int32, device=device)
-        _finish_sized_kernel[(R,)](*args, out_f, out_i, CAP=CAP, SMALL=SMALL, SIZED=sized)
-        out[sized] = (out_f.cpu(), out_i.cpu())
+    _, _, keys, row_args, ks, ps = _candidate_sets(ns, g, KERNEL_DEVICE)
+    out = {sized: _run_finish(keys, row_args, CAP, SMALL=SMALL, SIZED=sized) for sized in (False, True)}
     assert torch.equal(out[True][1], out[False][1])                      # token, ok
     assert torch.equal(out[True][0][:, 0], out[False][0][:, 0])          # tau
     torch.testing.assert_close(out[True][0][:, 1], out[False][0][:, 1], rtol=1e-6, atol=0)
@@ -1060,7 +1033,7 @@ def test_finish_sort_size_follows_the_candidate_count():
 
 
 def test_tile_bound_is_a_lower_bound_and_skips_only_rounds_it_needs_not():
-    device = KERNEL_DEVICE
+    device = KERNEL_DEVICE      # a jit helper alone: CUDA when present, else the interpreter
     # the counted lower bound of t_k (the k-th largest tile max) of the small top-k path, with
     # its second round only while more than k + 16 tiles reach the first round's bound, against
     # both rounds always (SLACK -1), the first round alone (SLACK 2**30) and the sorted tile
