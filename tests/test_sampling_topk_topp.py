@@ -1015,12 +1015,12 @@ def test_finish_sorting_values_alone_changes_nothing():
 
 
 def test_finish_sort_size_follows_the_candidate_count():
-    # `_finish_collected_sized` sorts SMALL, 2 SMALL or CAP keys, the fewest that hold the set:
-    # the same tau, token and ok as one sort of CAP keys (the sums may differ in the last bit:
-    # another layout), for sets at and below SMALL, up to 2 SMALL, above it, and above CAP
+    # `_finish_collected_sized` sorts SMALL, 2 SMALL, 4 SMALL, ... or CAP keys, the fewest that
+    # hold the set: the same tau, token and ok as one sort of CAP keys (the sums may differ in
+    # the last bit: another layout), for sets at and around each size, and above CAP
     g = fresh_gen()
-    SMALL, CAP = 32, 128
-    ns = [5, 32, 33, 50, 64, 65, 100, 128, 129, 200]
+    SMALL, CAP = 16, 128
+    ns = [5, 16, 17, 30, 32, 33, 50, 64, 65, 100, 128, 129, 200]
     R = len(ns)
     _, _, keys, row_args, ks, ps = _candidate_sets(ns, g, KERNEL_DEVICE)
     out = {sized: _run_finish(keys, row_args, CAP, SMALL=SMALL, SIZED=sized) for sized in (False, True)}

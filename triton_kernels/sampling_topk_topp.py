@@ -900,24 +900,19 @@ def _finish_collected(cand_row, n_cand, n_above, m_above, m_min, best_a, tok_a, 
 @triton.jit
 def _finish_collected_sized(cand_row, n_cand, n_above, m_above, m_min, best_a, tok_a, m, z, k, p, tau_min, lo, hi,
                             target, has_k, has_p, seed, pos, stream, SMALL: tl.constexpr, CAP: tl.constexpr):
-    """`_finish_collected` sorting the fewest keys of SMALL, 2 SMALL (when < CAP) and CAP that
-    hold the n_cand candidates (CAP when they are more; it then returns ok = False). The sort
-    is most of the finish: with 8 warps on the H200 it takes 2.8 / 3.8 / 7.8 µs at 256 / 512 /
-    1024 value keys (bench/results/logs/exp_finish_sort_2026-12-01.txt), where the (value,
-    index) keys, one size of 1024 above 256, took 11.3."""
+    """`_finish_collected` sorting the fewest keys of SMALL, 2 SMALL, 4 SMALL, ... (those below
+    CAP) and CAP that hold the n_cand candidates (CAP when they are more; it then returns ok =
+    False). The sort is most of the finish: with 8 warps on the H200 it takes 2.8 / 3.8 / 7.8
+    µs at 256 / 512 / 1024 value keys (bench/results/logs/exp_finish_sort_2026-12-01.txt),
+    where the (value, index) keys, one size of 1024 above 256, took 11.3."""
     if n_cand <= SMALL:
         ok, tau, tok, mass = _finish_collected(cand_row, n_cand, n_above, m_above, m_min, best_a, tok_a, m, z, k, p,
                                                tau_min, lo, hi, target, has_k, has_p, seed, pos, stream, SMALL)
     else:
-        if 2 * SMALL < CAP:
-            if n_cand <= 2 * SMALL:
-                ok, tau, tok, mass = _finish_collected(cand_row, n_cand, n_above, m_above, m_min, best_a, tok_a, m, z,
-                                                       k, p, tau_min, lo, hi, target, has_k, has_p, seed, pos, stream,
-                                                       2 * SMALL)
-            else:
-                ok, tau, tok, mass = _finish_collected(cand_row, n_cand, n_above, m_above, m_min, best_a, tok_a, m, z,
-                                                       k, p, tau_min, lo, hi, target, has_k, has_p, seed, pos, stream,
-                                                       CAP)
+        if 2 * SMALL < CAP:                     # static: the next size, recursively
+            ok, tau, tok, mass = _finish_collected_sized(cand_row, n_cand, n_above, m_above, m_min, best_a, tok_a,
+                                                         m, z, k, p, tau_min, lo, hi, target, has_k, has_p, seed,
+                                                         pos, stream, 2 * SMALL, CAP)
         else:
             ok, tau, tok, mass = _finish_collected(cand_row, n_cand, n_above, m_above, m_min, best_a, tok_a, m, z, k,
                                                    p, tau_min, lo, hi, target, has_k, has_p, seed, pos, stream, CAP)
