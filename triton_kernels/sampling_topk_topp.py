@@ -1031,6 +1031,26 @@ and at most ~k * TILE tokens read from L2 by one program, whose ~k candidates fi
 small sort (256)."""
 
 
+DEFAULT_CAP = 1024
+"""Default candidate capacity `cap`: the most candidates one program sorts. A row whose
+collected set exceeds it takes the exact single-program search (about 1 ms at V = 128256 on
+the H200): top_k above about 1000 with top-p."""
+
+MAX_AUTO_CAP = 4096
+"""Largest cap `cap_for_top_k` picks (not measured yet: branch wip/finish-size-ladder)."""
+
+
+def cap_for_top_k(max_top_k: int) -> int:
+    """The candidate capacity for a launch whose largest top_k is `max_top_k` (host-known, e.g.
+    SamplingMetadata.max_top_k): DEFAULT_CAP while k + k / 4 fits it (the k-th value's ties and the
+    bracket's slack), else the power of two that holds k + k / 4, at most MAX_AUTO_CAP. A
+    larger cap costs registers in the collect and finish kernels
+    (scripts/triton_resources.py), so only launches with such a row get one. The tokens are
+    the same at any cap (every path is exact with the same noise)."""
+    need = max_top_k + max_top_k // 4
+    return DEFAULT_CAP if need <= DEFAULT_CAP else min(MAX_AUTO_CAP, _next_pow2(need))
+
+
 DIRECT_SMALL = 64
 """Default `direct_small`: a direct row with at most 64 candidates (the common top_k values of
 20 .. 50 on LLM logits) sorts them as 64 keys, not 256. On the H200 (V = 128256 fp32, batch 1,
@@ -1101,7 +1121,7 @@ def sample_top_k_top_p_triton(
     positions: torch.Tensor,         # [R] int64
     stream: int = 0,
     *,
-    cap: int = 1024,
+    cap: int = DEFAULT_CAP,
     tile: int | None = None,
     num_chunks: int | None = None,
     blocks_per_program: int | None = None,
