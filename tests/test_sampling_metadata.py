@@ -90,11 +90,12 @@ def test_max_top_k_is_the_widest_top_k_of_random_rows():
 def test_sample_options_raise_the_cap_only_for_wide_top_k():
     from specops.sampling.topk_topp import sample_options
     from specops.triton_kernels.sampling_topk_topp import DEFAULT_CAP, MAX_AUTO_CAP, cap_for_top_k
-    assert cap_for_top_k(0) == cap_for_top_k(819) == DEFAULT_CAP
-    assert cap_for_top_k(820) == 2 * DEFAULT_CAP and cap_for_top_k(2000) == 4 * DEFAULT_CAP
+    assert cap_for_top_k(0) == cap_for_top_k(DEFAULT_CAP) == DEFAULT_CAP
+    assert cap_for_top_k(DEFAULT_CAP + 1) == cap_for_top_k(2 * DEFAULT_CAP) == 2 * DEFAULT_CAP
+    assert cap_for_top_k(2 * DEFAULT_CAP + 1) == 4 * DEFAULT_CAP
     assert cap_for_top_k(10**6) == MAX_AUTO_CAP
     wide = build(3, vocab_size=20000, top_k=[2000, 0, 40], top_p=[0.95, 0.9, 1.0])
-    assert sample_options(wide, wide.min_p) == {"cap": 4096}
+    assert sample_options(wide, wide.min_p) == {"cap": 2048}
     assert sample_options(wide, wide.min_p, {"cap": 64}) == {"cap": 64}                # an explicit cap stands
     assert sample_options(wide, wide.min_p.clone() if wide.min_p is not None else torch.zeros(3)) == {}
     greedy_wide = build(2, vocab_size=20000, temperature=[0.0, 1.0], top_k=[5000, 30])

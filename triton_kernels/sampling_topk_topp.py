@@ -1037,18 +1037,21 @@ collected set exceeds it takes the exact single-program search (about 1 ms at V 
 the H200): top_k above about 1000 with top-p."""
 
 MAX_AUTO_CAP = 4096
-"""Largest cap `cap_for_top_k` picks (not measured yet: branch wip/finish-size-ladder)."""
+"""Largest cap `cap_for_top_k` picks."""
 
 
 def cap_for_top_k(max_top_k: int) -> int:
     """The candidate capacity for a launch whose largest top_k is `max_top_k` (host-known, e.g.
-    SamplingMetadata.max_top_k): DEFAULT_CAP while k + k / 4 fits it (the k-th value's ties and the
-    bracket's slack), else the power of two that holds k + k / 4, at most MAX_AUTO_CAP. A
-    larger cap costs registers in the collect and finish kernels
-    (scripts/triton_resources.py), so only launches with such a row get one. The tokens are
-    the same at any cap (every path is exact with the same noise)."""
-    need = max_top_k + max_top_k // 4
-    return DEFAULT_CAP if need <= DEFAULT_CAP else min(MAX_AUTO_CAP, _next_pow2(need))
+    SamplingMetadata.max_top_k): DEFAULT_CAP while k fits it, else the power of two that holds
+    k, at most MAX_AUTO_CAP. A larger cap costs registers in the collect and finish kernels
+    (scripts/triton_resources.py), so only launches with such a row get one: on the H200,
+    batch 1 fp32 V = 128256 top_p 0.95 (bench/exp_sampling_slow_rows.py --caps), top_k 1000
+    took 37.7 us at cap 1024 and 47.9 at cap 2048; top_k 2000 took 1032 us at cap 1024 (the
+    search) and 53.7 at cap 2048; top_k 3000 / 4000 took 1159 / 1192 us at cap 2048 and
+    118 / 117 at cap 4096. A row whose set still exceeds the cap (ties at the k-th value)
+    takes the search. The tokens are the same at any cap (every path is exact with the same
+    noise)."""
+    return DEFAULT_CAP if max_top_k <= DEFAULT_CAP else min(MAX_AUTO_CAP, _next_pow2(max_top_k))
 
 
 DIRECT_SMALL = 64
