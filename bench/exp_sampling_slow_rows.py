@@ -6,7 +6,7 @@
                                                                   each call's kernels' device µs)
     python bench/exp_sampling_slow_rows.py --caps 1024,2048,4096  (the k sweep and bench_sampling's
                                                                   mixed rows at each `cap`)
-        [--batches 1,32] [--mixed-batches 1,8,32,128,512] [--ks 500,1000,2000,3000,4000]   (what it runs)
+        [--batches 1,32] [--mixed-batches 1,8,32,128,512] [--ks 500,1000,2000,3000,4000] [--top-p 0.95]
 
 For each shape: the whole sample's time, the count of rows per path (paths["mode"]:
 0 DONE, 1 DRAW, 4 COLLECT, 5 FALLBACK, 6 DIRECT), and for each FALLBACK row its MIX entry,
@@ -81,9 +81,9 @@ def k_sweep(with_kernels: bool = False) -> None:
 
 
 def cap_sweep(caps: list[int], batches=(1, 32), mixed_batches=(1, 8, 32, 128, 512),
-              ks=(500, 1000, 2000, 3000, 4000)) -> None:
+              ks=(500, 1000, 2000, 3000, 4000), top_p: float = 0.95) -> None:
     """The candidate capacity `cap` (the most candidates one program sorts; above it a row takes
-    the single-program search): for each cap, fp32 V=128256 rows with T=1, top_p=0.95 and
+    the single-program search): for each cap, fp32 V=128256 rows with T=1, top_p (0.95) and
     top_k 500 .. 4000 at batch 1 and 32 (their path and time), then bench_sampling's mixed
     fp32 llm rows at batch 1 .. 512 (the cost of a larger cap on the common rows). Tokens are
     compared with the first cap's: both are exact with the same noise, so they must agree."""
@@ -91,7 +91,7 @@ def cap_sweep(caps: list[int], batches=(1, 32), mixed_batches=(1, 8, 32, 128, 51
     for B in batches:
         logits = make_logits(B, V, torch.float32, "llm", seed=B * 7 + V)
         for k in ks:
-            md = metadata(B, V, seeded=False, mix=[(1.0, k, 0.95, 0.0)])
+            md = metadata(B, V, seeded=False, mix=[(1.0, k, top_p, 0.0)])
             args = (logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions)
             cells, ref = [], None
             for cap in caps:
@@ -101,7 +101,7 @@ def cap_sweep(caps: list[int], batches=(1, 32), mixed_batches=(1, 8, 32, 128, 51
                 mode = torch.bincount(paths["mode"].cpu(), minlength=8).tolist()
                 t = time_us(lambda: sample(*args, backend="triton", cap=cap), warmup=3, iters=10, replays_per_graph=1)
                 cells.append(f"cap {cap}: {t:7.1f} us paths {mode} same tokens {bool(torch.equal(tok, ref))}")
-            print(f"B={B:3d} top_k={k:5d} top_p=0.95 | " + " | ".join(cells), flush=True)
+            print(f"B={B:3d} top_k={k:5d} top_p={top_p} | " + " | ".join(cells), flush=True)
     for B in mixed_batches:
         logits = make_logits(B, V, torch.float32, "llm", seed=B * 7 + V)      # bench_sampling's inputs
         md = metadata(B, V, seeded=False)
@@ -120,7 +120,8 @@ if __name__ == "__main__":
         return tuple(int(c) for c in sys.argv[sys.argv.index(flag) + 1].split(",") if c) if flag in sys.argv else default
     if "--caps" in sys.argv:
         cap_sweep(list(ints("--caps", ())), ints("--batches", (1, 32)), ints("--mixed-batches", (1, 8, 32, 128, 512)),
-                  ints("--ks", (500, 1000, 2000, 3000, 4000)))
+                  ints("--ks", (500, 1000, 2000, 3000, 4000)),
+                  float(sys.argv[sys.argv.index("--top-p") + 1]) if "--top-p" in sys.argv else 0.95)
     elif "--k-sweep" in sys.argv:
         k_sweep("--kernels" in sys.argv)
     else:

@@ -76,15 +76,18 @@ def test_max_filtered_top_k_bounds_the_filters_of_random_rows():
     assert rows.max_filtered_top_k == 9
 
 
-def test_max_top_k_is_the_widest_top_k_of_random_rows():
-    assert build(3).max_top_k == 0
-    assert build(3, temperature=[0.0, 1.0, 1.0], top_k=[90, 0, 40]).max_top_k == 40       # greedy rows: no
-    assert build(2, top_k=[7, V + 3]).max_top_k == 7                                      # top_k >= V is off
-    assert build(2, top_k=[7, 0], top_p=[1.0, 0.9]).max_top_k == 7                       # top-p: no top_k
-    rows = build(3, top_k=[3, 9, 0]).expand([0, 0, 1])
-    assert rows.top_k_bound(rows.min_p) == 9
-    changed = replace(rows, top_k=rows.top_k.clone())                                    # not its own: unknown
-    assert changed.top_k_bound(changed.min_p) is None
+def test_max_top_k_with_top_p_is_the_widest_top_k_of_random_top_p_rows():
+    p = 0.9
+    assert build(3).max_top_k_with_top_p == 0
+    assert build(3, top_k=[90, 0, 40]).max_top_k_with_top_p == 0                         # no top-p: no sort
+    both = build(3, temperature=[0.0, 1.0, 1.0], top_k=[90, 0, 40], top_p=[p, p, p])
+    assert both.max_top_k_with_top_p == 40                                               # greedy rows: no
+    assert build(2, top_k=[7, V + 3], top_p=[p, p]).max_top_k_with_top_p == 7           # top_k >= V is off
+    assert build(2, top_k=[7, 30], top_p=[p, 1.0]).max_top_k_with_top_p == 7            # top_k alone: no
+    rows = build(3, top_k=[3, 9, 0], top_p=[p, p, p]).expand([0, 0, 1])
+    assert rows.top_k_with_top_p_bound(rows.min_p) == 9
+    changed = replace(rows, top_k=rows.top_k.clone())                                   # not its own: unknown
+    assert changed.top_k_with_top_p_bound(changed.min_p) is None
 
 
 def test_sample_options_raise_the_cap_only_for_wide_top_k():
@@ -98,8 +101,10 @@ def test_sample_options_raise_the_cap_only_for_wide_top_k():
     assert sample_options(wide, wide.min_p) == {"cap": 2048}
     assert sample_options(wide, wide.min_p, {"cap": 64}) == {"cap": 64}                # an explicit cap stands
     assert sample_options(wide, wide.min_p.clone() if wide.min_p is not None else torch.zeros(3)) == {}
-    greedy_wide = build(2, vocab_size=20000, temperature=[0.0, 1.0], top_k=[5000, 30])
+    greedy_wide = build(2, vocab_size=20000, temperature=[0.0, 1.0], top_k=[5000, 30], top_p=[0.9, 1.0])
     assert sample_options(greedy_wide, greedy_wide.min_p) == {"search": False}          # greedy rows never sort
+    k_only = build(2, vocab_size=20000, top_k=[5000, 30])
+    assert sample_options(k_only, k_only.min_p) == {}                                   # top_k alone: no sort
 
 
 def test_sample_options_leave_out_the_search_only_when_no_row_needs_it():

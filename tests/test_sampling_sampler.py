@@ -249,6 +249,38 @@ def test_sampler_leaves_out_the_search_kernels_when_no_row_needs_them(wide, monk
     assert launched == ([] if wide is None else ["_refine_kernel", "_refine_kernel", "_collect_kernel"]), launched
 
 
+@pytest.mark.parametrize("with_top_p", [True, False])
+def test_sampler_raises_the_cap_for_a_wide_top_k_with_top_p(with_top_p, monkeypatch):
+    # A row with top-p and a top_k above DEFAULT_CAP sorts its top_k candidates: the Sampler
+    # launches with the cap that holds them (sample_options, cap_for_top_k), else the row
+    # would take the single-program search. Without top-p (no sort) the default stands. The
+    # draws are the reference's either way.
+    from specops.triton_kernels import sampling_topk_topp as tk
+    caps = []
+    launch = tk.sample_top_k_top_p_triton
+
+    def recording_launch(*args, **kwargs):
+        caps.append(kwargs.get("cap", tk.DEFAULT_CAP))
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(tk, "sample_top_k_top_p_triton", recording_launch)
+    g = fresh_gen()
+    V = 128256 if CUDA else 3000
+    wide_k = tk.DEFAULT_CAP + 300
+    plist = [params(top_k=wide_k, top_p=0.95 if with_top_p else 1.0), params(top_k=40), params(top_p=0.9)]
+    n = len(plist)
+    outputs = [torch.randint(0, V, (3,), generator=g).tolist() for _ in range(n)]
+    prompts = [torch.randint(0, V, (6,), generator=g).tolist() for _ in range(n)]
+    device = "cuda" if CUDA else "cpu"
+    logits = (torch.randn(n, V, generator=g) * 2.5).to(device)
+    md, _ = batch(V, plist, outputs, prompts, device=device)
+    a = Sampler(backend="torch")(logits.clone(), md)
+    md2, _ = batch(V, plist, outputs, prompts, device=device)
+    b = Sampler(backend="triton", kernel_options={} if CUDA else dict(tile=16))(logits.clone(), md2)
+    same_draw(b, a, Sampler(backend="torch"), logits, md)
+    assert caps == [2 * tk.DEFAULT_CAP if with_top_p else tk.DEFAULT_CAP], caps
+
+
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_cuda_sampler_matches_torch_sampler_full_vocab():
     g = fresh_gen()

@@ -1034,23 +1034,26 @@ small sort (256)."""
 DEFAULT_CAP = 1024
 """Default candidate capacity `cap`: the most candidates one program sorts. A row whose
 collected set exceeds it takes the exact single-program search (about 1 ms at V = 128256 on
-the H200): top_k above about 1000 with top-p."""
+the H200): top_k above about 1000 with top-p. The Sampler raises it for such launches
+(`cap_for_top_k`)."""
 
 MAX_AUTO_CAP = 4096
 """Largest cap `cap_for_top_k` picks."""
 
 
 def cap_for_top_k(max_top_k: int) -> int:
-    """The candidate capacity for a launch whose largest top_k is `max_top_k` (host-known, e.g.
-    SamplingMetadata.max_top_k): DEFAULT_CAP while k fits it, else the power of two that holds
-    k, at most MAX_AUTO_CAP. A larger cap costs registers in the collect and finish kernels
-    (scripts/triton_resources.py), so only launches with such a row get one: on the H200,
-    batch 1 fp32 V = 128256 top_p 0.95 (bench/exp_sampling_slow_rows.py --caps), top_k 1000
-    took 37.7 us at cap 1024 and 47.9 at cap 2048; top_k 2000 took 1032 us at cap 1024 (the
-    search) and 53.7 at cap 2048; top_k 3000 / 4000 took 1159 / 1192 us at cap 2048 and
-    118 / 117 at cap 4096. A row whose set still exceeds the cap (ties at the k-th value)
-    takes the search. The tokens are the same at any cap (every path is exact with the same
-    noise)."""
+    """The candidate capacity for a launch whose largest top_k among rows that also have top-p
+    is `max_top_k` (host-known: SamplingMetadata.max_top_k_with_top_p): DEFAULT_CAP while k
+    fits it, else the power of two that holds k, at most MAX_AUTO_CAP. A larger cap costs
+    registers in the collect and finish kernels (scripts/triton_resources.py), so only
+    launches with such a row get one. On the H200, batch 1 fp32 V = 128256
+    (bench/exp_sampling_slow_rows.py --caps): with top_p 0.95, top_k 1000 took 37.7 us at cap
+    1024 and 47.9 at cap 2048; top_k 2000 took 1032 us at cap 1024 (the search) and 53.7 at
+    cap 2048; top_k 3000 / 4000 took 1159 / 1192 us at cap 2048 and 118 / 117 at cap 4096.
+    Without top-p, top_k 1000 / 2000 / 4000 took 34-35 us at cap 1024 (no sort of the top_k
+    set) and 46-114 us at larger caps: such rows keep the default. A row whose set still
+    exceeds the cap (ties at the k-th value) takes the search. The tokens are the same at any
+    cap (every path is exact with the same noise)."""
     return DEFAULT_CAP if max_top_k <= DEFAULT_CAP else min(MAX_AUTO_CAP, _next_pow2(max_top_k))
 
 

@@ -202,10 +202,11 @@ class SamplingMetadata:
         a `dataclasses.replace` of temperature, top_k, top_p or min_p turns it off.
         `sample_options` reads it to leave out the search kernels that only wide filters
         need.
-    max_top_k : int or None
-        Host: the largest top_k of the random rows (0 when none has one), None when unknown.
-        Like `max_filtered_top_k` it describes `filters_of_hint` (`top_k_bound`);
-        `sample_options` reads it to size the candidate capacity of wide top-k rows.
+    max_top_k_with_top_p : int or None
+        Host: the largest top_k of the random rows that also have top-p (0 when none has
+        both), None when unknown. Like `max_filtered_top_k` it describes `filters_of_hint`
+        (`top_k_with_top_p_bound`); `sample_options` reads it to size the candidate capacity:
+        only a row with both sorts its top_k candidates (a top-k-only row needs no sort).
     request_seeds, has_seed, token_positions : torch.Tensor
         [R] int64 / bool / int64: the ingredients of seeds/positions, kept so that
         `expand` can recompute the keys of new rows.
@@ -244,7 +245,7 @@ class SamplingMetadata:
     logitsprocs: Any = None
     rows: LogitsRows | None = None
     max_filtered_top_k: int | float | None = None
-    max_top_k: int | None = None
+    max_top_k_with_top_p: int | None = None
     filters_of_hint: tuple = field(default=(), repr=False, compare=False)
     vocab_size: int | None = None
 
@@ -268,9 +269,9 @@ class SamplingMetadata:
         """`max_filtered_top_k` while it still describes these rows, else None (unknown)."""
         return self.max_filtered_top_k if self._hints_hold(min_p) else None
 
-    def top_k_bound(self, min_p: torch.Tensor | None) -> int | None:
-        """`max_top_k` while it still describes these rows, else None (unknown)."""
-        return self.max_top_k if self._hints_hold(min_p) else None
+    def top_k_with_top_p_bound(self, min_p: torch.Tensor | None) -> int | None:
+        """`max_top_k_with_top_p` while it still describes these rows, else None (unknown)."""
+        return self.max_top_k_with_top_p if self._hints_hold(min_p) else None
 
     @property
     def no_penalties(self) -> bool:
@@ -469,7 +470,7 @@ class SamplingMetadata:
             allowed_token_mask=_allowed_mask(allowed, n, V, dev) if allowed is not None else None,
             bad_words_token_ids=bad, output_token_ids=output_token_ids, max_num_logprobs=max_num_logprobs,
             logitsprocs=logitsprocs, rows=rows, max_filtered_top_k=_max_filtered_top_k(temps, ks, ps, mps),
-            max_top_k=_max_top_k(temps, ks),
+            max_top_k_with_top_p=_max_top_k_with_top_p(temps, ks, ps),
             vocab_size=V,
         )
         md.filters_of_hint = (md.temperature, md.top_k, md.top_p, md.min_p)
@@ -544,11 +545,12 @@ class SamplingMetadata:
             bad = {j: self.bad_words_token_ids[i] for j, i in enumerate(host_idx) if i in self.bad_words_token_ids}
         temp, top_k, top_p, min_p = (take(t) for t in (self.temperature, self.top_k, self.top_p, self.min_p))
         bound = self.filter_bound(self.min_p)   # the new rows are some of these: it still bounds them
-        k_bound = self.top_k_bound(self.min_p)
+        k_bound = self.top_k_with_top_p_bound(self.min_p)
         return replace(
             self, temperature=temp, inv_temperature=take(self.inv_temperature), seeds=row_seeds,
             positions=row_pos, request_seeds=req_seeds, has_seed=has, token_positions=tok_pos,
-            top_k=top_k, top_p=top_p, min_p=min_p, max_filtered_top_k=bound, max_top_k=k_bound,
+            top_k=top_k, top_p=top_p, min_p=min_p, max_filtered_top_k=bound,
+            max_top_k_with_top_p=k_bound,
             filters_of_hint=(temp, top_k, top_p, min_p) if bound is not None or k_bound is not None else (),
             repetition_penalties=take(self.repetition_penalties), frequency_penalties=take(self.frequency_penalties),
             presence_penalties=take(self.presence_penalties), prompt_mask=take(self.prompt_mask),
@@ -566,9 +568,12 @@ def _max_filtered_top_k(temps: list, ks: list | None, ps: list | None, mps: list
     return widest
 
 
-def _max_top_k(temps: list, ks: list | None) -> int:
-    """SamplingMetadata.max_top_k of normalised host lists (top_k 0 = off)."""
-    return max((k for t, k in zip(temps, ks) if t > 0.0), default=0) if ks is not None else 0
+def _max_top_k_with_top_p(temps: list, ks: list | None, ps: list | None) -> int:
+    """SamplingMetadata.max_top_k_with_top_p of normalised host lists (top_k 0 = off, top_p
+    1 = off)."""
+    if ks is None or ps is None:
+        return 0
+    return max((k for t, k, p in zip(temps, ks, ps) if t > 0.0 and p < 1.0), default=0)
 
 
 def _inv_temperature(temperature: torch.Tensor) -> torch.Tensor:

@@ -137,9 +137,9 @@ def sample_options(metadata, min_p: torch.Tensor | None, kernel_options: dict | 
     search (every random row unfiltered, or with top_k <= the plan's direct limit): 5 of
     the 9 kernels are then left out. `min_p` is the one `sample` gets; one that is not the
     metadata's own (a processor added it) counts as unknown (`SamplingMetadata.filter_bound`).
-    An explicit "search" in `kernel_options` stands. When a random row's top_k is wider than
-    the default candidate capacity holds, "cap" is raised to hold it (`cap_for_top_k`); an
-    explicit "cap" stands.
+    An explicit "search" in `kernel_options` stands. When a random row with top-p has a top_k
+    wider than the default candidate capacity holds, "cap" is raised to hold it
+    (`cap_for_top_k`); an explicit "cap" stands.
     """
     from specops.triton_kernels.sampling_topk_topp import DEFAULT_CAP, DIRECT_TOP_K, cap_for_top_k
 
@@ -149,7 +149,7 @@ def sample_options(metadata, min_p: torch.Tensor | None, kernel_options: dict | 
         kmax = opts.get("kmax", DIRECT_TOP_K) if opts.get("select", True) else 0
         if widest <= kmax:
             opts["search"] = False
-    k_bound = metadata.top_k_bound(min_p)
+    k_bound = metadata.top_k_with_top_p_bound(min_p)
     if "cap" not in opts and k_bound is not None and cap_for_top_k(k_bound) != DEFAULT_CAP:
         opts["cap"] = cap_for_top_k(k_bound)
     return opts
