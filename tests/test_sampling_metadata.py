@@ -84,10 +84,13 @@ def test_max_top_k_with_top_p_is_the_widest_top_k_of_random_top_p_rows():
     assert both.max_top_k_with_top_p == 40                                               # greedy rows: no
     assert build(2, top_k=[7, V + 3], top_p=[p, p]).max_top_k_with_top_p == 7           # top_k >= V is off
     assert build(2, top_k=[7, 30], top_p=[p, 1.0]).max_top_k_with_top_p == 7            # top_k alone: no
-    rows = build(3, top_k=[3, 9, 0], top_p=[p, p, p]).expand([0, 0, 1])
-    assert rows.top_k_with_top_p_bound(rows.min_p) == 9
+    rows = build(3, top_k=[3, 9, 0], top_p=[p, p, p], min_p=[0.1, 0.0, 0.0]).expand([0, 0, 1])
+    assert rows.top_k_with_top_p_bound() == 9
+    assert replace(rows, min_p=None).top_k_with_top_p_bound() == 9                     # min_p plays no part
+    assert replace(rows, min_p=None).expand([1]).top_k_with_top_p_bound() == 9
     changed = replace(rows, top_k=rows.top_k.clone())                                   # not its own: unknown
-    assert changed.top_k_with_top_p_bound(changed.min_p) is None
+    assert changed.top_k_with_top_p_bound() is None
+    assert replace(rows, top_p=rows.top_p.clone()).top_k_with_top_p_bound() is None
 
 
 def test_sample_options_raise_the_cap_only_for_wide_top_k():
@@ -100,7 +103,7 @@ def test_sample_options_raise_the_cap_only_for_wide_top_k():
     wide = build(3, vocab_size=20000, top_k=[2000, 0, 40], top_p=[0.95, 0.9, 1.0])
     assert sample_options(wide, wide.min_p) == {"cap": 2048}
     assert sample_options(wide, wide.min_p, {"cap": 64}) == {"cap": 64}                # an explicit cap stands
-    assert sample_options(wide, wide.min_p.clone() if wide.min_p is not None else torch.zeros(3)) == {}
+    assert sample_options(wide, torch.zeros(3)) == {"cap": 2048}                       # a processor's min_p too
     greedy_wide = build(2, vocab_size=20000, temperature=[0.0, 1.0], top_k=[5000, 30], top_p=[0.9, 1.0])
     assert sample_options(greedy_wide, greedy_wide.min_p) == {"search": False}          # greedy rows never sort
     k_only = build(2, vocab_size=20000, top_k=[5000, 30])

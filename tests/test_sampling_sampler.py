@@ -249,12 +249,13 @@ def test_sampler_leaves_out_the_search_kernels_when_no_row_needs_them(wide, monk
     assert launched == ([] if wide is None else ["_refine_kernel", "_refine_kernel", "_collect_kernel"]), launched
 
 
-@pytest.mark.parametrize("with_top_p", [True, False])
-def test_sampler_raises_the_cap_for_a_wide_top_k_with_top_p(with_top_p, monkeypatch):
+@pytest.mark.parametrize("wide", ["top_p", "top_p_min_p_proc", "top_k_alone"])
+def test_sampler_raises_the_cap_for_a_wide_top_k_with_top_p(wide, monkeypatch):
     # A row with top-p and a top_k above DEFAULT_CAP sorts its top_k candidates: the Sampler
     # launches with the cap that holds them (sample_options, cap_for_top_k), else the row
-    # would take the single-program search. Without top-p (no sort) the default stands. The
-    # draws are the reference's either way.
+    # would take the single-program search; also when min_p comes from its processor (the
+    # engine's way). Without top-p (no sort) the default stands. The draws are the
+    # reference's either way.
     from specops.triton_kernels import sampling_topk_topp as tk
     caps = []
     launch = tk.sample_top_k_top_p_triton
@@ -267,7 +268,8 @@ def test_sampler_raises_the_cap_for_a_wide_top_k_with_top_p(with_top_p, monkeypa
     g = fresh_gen()
     V = 128256 if CUDA else 3000
     wide_k = tk.DEFAULT_CAP + 300
-    plist = [params(top_k=wide_k, top_p=0.95 if with_top_p else 1.0), params(top_k=40), params(top_p=0.9)]
+    plist = [params(top_k=wide_k, top_p=1.0 if wide == "top_k_alone" else 0.95), params(top_k=40),
+             params(top_p=0.9, min_p=0.05)]
     n = len(plist)
     outputs = [torch.randint(0, V, (3,), generator=g).tolist() for _ in range(n)]
     prompts = [torch.randint(0, V, (6,), generator=g).tolist() for _ in range(n)]
@@ -276,9 +278,11 @@ def test_sampler_raises_the_cap_for_a_wide_top_k_with_top_p(with_top_p, monkeypa
     md, _ = batch(V, plist, outputs, prompts, device=device)
     a = Sampler(backend="torch")(logits.clone(), md)
     md2, _ = batch(V, plist, outputs, prompts, device=device)
+    if wide == "top_p_min_p_proc":
+        md2 = replace(md2, min_p=None)   # pyengine.sampling's way: the MinP processor supplies it
     b = Sampler(backend="triton", kernel_options={} if CUDA else dict(tile=16))(logits.clone(), md2)
     same_draw(b, a, Sampler(backend="torch"), logits, md)
-    assert caps == [2 * tk.DEFAULT_CAP if with_top_p else tk.DEFAULT_CAP], caps
+    assert caps == [tk.DEFAULT_CAP if wide == "top_k_alone" else 2 * tk.DEFAULT_CAP], caps
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")

@@ -204,8 +204,9 @@ class SamplingMetadata:
         need.
     max_top_k_with_top_p : int or None
         Host: the largest top_k of the random rows that also have top-p (0 when none has
-        both), None when unknown. Like `max_filtered_top_k` it describes `filters_of_hint`
-        (`top_k_with_top_p_bound`); `sample_options` reads it to size the candidate capacity:
+        both), None when unknown. It describes the temperature, top_k and top_p of
+        `filters_of_hint` (`top_k_with_top_p_bound`; min_p plays no part, so a processor's
+        min_p leaves it known); `sample_options` reads it to size the candidate capacity:
         only a row with both sorts its top_k candidates (a top-k-only row needs no sort).
     request_seeds, has_seed, token_positions : torch.Tensor
         [R] int64 / bool / int64: the ingredients of seeds/positions, kept so that
@@ -262,16 +263,20 @@ class SamplingMetadata:
     def _hints_hold(self, min_p: torch.Tensor | None) -> bool:
         """Whether the host hints still describe these rows: their temperature, top_k, top_p
         and `min_p` (the one a kernel will get) are the tensors the hints were computed for."""
-        filters = (self.temperature, self.top_k, self.top_p, min_p)
+        return self._top_k_top_p_hold() and min_p is self.filters_of_hint[3]
+
+    def _top_k_top_p_hold(self) -> bool:
+        """`_hints_hold` for temperature, top_k and top_p alone."""
+        filters = (self.temperature, self.top_k, self.top_p)
         return len(self.filters_of_hint) == 4 and all(a is b for a, b in zip(filters, self.filters_of_hint))
 
     def filter_bound(self, min_p: torch.Tensor | None) -> int | float | None:
         """`max_filtered_top_k` while it still describes these rows, else None (unknown)."""
         return self.max_filtered_top_k if self._hints_hold(min_p) else None
 
-    def top_k_with_top_p_bound(self, min_p: torch.Tensor | None) -> int | None:
+    def top_k_with_top_p_bound(self) -> int | None:
         """`max_top_k_with_top_p` while it still describes these rows, else None (unknown)."""
-        return self.max_top_k_with_top_p if self._hints_hold(min_p) else None
+        return self.max_top_k_with_top_p if self._top_k_top_p_hold() else None
 
     @property
     def no_penalties(self) -> bool:
@@ -545,7 +550,7 @@ class SamplingMetadata:
             bad = {j: self.bad_words_token_ids[i] for j, i in enumerate(host_idx) if i in self.bad_words_token_ids}
         temp, top_k, top_p, min_p = (take(t) for t in (self.temperature, self.top_k, self.top_p, self.min_p))
         bound = self.filter_bound(self.min_p)   # the new rows are some of these: it still bounds them
-        k_bound = self.top_k_with_top_p_bound(self.min_p)
+        k_bound = self.top_k_with_top_p_bound()
         return replace(
             self, temperature=temp, inv_temperature=take(self.inv_temperature), seeds=row_seeds,
             positions=row_pos, request_seeds=req_seeds, has_seed=has, token_positions=tok_pos,

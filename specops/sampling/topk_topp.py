@@ -149,7 +149,7 @@ def sample_options(metadata, min_p: torch.Tensor | None, kernel_options: dict | 
         kmax = opts.get("kmax", DIRECT_TOP_K) if opts.get("select", True) else 0
         if widest <= kmax:
             opts["search"] = False
-    k_bound = metadata.top_k_with_top_p_bound(min_p)
+    k_bound = metadata.top_k_with_top_p_bound()
     if "cap" not in opts and k_bound is not None and cap_for_top_k(k_bound) != DEFAULT_CAP:
         opts["cap"] = cap_for_top_k(k_bound)
     return opts
