@@ -93,7 +93,7 @@ def test_max_top_k_with_top_p_is_the_widest_top_k_of_random_top_p_rows():
     assert replace(rows, top_p=rows.top_p.clone()).top_k_with_top_p_bound() is None
 
 
-def test_sample_options_raise_the_cap_only_for_wide_top_k():
+def test_sample_options_raise_the_cap_only_for_wide_top_k_with_top_p():
     from specops.sampling.topk_topp import sample_options
     from specops.triton_kernels.sampling_topk_topp import DEFAULT_CAP, MAX_AUTO_CAP, cap_for_top_k
     assert cap_for_top_k(0) == cap_for_top_k(DEFAULT_CAP) == DEFAULT_CAP
