@@ -214,6 +214,25 @@ def test_triton_sampler_matches_torch_sampler_small():
     assert torch.equal(a.logprobs.token_ids[:, 1:], b.logprobs.token_ids[:, 1:])
 
 
+def triton_against_reference(V, plist, g, kernel_options, min_p_from_processor=False):
+    """The triton Sampler on a batch of `plist` (random outputs, prompts and logits from g)
+    draws as the torch Sampler; with min_p_from_processor the triton side's metadata has no
+    min_p (pyengine.sampling's way: the MinP processor supplies it). Returns that metadata."""
+    n = len(plist)
+    outputs = [torch.randint(0, V, (3,), generator=g).tolist() for _ in range(n)]
+    prompts = [torch.randint(0, V, (6,), generator=g).tolist() for _ in range(n)]
+    device = "cuda" if CUDA else "cpu"
+    logits = (torch.randn(n, V, generator=g) * 2.5).to(device)
+    md, _ = batch(V, plist, outputs, prompts, device=device)
+    a = Sampler(backend="torch")(logits.clone(), md)
+    md2, _ = batch(V, plist, outputs, prompts, device=device)
+    if min_p_from_processor:
+        md2 = replace(md2, min_p=None)
+    b = Sampler(backend="triton", kernel_options=kernel_options)(logits.clone(), md2)
+    same_draw(b, a, Sampler(backend="torch"), logits, md)
+    return md2
+
+
 @pytest.mark.parametrize("wide", [None, "top_p", "min_p", "min_p_proc", "top_k"])
 def test_sampler_leaves_out_the_search_kernels_when_no_row_needs_them(wide, monkeypatch):
     # greedy, plain and top_k <= 128 rows are all decided in the plan: the Sampler tells the
@@ -232,20 +251,9 @@ def test_sampler_leaves_out_the_search_kernels_when_no_row_needs_them(wide, monk
              params(temperature=0.7, top_k=1, logit_bias={3: 2.0})]
     plist += {None: [], "top_p": [params(top_p=0.9)], "min_p": [params(min_p=0.05)],
               "min_p_proc": [params(min_p=0.05)], "top_k": [params(top_k=129)]}[wide]
-    n = len(plist)
-    outputs = [torch.randint(0, V, (3,), generator=g).tolist() for _ in range(n)]
-    prompts = [torch.randint(0, V, (6,), generator=g).tolist() for _ in range(n)]
-    device = "cuda" if CUDA else "cpu"
-    logits = (torch.randn(n, V, generator=g) * 2.5).to(device)
-    md, _ = batch(V, plist, outputs, prompts, device=device)
-    a = Sampler(backend="torch")(logits.clone(), md)
-    md2, _ = batch(V, plist, outputs, prompts, device=device)
+    md2 = triton_against_reference(V, plist, g, {} if CUDA else dict(tile=16, cap=64), wide == "min_p_proc")
     if wide == "min_p_proc":
-        md2 = replace(md2, min_p=None)   # pyengine.sampling's way: the MinP processor supplies it
         assert md2.max_filtered_top_k == math.inf
-    opts = {} if CUDA else dict(tile=16, cap=64)
-    b = Sampler(backend="triton", kernel_options=opts)(logits.clone(), md2)
-    same_draw(b, a, Sampler(backend="torch"), logits, md)
     assert launched == ([] if wide is None else ["_refine_kernel", "_refine_kernel", "_collect_kernel"]), launched
 
 
@@ -270,18 +278,7 @@ def test_sampler_raises_the_cap_for_a_wide_top_k_with_top_p(wide, monkeypatch):
     wide_k = tk.DEFAULT_CAP + 300
     plist = [params(top_k=wide_k, top_p=1.0 if wide == "top_k_alone" else 0.95), params(top_k=40),
              params(top_p=0.9, min_p=0.05)]
-    n = len(plist)
-    outputs = [torch.randint(0, V, (3,), generator=g).tolist() for _ in range(n)]
-    prompts = [torch.randint(0, V, (6,), generator=g).tolist() for _ in range(n)]
-    device = "cuda" if CUDA else "cpu"
-    logits = (torch.randn(n, V, generator=g) * 2.5).to(device)
-    md, _ = batch(V, plist, outputs, prompts, device=device)
-    a = Sampler(backend="torch")(logits.clone(), md)
-    md2, _ = batch(V, plist, outputs, prompts, device=device)
-    if wide == "top_p_min_p_proc":
-        md2 = replace(md2, min_p=None)   # pyengine.sampling's way: the MinP processor supplies it
-    b = Sampler(backend="triton", kernel_options={} if CUDA else dict(tile=16))(logits.clone(), md2)
-    same_draw(b, a, Sampler(backend="torch"), logits, md)
+    triton_against_reference(V, plist, g, {} if CUDA else dict(tile=16), wide == "top_p_min_p_proc")
     assert caps == [tk.DEFAULT_CAP if wide == "top_k_alone" else 2 * tk.DEFAULT_CAP], caps
 
 
