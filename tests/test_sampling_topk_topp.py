@@ -265,8 +265,12 @@ def test_reference_detects_a_wrong_sampler():
     # Guard of the statistical test itself: dropping the top-p boundary token must fail.
     g = fresh_gen()
     V, N = 40, 20000
-    row = torch.randn(V, generator=g)
-    target = exact_target(row.numpy(), 1.0, 0, 0.6, 0.0)
+    target = np.zeros(V)
+    while (target > 0).sum() < 2:
+        # a row whose max alone holds >= 0.6 of the mass (1.6e-4 of randn rows) keeps one token:
+        # nothing to drop (the "wrong" law would be all zeros); draw another row
+        row = torch.randn(V, generator=g)
+        target = exact_target(row.numpy(), 1.0, 0, 0.6, 0.0)
     wrong = target.copy()
     wrong[np.argmin(np.where(target > 0, target, np.inf))] = 0
     wrong /= wrong.sum()
