@@ -143,8 +143,8 @@ class BatchSampler:
         self.prompt_mask[row, to_device(req.prompt_token_ids, torch.int64, dev)] = True
         self.output_counts[row].zero_()
         if req.output_token_ids:  # a resumed request: count what it generated before
-            counts = torch.bincount(to_device(req.output_token_ids, torch.int64, dev), minlength=self.vocab_size)
-            self.output_counts[row] = counts[:self.vocab_size]
+            ids = to_device(req.output_token_ids, torch.int64, dev)   # (bincount would read its max back)
+            self.output_counts[row].index_add_(0, ids, torch.ones(ids.shape, dtype=self.output_counts.dtype, device=dev))
 
     def _batch_metadata(self) -> SamplingMetadata:
         if self._md is None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
+from specops.sampling.metadata import FP32_MAX
+
 
 @dataclass
 class SamplingParams:
@@ -46,6 +48,7 @@ class SamplingParams:
         Keep going past end-of-sequence tokens.
     seed : int or None
         Per-request seed: the request's draws depend only on it, its inputs and the position.
+        With n > 1, sample i uses seed + i (so seed + n - 1 must fit an int64).
     logprobs : int or None
         Return the log-probabilities of this many most likely tokens (and of the sampled one).
     skip_special_tokens : bool
@@ -104,7 +107,7 @@ class SamplingParams:
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise ValueError/TypeError naming the first bad field and what it must be."""
         _int("n", self.n, lo=1, hi=self.MAX_N)
-        _num("temperature", self.temperature, lo=0.0)
+        _num("temperature", self.temperature, lo=0.0, hi=FP32_MAX)
         _int("top_k", self.top_k, lo=-1)
         if vocab_size is not None and self.top_k > vocab_size:
             raise ValueError(f"top_k must be -1, 0 (off) or at most the vocabulary size {vocab_size}, "
@@ -114,8 +117,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         _num("min_p", self.min_p, lo=0.0, hi=1.0)
         _num("repetition_penalty", self.repetition_penalty)
-        if not self.repetition_penalty > 0.0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not 0.0 < self.repetition_penalty <= FP32_MAX:
+            raise ValueError(f"repetition_penalty must be in (0, {FP32_MAX}], got {self.repetition_penalty}")
         _num("frequency_penalty", self.frequency_penalty, lo=-2.0, hi=2.0)
         _num("presence_penalty", self.presence_penalty, lo=-2.0, hi=2.0)
         _int("min_tokens", self.min_tokens, lo=0)
@@ -124,9 +127,11 @@ class SamplingParams:
             if self.min_tokens > self.max_tokens:
                 raise ValueError(f"min_tokens ({self.min_tokens}) must be at most max_tokens ({self.max_tokens})")
         if self.seed is not None:
-            _int("seed", self.seed, lo=-(2**63), hi=2**63 - 1)
+            # with n > 1, sample i takes seed + i: every one must be an int64
+            _int("seed", self.seed, lo=-(2**63), hi=2**63 - self.n)
         if self.logprobs is not None:
-            _int("logprobs", self.logprobs, lo=0, hi=self.MAX_LOGPROBS)
+            _int("logprobs", self.logprobs, lo=0, hi=self.MAX_LOGPROBS if vocab_size is None
+                 else min(self.MAX_LOGPROBS, vocab_size))
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
                 raise TypeError(f"logit_bias must be a dict {{token_id: bias}}, got {type(self.logit_bias).__name__}")

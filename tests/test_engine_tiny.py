@@ -193,6 +193,7 @@ def test_bad_requests_fail_alone(tiny_checkpoint):  # noqa: F811
         ("hello", SamplingParams(logit_bias={10**6: 1.0}), "logit_bias"),
         ("hello", SamplingParams(max_tokens=0), "max_tokens"),
         ("hello", SamplingParams(stop=[""]), "stop"),
+        ("hello", SamplingParams(n=2, seed=2**63 - 1), "seed"),     # once wedged every step
         ("hello", "not params", "SamplingParams"),
     ]
     prompts = [good[0]] + [b[0] for b in bad] + [good[1]]

@@ -29,6 +29,9 @@ from specops.engine.sampling_params import SamplingParams
     (dict(logprobs=-1), "logprobs"),
     (dict(logprobs=100), "logprobs"),
     (dict(seed=2**64), "seed"),
+    (dict(seed=2**63 - 1, n=2), "seed"),                    # sample 1 would take seed 2**63
+    (dict(temperature=1e39), "temperature"),                # inf in fp32: 1/T = 0 would be greedy
+    (dict(repetition_penalty=1e39), "repetition_penalty"),
     (dict(logit_bias=[1, 2]), "logit_bias"),
     (dict(logit_bias={5: 1e9}), r"logit_bias\[5\]"),
     (dict(logit_bias={-1: 1.0}), "logit_bias"),
@@ -49,6 +52,10 @@ def test_sampling_params_accepts():
     SamplingParams(temperature=0.0, top_k=-1, top_p=1.0, min_p=0.0, logit_bias={3: -100.0}, seed=-5,
                    allowed_token_ids=[0, 999], stop="x", logprobs=0, max_tokens=None).validate(1000)
     assert SamplingParams(stop="x").stop == ["x"]
+    SamplingParams(seed=2**63 - 2, n=2).validate(1000)
+    SamplingParams(logprobs=10).validate(10)
+    with pytest.raises(ValueError, match="logprobs"):                # more than the vocabulary
+        SamplingParams(logprobs=11).validate(10)
     assert SamplingParams(temperature=0).greedy and not SamplingParams().has_penalties
 
 

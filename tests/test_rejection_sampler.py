@@ -374,6 +374,37 @@ def test_custom_processor_and_allowed_tokens_see_every_row(temperature):
         assert toks == [[3, 3, 3, 3], [0], [3]]
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_min_p_in_metadata_needs_no_rows(backend):
+    # min_p given as a metadata tensor (no processors, no LogitsRows: the plain Sampler's API)
+    # is accepted and gives the tokens of the same min_p through the engine's processor with
+    # rows, over 12 steps of seeds; without min_p some token differs (the test has power)
+    vocab = 50
+    spec = build_spec_decode_metadata([2, 1, 0], [3, 5, 6], device=DEVICE)
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, vocab, generator=g).to(DEVICE)
+    drafts = torch.tensor([4, 9, 17], device=DEVICE)
+    temps, min_ps, positions = [0.7, 1.3, 1.0], [0.3, 0.0, 0.4], [10, 4, 7]
+    rs = RejectionSampler(Sampler(backend="auto" if CUDA else "torch"), backend=backend)
+    procs = build_logits_processors(3, vocab, DEVICE, eos_token_ids=[0], use_entry_points=False)
+    procs.update_state(BatchUpdate(3, added=[(i, params(temperature=t, min_p=m), [1], [])
+                                             for i, (t, m) in enumerate(zip(temps, min_ps))]))
+    outs = {"plain": [], "procs": [], "none": []}
+    for step in range(12):
+        seeds = [step, 100 + step, None]
+        kw = dict(vocab_size=vocab, device=DEVICE, seeds=seeds, positions=positions, step=step)
+        mds = {"plain": SamplingMetadata.from_params(temps, min_p=min_ps, **kw),
+               "procs": SamplingMetadata.from_params(temps, logitsprocs=procs, rows=LogitsRows([0, 1, 2], [0, 0, 0]),
+                                                     **kw),
+               "none": SamplingMetadata.from_params(temps, **kw)}
+        for name, md in mds.items():
+            out = rs(logits.clone(), spec, md, draft_token_ids=drafts)
+            outs[name].append(torch.cat([out.output_token_ids.flatten(), out.bonus.sampled_token_ids.flatten()]).cpu())
+    plain, procs_, none = (torch.stack(outs[n]) for n in ("plain", "procs", "none"))
+    assert torch.equal(plain, procs_)
+    assert not torch.equal(plain, none)
+
+
 def test_bad_inputs():
     spec = build_spec_decode_metadata([2, 0], [3, 4])
     md = SamplingMetadata.from_params([0.5, 0.5], vocab_size=10)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specops import rng
-from specops.sampling import SamplingMetadata, inv_temperature
+from specops.sampling import LogitsRows, SamplingMetadata, inv_temperature
 
 V = 100
 
@@ -21,6 +21,8 @@ def build(n=3, **kw):
     (dict(temperature=[1.0, -0.5]), ValueError, r"temperature\[1\] must be >= 0"),
     (dict(temperature=[float("nan")]), ValueError, r"temperature\[0\] must be finite"),
     (dict(temperature=["hot"]), TypeError, r"temperature\[0\] must be a real number"),
+    (dict(temperature=[1.0, 1e39]), ValueError, r"temperature\[1\] must be <= 3.40"),   # inf in fp32: 1/T = 0
+    (dict(repetition_penalties=[1e39, 1.0, 1.0]), ValueError, r"repetition_penalties\[0\] must be <= 3.40"),
     (dict(top_p=[0.0, 1.0, 1.0]), ValueError, r"top_p\[0\] must be in \(0, 1\]"),
     (dict(top_p=[1.0, 1.5, 1.0]), ValueError, r"top_p\[1\] must be in \(0, 1\]"),
     (dict(top_k=[0, -2, 5]), ValueError, r"top_k\[1\] must be >= -1"),
@@ -203,6 +205,11 @@ def test_expand_gathers_rows_and_gives_fresh_keys():
         md.expand([0, 2])
     with pytest.raises(ValueError, match="output_token_ids"):
         md.expand([0, 1])
+    # one history and one LogitsRows entry per new row (a short one would shift the processors' rows)
+    with pytest.raises(ValueError, match="one list per new row"):
+        md.expand([0, 0, 1], output_token_ids=[[1], [2]])
+    with pytest.raises(ValueError, match="rows must describe 3 new rows"):
+        md.expand([0, 0, 1], output_token_ids=[[1], [1], [2]], rows=LogitsRows([0, 1], [0, 0]))
     with pytest.raises(ValueError, match="host row_req_index"):
         md.expand(torch.tensor([1, 0]), output_token_ids=[[2], [1]])
 

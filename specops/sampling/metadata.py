@@ -35,6 +35,7 @@ from specops import rng
 from .logits_processors.interface import LogitsRows, to_device
 
 GREEDY_EPS = 1e-5
+FP32_MAX = 3.4028234663852886e38   # a temperature or penalty above it is inf in fp32 (1/T = 0: greedy)
 LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -137,7 +138,7 @@ class RowParams:
         """Check an object with SamplingParams attributes (the checks of `from_params`)."""
         V = vocab_size
         g = lambda name, default: getattr(p, name, default)  # noqa: E731
-        t = _check_real("temperature", g("temperature", 1.0), lo=0.0)
+        t = _check_real("temperature", g("temperature", 1.0), lo=0.0, hi=FP32_MAX)
         k = _check_int("top_k", g("top_k", 0), lo=-1)
         top_p = _check_real("top_p", g("top_p", 1.0))
         if not 0.0 < top_p <= 1.0:
@@ -148,7 +149,8 @@ class RowParams:
             temperature=0.0 if t < GREEDY_EPS else t, top_k=0 if (k <= 0 or k >= V) else k, top_p=top_p,
             min_p=_check_real("min_p", g("min_p", 0.0), lo=0.0, hi=1.0),
             seed=None if seed is None else _check_int("seed", seed, _INT64_MIN, _INT64_MAX),
-            repetition_penalty=_check_real("repetition_penalty", g("repetition_penalty", 1.0), lo=0.0, lo_open=True),
+            repetition_penalty=_check_real("repetition_penalty", g("repetition_penalty", 1.0), lo=0.0, hi=FP32_MAX,
+                                           lo_open=True),
             frequency_penalty=_check_real("frequency_penalty", g("frequency_penalty", 0.0), -2.0, 2.0),
             presence_penalty=_check_real("presence_penalty", g("presence_penalty", 0.0), -2.0, 2.0),
             allowed_token_ids=None if allowed is None else _check_allowed("allowed_token_ids", allowed, V),
@@ -325,7 +327,7 @@ class SamplingMetadata:
         V = _check_int("vocab_size", vocab_size, lo=1)
         temps = _as_list("temperature", temperature, None)
         n = len(temps)
-        temps = [_check_real(f"temperature[{i}]", t, lo=0.0) for i, t in enumerate(temps)]
+        temps = [_check_real(f"temperature[{i}]", t, lo=0.0, hi=FP32_MAX) for i, t in enumerate(temps)]
         temps = [0.0 if t < GREEDY_EPS else t for t in temps]
 
         ks = None
@@ -360,7 +362,7 @@ class SamplingMetadata:
 
         rep = freq = pres = None
         if any(x is not None for x in (repetition_penalties, frequency_penalties, presence_penalties)):
-            rep = [_check_real(f"repetition_penalties[{i}]", r, lo=0.0, lo_open=True)
+            rep = [_check_real(f"repetition_penalties[{i}]", r, lo=0.0, hi=FP32_MAX, lo_open=True)
                    for i, r in enumerate(_as_list("repetition_penalties", repetition_penalties, n, 1.0))]
             freq = [_check_real(f"frequency_penalties[{i}]", f, -2.0, 2.0)
                     for i, f in enumerate(_as_list("frequency_penalties", frequency_penalties, n, 0.0))]
@@ -532,6 +534,10 @@ class SamplingMetadata:
                 raise ValueError(f"row_req_index values must be in [0, {self.num_rows})")
             idx = to_device(host_idx, torch.int64, dev)
         m = idx.shape[0]
+        if output_token_ids is not None and len(output_token_ids) != m:
+            raise ValueError(f"output_token_ids must have one list per new row ({m}), got {len(output_token_ids)}")
+        if rows is not None and len(rows) != m:
+            raise ValueError(f"rows must describe {m} new rows, got {len(rows)}")
         if position_offsets is None:
             offs = torch.zeros(m, dtype=torch.int64, device=dev)
         else:

@@ -22,6 +22,7 @@ from typing import Sequence
 import torch
 
 from specops import rng
+from specops.sampling.logits_processors.interface import to_device
 
 _NOISE_CHUNK = 1 << 22  # elements of noise generated at once (bounds the reference's memory)
 
@@ -84,7 +85,8 @@ def apply_bad_words_(logits: torch.Tensor, bad_words: dict[int, list[list[int]]]
     if bad_words:
         rows, toks = banned_bad_word_tokens(bad_words, history)
         if rows:
-            logits[torch.tensor(rows, device=logits.device), torch.tensor(toks, device=logits.device)] = float("-inf")
+            idx = to_device([rows, toks], torch.int64, logits.device)    # [2, n]: no wait on the GPU
+            logits[idx[0], idx[1]] = float("-inf")
     return logits
 
 

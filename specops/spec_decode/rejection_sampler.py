@@ -25,6 +25,7 @@ import torch
 
 from specops.sampling import LogitsRows, Sampler, SamplerOutput, SamplingMetadata
 from specops.sampling.logits_processors.builtin import MinPLogitsProcessor
+from specops.sampling.logits_processors.interface import to_device
 from specops.sampling.topk_topp import resolve_backend, sample_options
 from specops.sampling.topk_topp import sample as sample_with_thresholds
 from specops.spec_decode.metadata import SpecDecodeMetadata
@@ -150,10 +151,12 @@ class RejectionSampler:
         procs = md.logitsprocs
         history_procs = _active(procs, False) + _active(procs, True)
         min_p_proc = procs.get(MinPLogitsProcessor) if procs is not None else None
-        uses_min_p = md.min_p is not None or (min_p_proc is not None and min_p_proc.num_active > 0)
+        min_p_proc_active = min_p_proc is not None and min_p_proc.num_active > 0
+        uses_min_p = md.min_p is not None or min_p_proc_active
         filters = not md.all_greedy and (md.top_k is not None or md.top_p is not None or uses_min_p)
         needs_drafts_on_host = bool(md.bad_words_token_ids) or bool(history_procs)
-        if (history_procs or uses_min_p) and md.rows is None:
+        # processors keep state by persistent row (min_p given as a metadata tensor needs no rows)
+        if (history_procs or min_p_proc_active) and md.rows is None:
             raise ValueError("metadata.rows (LogitsRows: persistent index and output length of each request) "
                              "is required when logits processors are active")
         if needs_drafts_on_host and draft_token_lists is None:
@@ -256,6 +259,6 @@ class RejectionSampler:
         if not rows:
             return
         device = md.output_counts.device
-        tokens = draft_token_ids.to(device)[torch.tensor(pos).to(device)]
+        tokens = draft_token_ids.to(device)[to_device(pos, torch.int64, device)]   # pinned copies: no wait
         from specops.ops import token_bincount_update_
-        token_bincount_update_(md.output_counts, torch.tensor(rows).to(device), tokens)
+        token_bincount_update_(md.output_counts, to_device(rows, torch.int64, device), tokens)

@@ -217,7 +217,7 @@ class MinPLogitsProcessor(LogitsProcessor):
         if self.num_active == 0:
             return None
         if self._device_min_p is None or self._device_min_p.device != torch.device(device):
-            self._device_min_p = self.min_p.to(device)
+            self._device_min_p = to_device(self.min_p.tolist(), torch.float32, device)   # no wait on the GPU
         if rows is None or rows.req_indices == list(range(num_rows)):
             return self._device_min_p[:num_rows]
         return self._device_min_p.index_select(0, rows.req_index_tensor(device))
