@@ -100,6 +100,9 @@ BAD = [
                                       torch.zeros(1, dtype=torch.int64, device=d)), TypeError, "req_indices must be int32 or int64"),
     (lambda d: token_bincount_update_(torch.zeros(2, 3, dtype=torch.int32, device=d), torch.zeros(1, 1, dtype=torch.int64, device=d),
                                       torch.zeros(1, dtype=torch.int64, device=d)), ValueError, "req_indices must be 1-D"),
+    (lambda d: token_bincount_update_(torch.zeros(1, 3, dtype=torch.int32, device=d).expand(2, 3),
+                                      torch.tensor([0, 1], device=d), torch.tensor([1, 1], device=d)),
+     ValueError, "counts is written in place, so its elements must not share memory"),
 ]
 
 

@@ -185,6 +185,12 @@ def test_sequence_indices_and_empty_indices(device):
     assert not torch.isneginf(logits).any()
     apply_token_bitmask_(logits, bitmask, [2])
     assert torch.isneginf(logits[2]).all() and not torch.isneginf(logits[:2]).any()
+    # a list may hold numpy ints and values that name no row (skipped, as in a tensor: -2**40
+    # no longer stops the int32 conversion)
+    import numpy as np
+    logits = torch.zeros(3, 40, device=device)
+    apply_token_bitmask_(logits, bitmask, [np.int64(1), -2**40, 2**40, 5])
+    assert torch.isneginf(logits[1]).all() and not torch.isneginf(logits[[0, 2]]).any()
 
 
 def test_strided_rows_and_special_values(device):
@@ -223,6 +229,15 @@ BAD = [
      TypeError, "indices must be int32 or int64"),
     (lambda d: apply_token_bitmask_(torch.zeros(2, 8, device=d), torch.zeros(2, 1, dtype=torch.int32, device=d),
                                     torch.zeros(2, 1, dtype=torch.int64, device=d)), ValueError, "indices must be 1-D"),
+    (lambda d: apply_token_bitmask_(torch.zeros(1, 8, device=d).expand(2, 8), torch.zeros(2, 1, dtype=torch.int32, device=d)),
+     ValueError, "logits is written in place, so its elements must not share memory"),
+    (lambda d: apply_token_bitmask_(torch.zeros(2, 8, device=d, requires_grad=True).exp(),
+                                    torch.zeros(2, 1, dtype=torch.int32, device=d)), ValueError, "must not require grad"),
+    # a list of indices: ints only (0.9 was truncated to row 0), True is not a row
+    (lambda d: apply_token_bitmask_(torch.zeros(2, 8, device=d), torch.zeros(2, 1, dtype=torch.int32, device=d), [0.9]),
+     TypeError, "indices must hold ints, got 0.9"),
+    (lambda d: apply_token_bitmask_(torch.zeros(2, 8, device=d), torch.zeros(2, 1, dtype=torch.int32, device=d), [True]),
+     TypeError, "indices must hold ints, got True"),
 ]
 
 

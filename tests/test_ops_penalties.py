@@ -80,6 +80,21 @@ def test_order_matters_like_vllm(device):
     assert logits.item() == 0.0
 
 
+def test_infinite_presence_penalty_leaves_unseen_tokens_alone(device):
+    # presence applies where count > 0 only: an inf penalty makes seen tokens -inf, never
+    # unseen ones NaN (inf * 0), in the op and in its reference alike
+    _, prompt_mask, counts, rep, freq, pres = make_inputs(2, 64, torch.float32, device)
+    counts[:, ::2] = 0
+    counts[:, 1::2] = 1
+    pres.fill_(float("inf"))
+    logits = torch.randn(2, 64, device=device)
+    expected = logits.clone()
+    apply_penalties_torch(expected, prompt_mask, counts, rep, freq.zero_(), pres)
+    apply_penalties_(logits, prompt_mask, counts, rep, freq, pres)
+    assert not logits.isnan().any() and torch.isneginf(logits[:, 1::2]).all()
+    torch.testing.assert_close(logits, expected, **EXACT)
+
+
 def test_neutral_rows_untouched_and_strided(device):
     rows, vocab = 6, 1000
     buf = torch.randn(rows, vocab + 24, device=device)
@@ -116,6 +131,10 @@ BAD = [
     (dict(frequency_penalties=lambda d: torch.ones(3, device=d)), ValueError, r"frequency_penalties must have shape \(2,\)"),
     (dict(presence_penalties=lambda d: torch.ones(4, device=d)[::2]), ValueError, "presence_penalties must have a contiguous"),
     (dict(presence_penalties=lambda d: [0.0, 0.0]), TypeError, "presence_penalties must be a torch.Tensor"),
+    # written in place: rows sharing memory (they would add up their writes) or tracked by autograd
+    (dict(logits=lambda d: torch.zeros(1, 8, device=d).expand(2, 8)), ValueError, "logits is written in place, so its"),
+    (dict(logits=lambda d: torch.zeros(2, 8, device=d, requires_grad=True) * 1.0), ValueError,
+     "logits is written in place without a backward"),
 ]
 
 
@@ -132,6 +151,10 @@ def test_bad_inputs_repetition(device):
         apply_repetition_penalties_(a["logits"], a["prompt_mask"], a["output_counts"], a["repetition_penalties"])
     with pytest.raises(ValueError, match=r"repetition_penalties must have shape \(2,\)"):
         apply_repetition_penalties_(a["logits"], a["prompt_mask"], a["prompt_mask"], torch.ones(1, device=device))
+    shared = torch.full((1, 8), -1.0, device=device).expand(2, 8)
+    with pytest.raises(ValueError, match="logits is written in place, so its elements must not share memory"):
+        apply_repetition_penalties_(shared, a["prompt_mask"] | True, a["prompt_mask"], torch.full((2,), 2.0, device=device))
+    assert (shared == -1.0).all()                                   # refused before anything was written
 
 
 def test_direct_op_call_is_checked_too(device):

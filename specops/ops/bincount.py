@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from specops import _C  # noqa: F401  (registers torch.ops.specops.*)
-from specops.ops._checks import INDEX_DTYPES, check_tensor
+from specops.ops._checks import INDEX_DTYPES, check_tensor, check_written_in_place
 
 
 def token_bincount(
@@ -65,6 +65,7 @@ def token_bincount_update_(
     """
     op = "token_bincount_update_"
     check_tensor(op, "counts", counts, (torch.int32,), 2)
+    check_written_in_place(op, "counts", counts)
     check_tensor(op, "req_indices", req_indices, INDEX_DTYPES, 1)
     check_tensor(op, "token_ids", token_ids, INDEX_DTYPES, 1, shape=tuple(req_indices.shape),
                  shape_desc=" like req_indices")

@@ -3,12 +3,13 @@ the semantics of ``xgrammar.apply_token_bitmask_inplace``."""
 
 from __future__ import annotations
 
+import operator
 from typing import Sequence
 
 import torch
 
 from specops import _C  # noqa: F401  (registers torch.ops.specops.*)
-from specops.ops._checks import FLOAT_DTYPES, INDEX_DTYPES, check_tensor
+from specops.ops._checks import FLOAT_DTYPES, INDEX_DTYPES, check_tensor, check_written_in_place
 
 
 def apply_token_bitmask_(
@@ -52,6 +53,7 @@ def apply_token_bitmask_(
     """
     op = "apply_token_bitmask_"
     check_tensor(op, "logits", logits, FLOAT_DTYPES, 2)
+    check_written_in_place(op, "logits", logits)
     check_tensor(op, "bitmask", bitmask, (torch.int32,), 2, like=logits)
     if indices is None:
         if bitmask.shape[0] != logits.shape[0]:
@@ -59,9 +61,25 @@ def apply_token_bitmask_(
                              f"({logits.shape[0]}), got {bitmask.shape[0]}")
     else:
         if not isinstance(indices, torch.Tensor):
-            indices = torch.tensor(list(indices), dtype=torch.int32).to(logits.device, non_blocking=True)
+            indices = _host_indices(op, indices).to(logits.device, non_blocking=True)
         check_tensor(op, "indices", indices, INDEX_DTYPES, 1, like=logits)
     torch.ops.specops.apply_token_bitmask_(logits, bitmask, indices)
+
+
+def _host_indices(op: str, indices: Sequence[int]) -> torch.Tensor:
+    """[n] int64 of a sequence of ints (bools and floats refused); values that cannot name a
+    row (negative, or past 2**62) are left out, as the op skips them anyway."""
+    rows = []
+    for i in indices:
+        try:
+            if isinstance(i, bool):
+                raise TypeError
+            i = operator.index(i)           # ints and numpy ints; floats refused, not truncated
+        except TypeError:
+            raise TypeError(f"{op}: indices must hold ints, got {i!r}") from None
+        if 0 <= i < 2**62:
+            rows.append(i)
+    return torch.tensor(rows, dtype=torch.int64)
 
 
 @torch.library.register_fake("specops::apply_token_bitmask_")

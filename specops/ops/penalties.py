@@ -6,12 +6,13 @@ from __future__ import annotations
 import torch
 
 from specops import _C  # noqa: F401  (registers torch.ops.specops.*)
-from specops.ops._checks import FLOAT_DTYPES, check_tensor
+from specops.ops._checks import FLOAT_DTYPES, check_tensor, check_written_in_place
 
 
 def _check_common(op: str, logits: torch.Tensor, prompt_mask: torch.Tensor,
                   repetition_penalties: torch.Tensor) -> None:
     check_tensor(op, "logits", logits, FLOAT_DTYPES, 2)
+    check_written_in_place(op, "logits", logits)
     check_tensor(op, "prompt_mask", prompt_mask, (torch.bool,), 2, like=logits,
                  shape=tuple(logits.shape), shape_desc=" like logits")
     check_tensor(op, "repetition_penalties", repetition_penalties, (torch.float32,), 1, like=logits,
@@ -98,7 +99,7 @@ def apply_penalties_torch(
     seen_out = output_counts > 0
     x = _repetition(x, prompt_mask | seen_out, repetition_penalties)
     x = x - frequency_penalties.unsqueeze(1) * output_counts.float()
-    x = x - presence_penalties.unsqueeze(1) * seen_out.float()
+    x = x - torch.where(seen_out, presence_penalties.unsqueeze(1), 0.0)   # unseen: untouched (an inf penalty too)
     logits.copy_(x)
 
 
