@@ -163,9 +163,17 @@ class LLMEngine:
         A duplicate request_id raises ValueError.
         """
         params = params if params is not None else SamplingParams()
-        rid = request_id if request_id is not None else str(next(self._counter))
-        if rid in self.parents:
-            raise ValueError(f"request_id {rid!r} is already in use")
+        if request_id is None:
+            rid = str(next(self._counter))
+            while self._id_in_use(rid):         # an explicit id took it: the next one
+                rid = str(next(self._counter))
+        else:
+            rid = request_id
+        n = params.n if isinstance(params, SamplingParams) and isinstance(params.n, int) else 1
+        for cid in [rid] + ([f"{rid}#{i}" for i in range(n)] if n > 1 else []):
+            if self._id_in_use(cid):
+                raise ValueError(f"request_id {rid!r} is already in use"
+                                 + (f" (its sample {cid!r} would clash with a live request)" if cid != rid else ""))
         text = prompt if isinstance(prompt, str) else None
         ids: list[int] = []
         try:
@@ -209,6 +217,10 @@ class LLMEngine:
             self._child_parent[child.request_id] = parent
             self.scheduler.add_request(child)
         return rid
+
+    def _id_in_use(self, rid: str) -> bool:
+        """Whether rid names a live request or one of the samples of an n > 1 request ("<id>#<i>")."""
+        return rid in self.parents or rid in self._child_parent
 
     def structured_output_manager(self):
         """The engine's StructuredOutputManager (made on first use from the config)."""
@@ -357,6 +369,8 @@ class LLMEngine:
                     req.cumulative_logprob += lp.logprob
             if stop is not None and not req.is_finished:
                 self.scheduler.finish_request(req, RequestStatus.FINISHED_STOPPED)
+            elif stop is not None and req.status == RequestStatus.FINISHED_LENGTH:
+                req.status = RequestStatus.FINISHED_STOPPED     # the stop string came on the last token
             if stop is not None:
                 req.stop_reason = stop
             elif req.is_finished:
@@ -378,6 +392,10 @@ class LLMEngine:
         """
         sp = req.sampling_params
         new = req.output_token_ids[before:]
+        if req.status == RequestStatus.FINISHED_STOPPED and not sp.include_stop_str_in_output:
+            new = new[:-1]    # the EOS / stop token that ended it: in the token ids, not in the text (vLLM)
+        if not new:
+            return None
         if len(new) == 1 or not sp.stop:
             return detok.update(new, check_stop=req.num_output_tokens >= sp.min_tokens)
         for j, tok in enumerate(new):

@@ -206,6 +206,54 @@ def test_bad_requests_fail_alone(tiny_checkpoint):  # noqa: F811
     assert outs[0].error is None and outs[-1].error is None
 
 
+def test_request_ids_never_clash(tiny_checkpoint):  # noqa: F811
+    # the samples of an n > 1 request are "<id>#<i>": a clash with a live id is refused before
+    # anything is queued (it once left a half-added request that broke every later step), and
+    # automatic ids step over explicit ones (generate() once raised halfway through its prompts)
+    eng = engine(loaded_model(tiny_checkpoint, "cpu"), max_model_len=64)
+    eng.add_request([5, 6, 7], GREEDY, request_id="a#0")
+    with pytest.raises(ValueError, match="its sample 'a#0' would clash"):
+        eng.add_request([5, 6, 7], SamplingParams(n=2, max_tokens=3), request_id="a")
+    eng.add_request([5, 6, 7], SamplingParams(n=2, max_tokens=3), request_id="b")
+    with pytest.raises(ValueError, match="'b#1' is already in use"):
+        eng.add_request([5, 6, 7], GREEDY, request_id="b#1")
+    explicit = [eng.add_request([5, 6], GREEDY, request_id=str(k)) for k in range(12)]
+    auto = [eng.add_request([5, 6], GREEDY) for _ in range(3)]
+    assert not set(auto) & set(explicit + ["a#0", "b"])
+    done = {}
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = out
+    assert set(done) == {"a#0", "b", *explicit, *auto} and all(o.error is None for o in done.values())
+
+
+def test_stop_string_on_the_last_allowed_token_reports_stop(tiny_checkpoint):  # noqa: F811
+    # a stop string completed by the max_tokens-th token: finish_reason "stop" (as vLLM), not "length"
+    eng = engine(loaded_model(tiny_checkpoint, "cpu"), max_model_len=64)
+    free = run_all(eng, [[5, 6, 7]], [SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)])[0]
+    text = free.outputs[0].text
+    assert free.outputs[0].finish_reason == "length" and text, text
+    sp = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, stop=[text])
+    out = run_all(engine(loaded_model(tiny_checkpoint, "cpu"), max_model_len=64), [[5, 6, 7]], [sp])[0]
+    assert (out.outputs[0].finish_reason, out.outputs[0].stop_reason, out.outputs[0].text) == ("stop", text, "")
+
+
+def test_stop_token_is_in_the_token_ids_not_the_text(tiny_checkpoint):  # noqa: F811
+    # as SamplingParams documents (and vLLM does): the stop token that ends a request is in
+    # token_ids, its text only with include_stop_str_in_output
+    lm = loaded_model(tiny_checkpoint, "cpu")
+    first = run_all(engine(lm, max_model_len=64), [[5, 6, 7]], [SamplingParams(temperature=0.0, max_tokens=1)])[0]
+    tok, text = first.outputs[0].token_ids[0], first.outputs[0].text
+    assert text, "the test needs a first token with text"
+    outs = run_all(engine(lm, max_model_len=64), [[5, 6, 7]] * 2,
+                   [SamplingParams(temperature=0.0, max_tokens=5, stop_token_ids=[tok], include_stop_str_in_output=inc)
+                    for inc in (False, True)])
+    got = [(o.outputs[0].token_ids, o.outputs[0].text, o.outputs[0].finish_reason, o.outputs[0].stop_reason)
+           for o in outs]
+    assert got == [([tok], "", "stop", tok), ([tok], text, "stop", tok)]
+
+
 def test_stream_deltas_add_up(tiny_checkpoint):  # noqa: F811
     lm = loaded_model(tiny_checkpoint, "cpu")
     llm = LLM(loaded=lm, max_model_len=256)
