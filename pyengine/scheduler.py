@@ -149,7 +149,10 @@ class Scheduler:
                 continue
             hits, num_hit = self.block_manager.get_computed_blocks(req)
             n = req.num_tokens - num_hit
-            if n > budget and not self.chunked_prefill:
+            # without chunked prefill a prompt runs whole; a preempted request's recompute (prompt +
+            # output) may not fit the budget at all, so it is recomputed in chunks (else it blocks
+            # the queue for good)
+            if n > budget and not self.chunked_prefill and req.status != RequestStatus.PREEMPTED:
                 break
             n = min(n, budget)
             if not self.block_manager.allocate_slots(req, n, hits, self.num_lookahead_tokens):

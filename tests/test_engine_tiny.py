@@ -115,6 +115,21 @@ def test_scheduling_does_not_change_outputs(tiny_checkpoint, device, name):  # n
         assert eng.block_manager.num_prefix_hits > 0  # shared prefixes came from the cache
 
 
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_preempted_request_comes_back_without_chunked_prefill(tiny_checkpoint, prefix_caching):  # noqa: F811
+    # whole prompts only (10 tokens, budget 16), but a preempted request's recompute (prompt +
+    # output) exceeds the budget: it is recomputed in chunks; it once blocked the queue until
+    # "scheduler made no progress" failed every request
+    lm = loaded_model(tiny_checkpoint, "cpu")
+    prompts = [list(range(3, 13)), list(range(12, 2, -1))]
+    base = run_all(engine(lm), prompts, [GREEDY] * 2)
+    eng = engine(lm, enable_chunked_prefill=False, max_num_batched_tokens=16, block_size=4, num_kv_blocks=10,
+                 max_model_len=40, enable_prefix_caching=prefix_caching)
+    outs = run_all(eng, prompts, [GREEDY] * 2)
+    assert eng.scheduler.num_preemptions > 0
+    assert [o.token_ids for o in outs] == [o.token_ids for o in base]
+
+
 def test_prefix_cache_hit_reuses_kv(tiny_checkpoint, device):  # noqa: F811
     lm = loaded_model(tiny_checkpoint, device)
     eng = engine(lm, block_size=4)
