@@ -38,6 +38,21 @@ def _logit_bias(text: str) -> dict[int, float]:
             f'expected a JSON object of token id -> bias, e.g. {{"3": -1.5}}, got {text!r}') from None
 
 
+def _int_keys(bias):
+    """A logit_bias read from JSON: its keys are strings, '5' -> 5 as --logit-bias does. A key that is not an
+    integer string (and anything that is not a dict) is kept as it is, for SamplingParams to reject by name."""
+    if not isinstance(bias, dict):
+        return bias
+    out = {}
+    for k, v in bias.items():
+        try:
+            k = int(k)
+        except (ValueError, TypeError):
+            pass
+        out[k] = v
+    return out
+
+
 def _probability(text: str) -> float:
     try:
         value = float(text)
@@ -160,9 +175,13 @@ def _sampling_params(args, overrides: dict | None = None):
     return SamplingParams(**kw)
 
 
+def _structured_given(args) -> bool:
+    return any((args.json_schema, args.json_object, args.regex is not None, args.choice is not None, args.grammar))
+
+
 def _structured_options(args):
     """StructuredOutputOptions from the structured-output flags (None when none is given)."""
-    if not any((args.json_schema, args.json_object, args.regex is not None, args.choice is not None, args.grammar)):
+    if not _structured_given(args):
         return None
     from specops.engine.structured_output.options import StructuredOutputOptions
     choice = args.choice
@@ -196,7 +215,7 @@ def _print_spec_summary(llm) -> None:
 
 def _chat(llm, content, system=None) -> str:
     messages = content if isinstance(content, list) else [{"role": "user", "content": content}]
-    if system and not (messages and messages[0].get("role") == "system"):
+    if system and not (messages and isinstance(messages[0], dict) and messages[0].get("role") == "system"):
         messages = [{"role": "system", "content": system}] + messages
     return llm.chat_prompt(messages)
 
@@ -262,9 +281,8 @@ def _read_prompts(path: str) -> list[dict]:
     return items
 
 
-def _generate_batch(llm, args) -> int:
+def _generate_batch(llm, args, items: list[dict]) -> int:
     from specops.engine.sampling_params import SamplingParams
-    items = _read_prompts(args.prompts_file)
     names = set(SamplingParams.field_names())
     prompts, params = [], []
     for item in items:
@@ -272,7 +290,10 @@ def _generate_batch(llm, args) -> int:
             prompts.append(_chat(llm, item["messages"], args.system))
         else:
             prompts.append(_chat(llm, item["prompt"], args.system) if args.chat else item["prompt"])
-        params.append(_sampling_params(args, {k: v for k, v in item.items() if k in names}))
+        overrides = {k: v for k, v in item.items() if k in names}
+        if "logit_bias" in overrides:  # JSON object keys are strings; a bad one fails this line's request
+            overrides["logit_bias"] = _int_keys(overrides["logit_bias"])
+        params.append(_sampling_params(args, overrides))
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=True)
     dt = time.perf_counter() - t0
@@ -318,6 +339,26 @@ def _check_device(device: str | None) -> None:
         raise ValueError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s)")
 
 
+def _unused_option(args) -> str | None:
+    """The error for an option given where nothing would use it (None when there is none)."""
+    if args.output is not None and args.prompts_file is None:
+        return "--output needs --prompts-file (a single prompt streams to stdout)"
+    if args.system is not None and not args.chat and args.prompts_file is None:
+        return "--system needs --chat"
+    if args.draft_model is not None and args.spec != "draft":
+        return f"--draft-model needs --spec draft (got {'--spec ' + args.spec if args.spec else 'no --spec'})"
+    given = ["--" + name.replace("_", "-") for name in _SPEC_OPTIONS if getattr(args, name) is not None]
+    if given and args.spec is None:
+        return f"{', '.join(given)} needs --spec ngram or --spec draft"
+    if not _structured_given(args):
+        given = [flag for flag, value in (("--reasoning-end", args.reasoning_end),
+                                          ("--structured-timeout", args.structured_timeout)) if value is not None]
+        if given:
+            return (f"{' and '.join(given)} {'need' if len(given) > 1 else 'needs'} a structured-output option "
+                    f"(--json-schema, --json-object, --regex, --choice or --grammar)")
+    return None
+
+
 def generate(args) -> int:
     if args.prompt is None and args.prompts_file is None:
         print("error: give a prompt, or --prompts-file", file=sys.stderr)
@@ -325,10 +366,24 @@ def generate(args) -> int:
     if args.prompt is not None and args.prompts_file is not None:
         print("error: give a prompt or --prompts-file, not both", file=sys.stderr)
         return 2
-    given = ["--" + name.replace("_", "-") for name in _SPEC_OPTIONS if getattr(args, name) is not None]
-    if given and args.spec is None:
-        print(f"error: {', '.join(given)} needs --spec ngram or --spec draft", file=sys.stderr)
+    unused = _unused_option(args)
+    if unused:
+        print(f"error: {unused}", file=sys.stderr)
         return 2
+    items = None
+    if args.prompts_file is not None:  # read before the model loads: a missing or bad file fails at once
+        try:
+            items = _read_prompts(args.prompts_file)
+        except OSError as exc:
+            print(f"error: --prompts-file {args.prompts_file}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        if args.system is not None and not args.chat and not any("messages" in item for item in items):
+            print(f'error: --system needs --chat (or "messages" lines in --prompts-file; '
+                  f'{args.prompts_file} has none)', file=sys.stderr)
+            return 2
     try:
         _check_device(args.device)
         sp = _sampling_params(args)
@@ -343,9 +398,9 @@ def generate(args) -> int:
     except (FileNotFoundError, ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.prompts_file:
+    if items is not None:
         try:
-            return _generate_batch(llm, args)
+            return _generate_batch(llm, args, items)
         except (OSError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

@@ -9,7 +9,7 @@ import pytest
 import torch
 from model_fixtures import tiny_checkpoint  # noqa: F401  (fixture)
 
-from specops.cli import _sampling_params, build_parser
+from specops.cli import _sampling_params, build_parser, main
 from specops.engine.sampling_params import SamplingParams
 
 
@@ -88,6 +88,72 @@ def test_clear_errors(tmp_path):
     # ids after the prompt do not swallow it: comma-separated, or the option repeated
     args = build_parser().parse_args(["generate", "--stop-token-ids", "5,7", "--stop-token-ids", "9", "hi"])
     assert args.prompt == "hi" and args.sp_stop_token_ids == [5, 7, 9]
+
+
+def test_logit_bias_in_a_batch_file(tiny_checkpoint, tmp_path):  # noqa: F811
+    """JSON object keys are strings: {"5": 100} in a line means token 5, as --logit-bias does; a key that is not
+    a token id fails that line's request only, naming logit_bias."""
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("\n".join([json.dumps({"id": "a", "prompt": "hi", "logit_bias": {"5": 100.0}}),
+                              json.dumps({"id": "b", "prompt": "hi", "logit_bias": {"x": 1.0}}),
+                              json.dumps({"id": "c", "prompt": "hi"})]) + "\n")
+    r = run_cli("--model", tiny_checkpoint, "--prompts-file", str(src), "--output", str(dst), "--max-tokens", "3",
+                "--ignore-eos", "--device", "cpu")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    rows = {row["id"]: row for row in map(json.loads, dst.read_text().splitlines())}
+    assert rows["a"]["error"] is None and rows["a"]["token_ids"] == [5, 5, 5]
+    assert rows["b"]["error"] and "logit_bias" in rows["b"]["error"] and "'x'" in rows["b"]["error"]
+    assert rows["c"]["error"] is None and rows["c"]["num_output_tokens"] == 3
+    assert "1 errors" in r.stderr
+
+
+def test_options_nothing_would_use_are_refused(tmp_path, capsys):
+    """An option that would be ignored is an error, before any model is loaded (the model path does not exist).
+    In-process (no model is loaded, so this is fast); an exception would fail the test as a traceback would."""
+    def run(*argv):
+        rc = main(["generate", "--model", str(tmp_path / "missing_model"), *argv])
+        return rc, capsys.readouterr().err
+
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(json.dumps("a prompt") + "\n")
+    cases = [(["hi", "--system", "be brief"], "--system needs --chat"),
+             (["--prompts-file", str(plain), "--system", "be brief"], "--system needs --chat"),
+             (["hi", "--output", str(tmp_path / "out.jsonl")], "--output needs --prompts-file"),
+             (["hi", "--spec", "ngram", "--draft-model", str(tmp_path / "draft")], "--draft-model needs --spec draft"),
+             (["hi", "--draft-model", str(tmp_path / "draft")], "--draft-model needs --spec draft"),
+             (["hi", "--reasoning-end", "</think>"], "--reasoning-end needs a structured-output option"),
+             (["hi", "--structured-timeout", "5"], "--structured-timeout needs a structured-output option"),
+             (["--prompts-file", str(tmp_path / "missing.jsonl")], "--prompts-file"),
+             (["--prompts-file", str(tmp_path)], "--prompts-file")]
+    for argv, words in cases:
+        rc, err = run(*argv)
+        assert rc == 2 and words in err, (argv, err)
+        assert "does not exist" not in err, (argv, err)  # refused before the model path was looked at
+    rc, err = run("--prompts-file", str(tmp_path / "missing.jsonl"))
+    assert "No such file" in err and "missing.jsonl" in err
+    # the same options where they are used pass these checks (and fail on the missing model instead)
+    msgs = tmp_path / "msgs.jsonl"
+    msgs.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    for argv in (["hi", "--chat", "--system", "be brief"],
+                 ["--prompts-file", str(msgs), "--system", "be brief"],
+                 ["--prompts-file", str(plain), "--output", str(tmp_path / "out.jsonl")],
+                 ["hi", "--spec", "draft", "--draft-model", str(tmp_path / "draft")],
+                 ["hi", "--choice", "a,b", "--reasoning-end", "</think>", "--structured-timeout", "5"]):
+        rc, err = run(*argv)
+        assert rc == 2 and "does not exist" in err, (argv, err)
+
+
+def test_system_with_malformed_messages_reaches_the_check():
+    """--system with a "messages" line that is not a list of dicts: the chat template's clear error, not an
+    AttributeError from looking for a system message in it."""
+    from specops.cli import _chat
+
+    class FakeLLM:
+        def chat_prompt(self, messages):
+            return messages
+
+    assert _chat(FakeLLM(), [1, 2], "be brief") == [{"role": "system", "content": "be brief"}, 1, 2]
+    assert _chat(FakeLLM(), [{"role": "system", "content": "s"}], "be brief") == [{"role": "system", "content": "s"}]
 
 
 def test_quickstart_default_model():
