@@ -38,6 +38,10 @@ class LLM:
     def __init__(self, model: str | None = None, loaded=None, draft_loaded=None, **kwargs):
         self.engine = LLMEngine(EngineConfig(model=model, **kwargs), loaded=loaded, draft_loaded=draft_loaded)
         self.tokenizer = self.engine.tokenizer
+        # Outputs of the requests that a stream() or generate() call is waiting for, kept until
+        # that call takes them: any call may run the engine step that produced them.
+        self._waited: set[str] = set()
+        self._inbox: list[RequestOutput] = []
 
     def stats(self) -> dict:
         """Engine counters: steps, generated tokens, preemptions, KV usage, prefix-cache hit rate,
@@ -61,7 +65,29 @@ class LLM:
             if len(params) != len(prompts):
                 raise ValueError(f"sampling_params must be one SamplingParams or one per prompt "
                                  f"({len(prompts)}), got {len(params)}")
-        return [self.engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+        ids = [self.engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+        self._waited.update(ids)
+        return ids
+
+    def _outputs_for(self, ids: set[str]) -> list[RequestOutput]:
+        """The outputs of `ids` so far, in the order the engine gave them; runs one engine step
+        when there are none yet (keeping other calls' outputs for them)."""
+        if not any(out.request_id in ids for out in self._inbox):
+            outs = self.engine.step()
+            self._inbox.extend(out for out in outs if out.request_id in self._waited)
+            if not outs and not self.engine.has_unfinished_requests():
+                raise RuntimeError(f"requests {sorted(ids)} have no final output and the engine has nothing left "
+                                   f"to run")
+        mine = [out for out in self._inbox if out.request_id in ids]
+        self._inbox = [out for out in self._inbox if out.request_id not in ids]
+        for out in mine:
+            if out.finished:
+                self._waited.discard(out.request_id)
+        return mine
+
+    def _stop_waiting(self, ids: set[str]) -> None:
+        self._waited -= ids
+        self._inbox = [out for out in self._inbox if out.request_id not in ids]
 
     def stream(self, prompts: Prompt | Sequence[Prompt],
                sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> Iterator[RequestOutput]:
@@ -69,16 +95,16 @@ class LLM:
         ids = set(self._add(prompts, sampling_params))
         try:
             while ids:
-                for out in self.engine.step():
-                    if out.request_id in ids:
-                        if out.finished:
-                            ids.discard(out.request_id)
-                        yield out
+                for out in self._outputs_for(ids):
+                    if out.finished:
+                        ids.discard(out.request_id)
+                    yield out
         finally:  # the consumer stopped early: don't leave requests running
+            self._stop_waiting(ids)
             for rid in ids:
                 self.engine.abort_request(rid)
             if ids:
-                self.engine.step()
+                self._inbox.extend(out for out in self.engine.step() if out.request_id in self._waited)
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -96,13 +122,14 @@ class LLM:
         done: dict[str, RequestOutput] = {}
         try:
             while pending:
-                for out in self.engine.step():
-                    if out.finished and out.request_id in pending:
+                for out in self._outputs_for(pending):
+                    if out.finished:
                         pending.discard(out.request_id)
                         done[out.request_id] = out
                         if bar is not None:
                             bar.update(1)
         finally:
+            self._stop_waiting(pending)
             if bar is not None:
                 bar.close()
         return [done[rid] for rid in order]

@@ -281,6 +281,27 @@ def test_stream_deltas_add_up(tiny_checkpoint):  # noqa: F811
     assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
 
 
+def test_interleaved_streams_and_generate_lose_no_output(tiny_checkpoint):  # noqa: F811
+    # one engine, several consumers: a step run by one of them keeps the others' outputs for
+    # them (closing a stream early once dropped another stream's final output: it hung)
+    lm = loaded_model(tiny_checkpoint, "cpu")
+    llm = LLM(loaded=lm, max_model_len=256)
+    long, short = (SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (30, 3))
+    want = [o.token_ids for o in llm.generate(["hello", "world", "again"], [short] * 3)]
+    g1, g2 = llm.stream("hello", long), llm.stream("world", short)
+    first = [next(g1), next(g2)]
+    g1.close()                                          # aborts its request and runs one step
+    outs = first[1:] + list(g2)
+    assert outs[-1].finished and outs[-1].outputs[0].token_ids == want[1]
+    g3 = llm.stream("hello", short)
+    got3 = [next(g3)]
+    mid = llm.generate("again", short)[0]               # runs the steps g3 is waiting on too
+    got3 += list(g3)
+    assert mid.outputs[0].token_ids == want[2] and got3[-1].outputs[0].token_ids == want[0]
+    assert [o.finished for o in got3] == [False] * (len(got3) - 1) + [True]
+    assert not llm.engine.has_unfinished_requests() and not llm._inbox and not llm._waited
+
+
 def test_seeded_sampling_is_batch_invariant(tiny_checkpoint):  # noqa: F811
     lm = loaded_model(tiny_checkpoint, "cpu")
     prompt = mixed_prompts(1, seed=8, shared=False)[0]
