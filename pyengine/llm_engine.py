@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import time
 from dataclasses import dataclass
@@ -163,6 +164,10 @@ class LLMEngine:
         A duplicate request_id raises ValueError.
         """
         params = params if params is not None else SamplingParams()
+        if isinstance(params, SamplingParams):
+            # the request's own copy, checked below: a caller that changes its object afterwards
+            # (e.g. reuses it for the next request) changes neither this request nor its checks
+            params = copy.deepcopy(params)
         if request_id is None:
             rid = str(next(self._counter))
             while self._id_in_use(rid):         # an explicit id took it: the next one

@@ -281,6 +281,21 @@ def test_stream_deltas_add_up(tiny_checkpoint):  # noqa: F811
     assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
 
 
+def test_request_keeps_its_own_sampling_params(tiny_checkpoint):  # noqa: F811
+    # changing the SamplingParams object after add_request (reusing it, say) changes neither the
+    # request already queued nor lets a value past the checks
+    lm = loaded_model(tiny_checkpoint, "cpu")
+    eng = engine(lm, max_model_len=64)
+    sp = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, stop_token_ids=[])
+    rid = eng.add_request([5, 6, 7], sp)
+    sp.max_tokens, sp.temperature = 10**6, -1.0
+    sp.stop_token_ids.append(1)
+    done = {}
+    while eng.has_unfinished_requests():
+        done.update({o.request_id: o for o in eng.step() if o.finished})
+    assert done[rid].error is None and len(done[rid].outputs[0].token_ids) == 4
+
+
 def test_interleaved_streams_and_generate_lose_no_output(tiny_checkpoint):  # noqa: F811
     # one engine, several consumers: a step run by one of them keeps the others' outputs for
     # them (closing a stream early once dropped another stream's final output: it hung)
