@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import fields
@@ -414,5 +415,19 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def run() -> None:
+    """The `specops` program: main(), then exit with its code. A grammar compilation that
+    overran --structured-timeout may still be running on a worker thread (it cannot be
+    stopped), and the interpreter's normal exit would then abort (SIGABRT): the output is
+    flushed and the process leaves at once instead."""
+    code = main()
+    pool = sys.modules.get("specops.engine.structured_output.compiler_pool")
+    if pool is not None and pool.compiling_now():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -67,6 +67,60 @@ def test_batch_file_with_a_bad_line(tiny_checkpoint, tmp_path):  # noqa: F811
     assert "1 errors" in r.stderr
 
 
+def test_exit_past_a_grammar_compile_that_timed_out(tiny_checkpoint, tmp_path):  # noqa: F811
+    # the compile overruns --structured-timeout and keeps its worker thread (it cannot be
+    # stopped): the request fails with the timeout, and the program exits with its code
+    # (the interpreter's normal exit aborted: SIGABRT, rc 134)
+    big = {"type": "object", "required": [f"k{i}" for i in range(60)],
+           "properties": {f"k{i}": {"type": "string", "pattern": "[a-z]{1,20}@[a-z]{2,9}\\.(com|org)"}
+                          for i in range(60)}}
+    schema = tmp_path / "big.json"
+    schema.write_text(json.dumps(big))
+    r = run_cli("hi", "--model", tiny_checkpoint, "--device", "cpu", "--json-schema", str(schema),
+                "--structured-timeout", "0.001")
+    assert r.returncode == 1 and "grammar compilation timed out" in r.stderr, (r.returncode, r.stderr[-500:])
+
+
+def test_program_exits_at_once_while_a_compile_runs(monkeypatch):
+    # whether the abort above happens depends on timing (about half the runs of the old code),
+    # so the exit path is checked on its own: a compile still running -> flush and os._exit
+    # with main's code; none -> sys.exit
+    import threading
+    from specops import cli
+    from specops.engine.structured_output import compiler_pool
+    release, started = threading.Event(), threading.Event()
+    pool = compiler_pool.CompilerPool(lambda spec: (started.set(), release.wait(30)), max_workers=1, timeout_s=10)
+    exits = []
+
+    class Left(Exception):
+        pass
+
+    def leave(how):
+        def exit_(code):
+            exits.append((how, code))
+            raise Left           # neither exit returns
+        return exit_
+
+    monkeypatch.setattr(cli, "main", lambda: 1)
+    monkeypatch.setattr(cli.os, "_exit", leave("os._exit"))
+    monkeypatch.setattr(cli.sys, "exit", leave("sys.exit"))
+    try:
+        pool.submit("k", "spec")
+        assert started.wait(10) and compiler_pool.compiling_now()
+        with pytest.raises(Left):
+            cli.run()
+    finally:
+        release.set()
+        pool.shutdown()
+    for _ in range(200):
+        if not compiler_pool.compiling_now():
+            break
+        threading.Event().wait(0.05)
+    with pytest.raises(Left):
+        cli.run()
+    assert exits == [("os._exit", 1), ("sys.exit", 1)]
+
+
 def test_clear_errors(tmp_path):
     r = run_cli("hi", "--temperature", "-1")
     assert r.returncode == 2 and "temperature" in r.stderr and "Traceback" not in r.stderr

@@ -19,7 +19,18 @@ import collections
 import enum
 import threading
 import time
+import weakref
 from typing import Callable, Hashable
+
+_POOLS: "weakref.WeakSet[CompilerPool]" = weakref.WeakSet()
+
+
+def compiling_now() -> bool:
+    """Whether some pool still has a compilation running (a worker that cannot be stopped,
+    e.g. past its ticket's timeout). The interpreter's normal exit aborts (SIGABRT, from
+    xgrammar's threads) while one runs: a program that must exit then can flush its output
+    and leave with os._exit."""
+    return any(pool._running for pool in list(_POOLS))
 
 
 class CompileStatus(enum.Enum):
@@ -90,6 +101,7 @@ class CompilerPool:
         self._queue: collections.deque[_Job] = collections.deque()
         self._cache: collections.OrderedDict[Hashable, _Job] = collections.OrderedDict()
         self._running: dict[int, _Job] = {}  # worker id -> job it is compiling
+        _POOLS.add(self)
         self._num_workers = 0
         self._idle = 0
         self._next_id = 0
