@@ -139,6 +139,11 @@ def test_clear_errors(tmp_path):
     for argv, words in cases:
         r = run_cli("hi", "--model", str(tmp_path / "missing"), *argv)
         assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, (argv, r.stderr)
+    # a prompts-file line with a misspelt key (it was dropped without a word): refused before the model loads
+    src = tmp_path / "typo.jsonl"
+    src.write_text('{"prompt": "a"}\n{"prompt": "b", "temprature": 0.5}\n')
+    r = run_cli("--model", str(tmp_path / "missing"), "--prompts-file", str(src))
+    assert r.returncode == 2 and "typo.jsonl:2: unknown key 'temprature'" in r.stderr and "temperature" in r.stderr
     # ids after the prompt do not swallow it: comma-separated, or the option repeated
     args = build_parser().parse_args(["generate", "--stop-token-ids", "5,7", "--stop-token-ids", "9", "hi"])
     assert args.prompt == "hi" and args.sp_stop_token_ids == [5, 7, 9]
