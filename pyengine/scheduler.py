@@ -204,7 +204,9 @@ class Scheduler:
             status = None
             for tok in new:
                 if tok < 0:  # the sampler flags rows whose logits were NaN/inf
-                    req.error = "sampling failed: the model produced invalid (NaN or infinite) logits"
+                    req.error = ("sampling failed: no token could be sampled: every logit was -inf after the "
+                                 "grammar, min_tokens, allowed_token_ids, bad_words and logit_bias (e.g. min_tokens "
+                                 "beyond the end of the grammar), or the model produced NaN logits")
                     status = RequestStatus.FINISHED_ERROR
                     break
                 req.append_token(tok)

@@ -234,6 +234,8 @@ def test_bad_specifications_fail_alone(loaded):
         "two_kinds": {"regex": "a", "choice": ["a"]},
     }
     params = [SamplingParams(max_tokens=8, structured_outputs=so) for so in bad.values()]
+    # min_tokens beyond the end of the grammar: no token is left once a choice is complete
+    params.append(SamplingParams(temperature=0.0, max_tokens=20, min_tokens=12, structured_outputs={"choice": CHOICES}))
     params.append(SamplingParams(temperature=0.0, max_tokens=8, structured_outputs={"choice": CHOICES}))
     outs = llm.generate([chat] * len(params), params)
     errors = {name: o.error for name, o in zip(bad, outs)}
@@ -244,6 +246,7 @@ def test_bad_specifications_fail_alone(loaded):
     assert "accepts no output" in errors["impossible_regex"]
     assert "choice must not be an empty list" in errors["empty_choice"]
     assert errors["two_kinds"] is not None
+    assert "no token could be sampled" in outs[-2].error and "min_tokens" in outs[-2].error, outs[-2].error
     assert outs[-1].error is None and outs[-1].outputs[0].text in CHOICES
     with pytest.raises(TypeError, match="structured_outputs must be None or a StructuredOutputOptions"):
         SamplingParams(structured_outputs=["x"]).validate()
