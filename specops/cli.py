@@ -358,6 +358,12 @@ def _unused_option(args) -> str | None:
     given = ["--" + name.replace("_", "-") for name in _SPEC_OPTIONS if getattr(args, name) is not None]
     if given and args.spec is None:
         return f"{', '.join(given)} needs --spec ngram or --spec draft"
+    if not args.sp_temperature and args.prompts_file is None:   # (lines of a prompts file may set one)
+        given = ["--" + name.replace("_", "-") for name in ("top_k", "top_p", "min_p", "seed")
+                 if getattr(args, "sp_" + name) is not None]
+        if given:
+            return (f"{', '.join(given)} {'have' if len(given) > 1 else 'has'} no effect at temperature 0 "
+                    f"(greedy, the default here): give --temperature > 0")
     if not _structured_given(args):
         given = [flag for flag, value in (("--reasoning-end", args.reasoning_end),
                                           ("--structured-timeout", args.structured_timeout)) if value is not None]

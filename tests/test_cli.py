@@ -182,6 +182,8 @@ def test_options_nothing_would_use_are_refused(tmp_path, capsys):
              (["hi", "--draft-model", str(tmp_path / "draft")], "--draft-model needs --spec draft"),
              (["hi", "--reasoning-end", "</think>"], "--reasoning-end needs a structured-output option"),
              (["hi", "--structured-timeout", "5"], "--structured-timeout needs a structured-output option"),
+             (["hi", "--top-p", "0.9"], "--top-p has no effect at temperature 0"),
+             (["hi", "--top-k", "5", "--seed", "3", "--temperature", "0"], "--top-k, --seed have no effect"),
              (["--prompts-file", str(tmp_path / "missing.jsonl")], "--prompts-file"),
              (["--prompts-file", str(tmp_path)], "--prompts-file")]
     for argv, words in cases:
@@ -197,7 +199,8 @@ def test_options_nothing_would_use_are_refused(tmp_path, capsys):
                  ["--prompts-file", str(msgs), "--system", "be brief"],
                  ["--prompts-file", str(plain), "--output", str(tmp_path / "out.jsonl")],
                  ["hi", "--spec", "draft", "--draft-model", str(tmp_path / "draft")],
-                 ["hi", "--choice", "a,b", "--reasoning-end", "</think>", "--structured-timeout", "5"]):
+                 ["hi", "--choice", "a,b", "--reasoning-end", "</think>", "--structured-timeout", "5"],
+                 ["hi", "--temperature", "0.7", "--top-p", "0.9", "--seed", "1"]):
         rc, err = run(*argv)
         assert rc == 2 and "does not exist" in err, (argv, err)
 
