@@ -265,7 +265,7 @@ def _generate_one(llm, args) -> int:
 
 def _read_prompts(path: str) -> list[dict]:
     from specops.engine.sampling_params import SamplingParams
-    fields = SamplingParams.field_names()
+    sampling_fields = SamplingParams.field_names()
     items = []
     with open(path) as f:
         for lineno, line in enumerate(f, 1):
@@ -280,13 +280,12 @@ def _read_prompts(path: str) -> list[dict]:
                 obj = {"prompt": obj}
             if not isinstance(obj, dict) or not ("prompt" in obj or "messages" in obj):
                 raise ValueError(f'{path}:{lineno}: expected a JSON string or an object with "prompt" or "messages"')
-            unknown = sorted(set(obj) - {"prompt", "messages", "id"} - set(fields))
+            unknown = sorted(set(obj) - {"prompt", "messages", "id"} - set(sampling_fields))
             if unknown:   # a misspelt field ("temprature") would otherwise be dropped without a word
                 raise ValueError(f"{path}:{lineno}: unknown key {unknown[0]!r}; a line takes \"prompt\" or "
-                                 f"\"messages\", \"id\" and SamplingParams fields: {', '.join(fields)}")
+                                 f"\"messages\", \"id\" and SamplingParams fields: {', '.join(sampling_fields)}")
             items.append(obj)
     return items
-
 
 
 def _generate_batch(llm, args, items: list[dict]) -> int:
