@@ -36,8 +36,18 @@ class LLM:
     """
 
     def __init__(self, model: str | None = None, loaded=None, draft_loaded=None, **kwargs):
-        self.engine = LLMEngine(EngineConfig(model=model, **kwargs), loaded=loaded, draft_loaded=draft_loaded)
-        self.tokenizer = self.engine.tokenizer
+        self._attach(LLMEngine(EngineConfig(model=model, **kwargs), loaded=loaded, draft_loaded=draft_loaded))
+
+    @classmethod
+    def from_engine(cls, engine: LLMEngine) -> "LLM":
+        """An LLM over an engine built already (e.g. from an EngineConfig and a shared model)."""
+        llm = cls.__new__(cls)
+        llm._attach(engine)
+        return llm
+
+    def _attach(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
         # Outputs of the requests that a stream() or generate() call is waiting for, kept until
         # that call takes them: any call may run the engine step that produced them.
         self._waited: set[str] = set()

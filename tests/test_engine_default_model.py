@@ -34,8 +34,7 @@ def chat(lm, text):
 def generate(lm, prompts, sp, **cfg):
     cfg.setdefault("max_model_len", 512)
     eng = LLMEngine(EngineConfig(**cfg), loaded=lm)
-    llm = LLM.__new__(LLM)
-    llm.engine, llm.tokenizer = eng, lm.tokenizer
+    llm = LLM.from_engine(eng)
     outs = llm.generate(prompts, sp)
     assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
     return outs, eng
@@ -77,8 +76,7 @@ def test_stop_strings_and_streamed_text():
     full = generate(lm, [prompt], SamplingParams(**sp))[0][0].text
     assert "Paris" in full
     eng = LLMEngine(EngineConfig(max_model_len=512), loaded=lm)
-    llm = LLM.__new__(LLM)
-    llm.engine, llm.tokenizer = eng, lm.tokenizer
+    llm = LLM.from_engine(eng)
     outs = list(llm.stream(prompt, SamplingParams(**sp, stop=["Paris", "nowhere to be seen"])))
     last = outs[-1].outputs[0]
     assert last.text == full[:full.index("Paris")] and last.finish_reason == "stop" and last.stop_reason == "Paris"
