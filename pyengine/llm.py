@@ -83,8 +83,7 @@ class LLM:
         """The outputs of `ids` so far, in the order the engine gave them; runs one engine step
         when there are none yet (keeping other calls' outputs for them)."""
         if not any(out.request_id in ids for out in self._inbox):
-            outs = self.engine.step()
-            self._inbox.extend(out for out in outs if out.request_id in self._waited)
+            outs = self._step()
             if not outs and not self.engine.has_unfinished_requests():
                 raise RuntimeError(f"requests {sorted(ids)} have no final output and the engine has nothing left "
                                    f"to run")
@@ -94,6 +93,12 @@ class LLM:
             if out.finished:
                 self._waited.discard(out.request_id)
         return mine
+
+    def _step(self) -> list[RequestOutput]:
+        """One engine step; the outputs that a call waits for go to the inbox."""
+        outs = self.engine.step()
+        self._inbox.extend(out for out in outs if out.request_id in self._waited)
+        return outs
 
     def _stop_waiting(self, ids: set[str]) -> None:
         self._waited -= ids
@@ -114,7 +119,7 @@ class LLM:
             for rid in ids:
                 self.engine.abort_request(rid)
             if ids:
-                self._inbox.extend(out for out in self.engine.step() if out.request_id in self._waited)
+                self._step()
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
