@@ -11,6 +11,8 @@ import torch
 
 from specops.spec_decode import MAX_SPEC_LEN, rejection_sample
 
+from test_rejection_statistics import chi2_ok
+
 CUDA = torch.cuda.is_available()
 
 # Triton runs on CPU only under the interpreter (set by conftest when there is no GPU);
@@ -123,6 +125,44 @@ def test_recovered_tokens_match_reference(device, draft_probs, fuse):
     logits[rows, drafts[rows]] += 6.0
     out = check_same(args, kw, fuse_recover=fuse)
     assert torch.unique(out[:, 0].long() // 128).numel() == 3   # tokens of every chunk were emitted
+
+
+def _no_residual_case(num_reqs, vocab, g, device):
+    """One draft per request on one row of logits (the draft x = 7 holds about 0.3 of p), with
+    draft probs q >= p on every token (q = p (1 + 1e-3), q(x) = 2 p(x)): a rejection (about
+    half the rows) leaves max(0, p - q) without mass, which only rounding can do."""
+    row = torch.randn(vocab, generator=g) * 0.5
+    row[7] += 5.0
+    logits = row.repeat(num_reqs, 1)
+    p = torch.softmax(row, 0)
+    q = p * (1 + 1e-3)
+    q[7] = 2 * p[7]
+    args = (logits.to(device), torch.full((num_reqs,), 7, device=device),
+            torch.arange(1, num_reqs + 1, device=device), 1, torch.zeros(num_reqs, dtype=torch.long, device=device))
+    kw = dict(draft_probs=q.repeat(num_reqs, 1).to(device), temperature=torch.ones(num_reqs, device=device),
+              seeds=torch.randint(0, 2**40, (num_reqs,), generator=g).to(device),
+              has_seed=torch.ones(num_reqs, dtype=torch.bool, device=device),
+              positions=torch.zeros(num_reqs, dtype=torch.long, device=device))
+    return args, kw, p.double()
+
+
+def test_recovered_token_is_never_the_draft_when_the_residual_has_no_mass(device):
+    # then the token is drawn from p without the rejected draft (the law of n-gram drafts):
+    # from p, it was the draft itself with probability p(x), which the engine read as an
+    # invalid row; the kernels give the reference's tokens
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    args, kw, _ = _no_residual_case(64, 300, g, device)
+    out = check_same(args, kw).cpu()
+    rejected = out[:, 1] == -1
+    assert rejected.sum() >= 10 and (out[rejected, 0] != 7).all() and (out[~rejected, 0] == 7).all()
+    # the law of the recovered token: p without x, renormalised (torch path, many draws)
+    args, kw, p = _no_residual_case(20000, 300, g, "cpu")
+    out = rejection_sample(*args, backend="torch", **kw)
+    rec = out[out[:, 1] == -1, 0].long()
+    target = p.clone()
+    target[7] = 0.0
+    assert rec.numel() > 5000
+    assert chi2_ok(torch.bincount(rec, minlength=300), target / target.sum())
 
 
 # (pass-1 block, sub-chunk, level-2 step) at V = 300 (chunk 128): several blocks per chunk (with

@@ -12,8 +12,12 @@ and this pass is not launched):
   draft probs read once, no noise; each sum over its own SUB tokens in an order fixed by V);
   then one program per request races the sub-chunks by those sums and the tokens of the
   chosen sub-chunk with keys r_t / E_t;
-- if every r_t is 0 (only rounding can cause it) or the draft id is outside the
-  vocabulary, from p: sub-chunks by pass 1's partials, tokens by l_t * (1/T) - log E_t.
+- if every r_t is 0 (only rounding can cause it: q >= p on every token), from p without
+  the draft, as for n-gram drafts (p itself could give back the rejected draft): sub-chunks
+  by pass 1's partials except the draft's, whose mass without it the first launch sums
+  directly (no cancellation), tokens by l_t * (1/T) - log E_t with the draft left out;
+- if the draft id is outside the vocabulary, from p: sub-chunks by pass 1's partials,
+  tokens by l_t * (1/T) - log E_t.
 
 A row without any mass emits token 0 (as torch.argmax of the all -inf keys of the reference).
 """
@@ -42,12 +46,13 @@ def _sub_log_mass(part_m_ptr, part_sub_ptr, j, kk, NUM_SUBS: tl.constexpr, SPC: 
 
 
 @triton.jit
-def _race_sub_chunk(row_ptr, q_ptr, c, use_res, row_max, row_sum, inv_t, thr, seed_r, pos_r, vocab_size,
+def _race_sub_chunk(row_ptr, q_ptr, c, use_res, x, row_max, row_sum, inv_t, thr, seed_r, pos_r, vocab_size,
                     SUB: tl.constexpr, BLOCK: tl.constexpr, HAS_THRESHOLD: tl.constexpr):
     """Level 2 of the draw: the token of sub-chunk c (SUB tokens) winning the per-token race,
     argmax of max(0, p_t - q_t) / E_t with use_res (p_t = exp(l_t * (1/T) - row_max) / row_sum),
-    else of l_t * (1/T) - log E_t; lowest token on ties, 0 when every key is -inf. E_t: word
-    t % 4 of random_words(seed_r, pos_r, STREAM_RECOVER, t // 4)."""
+    else of l_t * (1/T) - log E_t over the tokens other than x (-1: none left out); lowest
+    token on ties, 0 when every key is -inf. E_t: word t % 4 of random_words(seed_r, pos_r,
+    STREAM_RECOVER, t // 4)."""
     kk = tl.arange(0, BLOCK // 4)
     ww = tl.arange(0, 4)[None, :]
     kb = tl.full([], float("-inf"), tl.float32)
@@ -61,7 +66,7 @@ def _race_sub_chunk(row_ptr, q_ptr, c, use_res, row_max, row_sum, inv_t, thr, se
         q = tl.load(q_ptr + t, mask=t < tl.where(use_res, limit, 0), other=0.0).to(tl.float32)
         p = tl.exp(v - row_max) / row_sum
         key = tl.where(use_res, tl.maximum(p - q, 0.0) / e, v - tl.log(e))
-        key = tl.where(mask, key, float("-inf"))
+        key = tl.where(mask & (t != tl.where(use_res, -1, x)), key, float("-inf"))   # x left out of p's race
         kb, kbi = _merge_block_max(key, t, kb, kbi)
     return kbi
 
@@ -76,13 +81,15 @@ def _residual_mass_kernel(
     threshold_ptr,                            # [T] fp32 (HAS_THRESHOLD)
     rec_j_ptr, rec_ms_ptr,                    # [num_reqs] int32, [num_reqs, 2] fp32 from the finalize
     part_res_ptr,                             # [num_reqs * NUM_SUBS] fp32 out
+    part_px_ptr,                              # [num_reqs] fp32 out: mass of p in x's sub-chunk without x
     vocab_size,
     NUM_SUBS: tl.constexpr, SUB: tl.constexpr, BLOCK: tl.constexpr,
     HAS_TARGET_ROWS: tl.constexpr, TEMP_MODE: tl.constexpr, HAS_THRESHOLD: tl.constexpr,
     PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
 ):
     """Program (r, k): sum over sub-chunk k of the residual max(0, p_t - q_t) of request r's
-    rejected row (when its draft is valid; the race reads nothing otherwise)."""
+    rejected row, and, in the sub-chunk holding the draft x, the sum of p_t over t != x (when
+    the draft is valid; the race reads nothing otherwise)."""
     pdl_start(PDL)
     req = tl.program_id(0)
     k = tl.program_id(1)
@@ -98,6 +105,7 @@ def _residual_mass_kernel(
             kk = tl.arange(0, BLOCK // 4)
             ww = tl.arange(0, 4)[None, :]
             acc = tl.full([], 0.0, tl.float32)
+            acc_px = tl.full([], 0.0, tl.float32)
             sub0 = k * SUB
             limit = tl.minimum(vocab_size, sub0 + SUB)
             for off in range(0, SUB, BLOCK):
@@ -105,7 +113,10 @@ def _residual_mass_kernel(
                 q = tl.load(q_ptr + t, mask=mask, other=0.0).to(tl.float32)
                 p = tl.exp(v - row_max) / row_sum
                 acc += tl.sum(tl.sum(tl.where(mask, tl.maximum(p - q, 0.0), 0.0), 1), 0)
+                acc_px += tl.sum(tl.sum(tl.where(mask & (t != x), p, 0.0), 1), 0)
             tl.store(part_res_ptr + req * NUM_SUBS + k, acc)
+            if k == x // SUB:
+                tl.store(part_px_ptr + req, acc_px)
 
 
 @triton.jit(do_not_specialize=["engine_seed"])
@@ -123,6 +134,7 @@ def _recover_race_kernel(
     rec_j_ptr, rec_ms_ptr,                    # [num_reqs] int32, [num_reqs, 2] fp32 from the finalize
     part_m_ptr, part_sub_ptr,                 # [T * NUM_SPLITS], [T * NUM_SUBS] fp32 from pass 1
     part_res_ptr,                             # [num_reqs * NUM_SUBS] fp32 from _residual_mass_kernel
+    part_px_ptr,                              # [num_reqs] fp32 from _residual_mass_kernel
     vocab_size,
     NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr, NUM_SUBS: tl.constexpr,
     BLOCK: tl.constexpr, SUB_BLOCK: tl.constexpr,
@@ -138,17 +150,27 @@ def _recover_race_kernel(
     if j >= 0:
         start = tl.load(cu_ptr + req - 1, mask=req > 0, other=0).to(tl.int32)
         i = j - start
-        valid = _valid_draft(tl.load(draft_ids_ptr + j), vocab_size) >= 0
+        x = _valid_draft(tl.load(draft_ids_ptr + j), vocab_size)
+        valid = x >= 0
         seeded, seed, position, step = _request_keys(seeds_ptr, has_seed_ptr, positions_ptr, step_ptr, req,
                                                      HAS_SEEDS)
         seed_r, pos_r = _row_key(seeded, seed, position, engine_seed.to(tl.int64), step, i.to(tl.int64), j)
 
         # level 1: the sub-chunk masses of the residual, or of p when the residual has none
+        # (without a valid draft x in x's sub-chunk: its mass as the first launch summed it,
+        # p normalised by the row's max and sum, put back on pass 1's scale)
         kk = tl.arange(0, SUB_BLOCK)
         res = tl.load(part_res_ptr + req * NUM_SUBS + kk, mask=kk < tl.where(valid, NUM_SUBS, 0), other=0.0)
         use_res = tl.max(res, 0) > 0.0
         log_res = tl.where(res > 0.0, tl.log(tl.where(res > 0.0, res, 1.0)), float("-inf"))
         log_p = _sub_log_mass(part_m_ptr, part_sub_ptr, j, kk, NUM_SUBS, CHUNK // SUB, NUM_SPLITS)
+        row_max = tl.load(rec_ms_ptr + req * 2)
+        row_sum = tl.load(rec_ms_ptr + req * 2 + 1)
+        if valid:
+            px = tl.load(part_px_ptr + req)
+            log_px = tl.where(px > 0.0, tl.log(tl.where(px > 0.0, px, 1.0)) + row_max + tl.log(row_sum),
+                              float("-inf"))
+            log_p = tl.where(kk == x // SUB, log_px, log_p)
         c, best = _race_chunks(tl.where(use_res, log_res, log_p), kk, seed_r, pos_r)
 
         # level 2: the per-token race within sub-chunk c
@@ -157,9 +179,7 @@ def _recover_race_kernel(
             row_ptr = _target_row(logits_ptr, logits_stride, target_rows_ptr, j, HAS_TARGET_ROWS)
             q_ptr = draft_probs_ptr + j.to(tl.int64) * draft_probs_stride
             inv_t, thr = _row_scale(temp_ptr, threshold_ptr, req, j, False, TEMP_MODE, HAS_THRESHOLD)
-            row_max = tl.load(rec_ms_ptr + req * 2)
-            row_sum = tl.load(rec_ms_ptr + req * 2 + 1)
-            token = _race_sub_chunk(row_ptr, q_ptr, c, use_res, row_max, row_sum, inv_t, thr, seed_r, pos_r,
+            token = _race_sub_chunk(row_ptr, q_ptr, c, use_res, x, row_max, row_sum, inv_t, thr, seed_r, pos_r,
                                     vocab_size, SUB, BLOCK, HAS_THRESHOLD)
         tl.store(out_ptr + req.to(tl.int64) * out_stride + i, token)
 
@@ -204,13 +224,15 @@ def rejection_recover_pass(
     rows = dict(target_rows_ptr=target_rows if target_rows is not None else draft_token_ids,
                 draft_ids_ptr=draft_token_ids, draft_probs_ptr=draft_probs,
                 draft_probs_stride=draft_probs.stride(0))
-    part_res = torch.empty(num_reqs * num_subs, dtype=torch.float32, device=logits.device)
+    part_res = torch.empty(num_reqs * (num_subs + 1), dtype=torch.float32, device=logits.device)
+    part_px = part_res[num_reqs * num_subs:]
     block = min(sub, 4096)   # memory bound: wide loads, no noise
     pdl = pdl_kwargs(logits)
     _residual_mass_kernel[(num_reqs, num_subs)](
         logits, logits.stride(0), **rows,
         temp_ptr=temp_arg, threshold_ptr=threshold if threshold is not None else logits,
-        rec_j_ptr=pass1.rec_j, rec_ms_ptr=pass1.rec_ms, part_res_ptr=part_res, vocab_size=vocab,
+        rec_j_ptr=pass1.rec_j, rec_ms_ptr=pass1.rec_ms, part_res_ptr=part_res, part_px_ptr=part_px,
+        vocab_size=vocab,
         NUM_SUBS=num_subs, SUB=sub, BLOCK=block,
         HAS_TARGET_ROWS=target_rows is not None, TEMP_MODE=temp_mode, HAS_THRESHOLD=threshold is not None,
         num_warps=8 if block >= 4096 else 4, **pdl, **NO_FP_FUSION,
@@ -223,7 +245,7 @@ def rejection_recover_pass(
         positions_ptr=positions if positions is not None else step,
         step_ptr=step, engine_seed=engine_seed,
         rec_j_ptr=pass1.rec_j, rec_ms_ptr=pass1.rec_ms,
-        part_m_ptr=pass1.part_m, part_sub_ptr=pass1.part_sub, part_res_ptr=part_res,
+        part_m_ptr=pass1.part_m, part_sub_ptr=pass1.part_sub, part_res_ptr=part_res, part_px_ptr=part_px,
         vocab_size=vocab,
         NUM_SPLITS=num_splits, CHUNK=chunk, SUB=sub, NUM_SUBS=num_subs, BLOCK=race_block,
         SUB_BLOCK=triton.next_power_of_2(num_subs),

@@ -122,12 +122,12 @@ def rejection_sample_torch(
     check_sub_chunk(sub, chunk_size(vocab))
     sub_noise = rng.vocab_noise(row_seeds, row_pos, rng.STREAM_RECOVER_CHUNK,
                                 (vocab + sub - 1) // sub).double()                   # [T, num_subs]
-    plain_key = scaled - torch.log(noise)               # race over p
-    plain_mass = p
-    if draft_probs is None:                             # one-hot q: p without the draft
-        drop = torch.zeros_like(p, dtype=torch.bool).scatter(1, xc, valid[:, None])
-        plain_key = plain_key.masked_fill(drop, float("-inf"))
-        plain_mass = p.masked_fill(drop, 0.0)
+    # p without a valid draft: the residual of one-hot q, and, with draft probs, the race when
+    # max(0, p - q) has no mass (only rounding: q >= p everywhere), where p itself could give
+    # back the rejected draft
+    drop = torch.zeros_like(p, dtype=torch.bool).scatter(1, xc, valid[:, None])
+    plain_key = (scaled - torch.log(noise)).masked_fill(drop, float("-inf"))
+    plain_mass = p.masked_fill(drop, 0.0)
     recovered = two_level_race(plain_mass, plain_key, sub, sub_noise)
     if draft_probs is not None:
         residual = torch.clamp(p - draft_probs.double(), min=0.0)
