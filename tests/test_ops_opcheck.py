@@ -46,6 +46,19 @@ def test_opcheck(device, name):
     opcheck(op, args)
 
 
+@pytest.mark.parametrize("name", ["token_bincount_update_", "apply_penalties_", "apply_repetition_penalties_",
+                                  "apply_token_bitmask_"])
+def test_direct_call_refuses_a_written_tensor_whose_elements_share_memory(device, name):
+    """torch.ops.specops.* without the wrapper: the C++ check refuses an expanded written
+    tensor (rows would add their writes up, and race on CUDA) and leaves it untouched."""
+    op, args = cases(device)[name]
+    shared = args[0][:1].clone().expand_as(args[0])
+    before = shared.clone()
+    with pytest.raises(ValueError, match=f"{name}: (logits|counts) is written in place, so its elements must not"):
+        op(shared, *args[1:])
+    assert torch.equal(shared, before)
+
+
 def step(ids, counts, req, tok, logits, prompt_mask, rep, freq, pres, bitmask, indices):
     """One decode step's worth of the ops, as an engine would chain them."""
     built = token_bincount(ids, logits.shape[1])

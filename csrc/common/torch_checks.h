@@ -3,6 +3,7 @@
 // keep direct torch.ops.specops.* calls from reading or writing out of bounds.
 #pragma once
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 
 #include <initializer_list>
 #include <string>
@@ -48,6 +49,15 @@ inline void check_shape(const char* op, const char* name, const at::Tensor& t, a
   TORCH_CHECK_VALUE(same, op, ": ", name, " must have shape ", shape_str(shape), ", got ", shape_str(t.sizes()));
 }
 
+// A tensor the op writes in place: no two elements may share memory (a stride of 0 on a
+// dimension of size > 1, as expand makes), or the rows would add their writes up (and race
+// on CUDA). Only a certain overlap is refused: strided rows are fine.
+inline void check_no_internal_overlap(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK_VALUE(at::has_internal_overlap(t) != at::MemOverlap::Yes, op, ": ", name,
+                    " is written in place, so its elements must not share memory; got strides ",
+                    shape_str(t.strides()), " for shape ", shape_str(t.sizes()), " (from expand?): pass .clone()");
+}
+
 // Row stride in elements; 0-row and 1-row tensors report their row length so kernels can
 // treat every tensor alike.
 inline int64_t row_stride(const at::Tensor& t) { return t.size(0) <= 1 ? t.size(1) : t.stride(0); }
@@ -68,6 +78,7 @@ inline void check_bincount_update(const at::Tensor& counts, const at::Tensor& re
   check_dtype(op, "counts", counts, {at::kInt});
   check_dim(op, "counts", counts, 2);
   check_rows(op, "counts", counts);
+  check_no_internal_overlap(op, "counts", counts);
   for (auto [name, t] : {std::pair<const char*, const at::Tensor*>{"req_indices", &req_indices},
                          {"token_ids", &token_ids}}) {
     check_dtype(op, name, *t, {at::kInt, at::kLong});
@@ -84,6 +95,7 @@ inline void check_logits(const char* op, const at::Tensor& logits) {
   check_dtype(op, "logits", logits, {at::kFloat, at::kBFloat16, at::kHalf});
   check_dim(op, "logits", logits, 2);
   check_rows(op, "logits", logits);
+  check_no_internal_overlap(op, "logits", logits);
 }
 
 inline void check_row_params(const char* op, const char* name, const at::Tensor& t,
