@@ -60,11 +60,14 @@ class InputBatch:
         return [r.request_id for r in self.reqs[:self.num_reqs]]
 
     def update(self, scheduled: list[Request]) -> BatchUpdate | None:
-        """Make the rows hold exactly `scheduled`; return the step's BatchUpdate (None if nothing changed)."""
-        keep = {r.request_id for r in scheduled}
+        """Make the rows hold exactly `scheduled`; return the step's BatchUpdate (None if nothing changed).
+
+        Rows are matched by Request object, not by id: a new request that reuses the id of one
+        that finished since the last update gets a fresh row (and its processors a fresh state)."""
+        keep = {r.request_id: r for r in scheduled}
         for row in range(self.num_reqs):
             req = self.reqs[row]
-            if req is not None and req.request_id not in keep:
+            if req is not None and keep.get(req.request_id) is not req:
                 self._remove(row)
         for req in scheduled:
             if req.request_id not in self.index:

@@ -219,9 +219,17 @@ class LLMEngine:
         parent = _Parent(rid, text, ids, children, detoks)
         self.parents[rid] = parent
         for child in children:
+            self._forget_drafts_of(child.request_id)
             self._child_parent[child.request_id] = parent
             self.scheduler.add_request(child)
         return rid
+
+    def _forget_drafts_of(self, rid: str) -> None:
+        """Drop what the proposer keeps for an earlier request of this id (finished or aborted
+        since the last propose call, which would have dropped it): a new request starts clean."""
+        if self.proposer is not None and rid in self._spec_live:
+            self.proposer.free(rid)
+            self._spec_live.discard(rid)
 
     def _id_in_use(self, rid: str) -> bool:
         """Whether rid names a live request or one of the samples of an n > 1 request ("<id>#<i>")."""

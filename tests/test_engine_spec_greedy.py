@@ -380,3 +380,39 @@ def test_default_model_greedy_equals_plain(batch):
         assert st["mean_acceptance_length"] > (1.5 if spec == "ngram" else 4.5), st
         if batch == 8:
             assert eng.scheduler.num_preemptions > 0
+
+
+@pytest.mark.parametrize("proposer", ["ngram", "draft-self"])
+def test_a_reused_request_id_starts_with_no_proposer_state(untied, proposer):
+    """Abort "a", then a step that returns before its propose call (as one does while another
+    request's grammar compiles, simulated here), add a new "a": the proposer must not draft
+    from the old request's context (n-gram: its cached tokens; draft model: its KV). The old
+    code kept both, so the new "a" drafted from stale tokens."""
+    lm = model(untied)
+    draft = model(untied, PROPOSERS[proposer]) if proposer != "ngram" else None
+    eng = LLMEngine(EngineConfig(max_model_len=256, spec_method="ngram" if draft is None else "draft",
+                                 num_spec_tokens=4), loaded=lm, draft_loaded=draft)
+    freed = []
+    free = eng.proposer.free
+    eng.proposer.free = lambda rid: (freed.append(rid), free(rid))[1]
+    old, new = copy_prompts(2, seed=7)
+    new = new * 6                              # longer than the old context: a stale prefix would be kept
+    eng.add_request(old, GREEDY, request_id="a")
+    for _ in range(3):
+        eng.step()
+    eng.abort_request("a")
+    propose, eng._propose = eng._propose, lambda: None
+    eng.step()
+    eng._propose = propose
+    assert freed == []
+    eng.add_request(new, GREEDY, request_id="a")
+    assert freed == ["a"]
+    outs = {}
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            outs[out.request_id] = out
+        if proposer == "ngram" and "a" in eng.proposer._ctx.len:
+            n = eng.proposer._ctx.len["a"]
+            assert eng.proposer._ctx.buf["a"][:n].tolist() == eng.scheduler.running[0].all_token_ids[:n]
+    plain = run(lm, [new], GREEDY)[0][0]
+    assert outs["a"].outputs[0].token_ids == plain.outputs[0].token_ids

@@ -243,6 +243,32 @@ def test_request_ids_never_clash(tiny_checkpoint):  # noqa: F811
     assert set(done) == {"a#0", "b", *explicit, *auto} and all(o.error is None for o in done.values())
 
 
+@pytest.mark.parametrize("how", ["finished", "aborted"])
+def test_a_request_id_can_be_reused_once_reported(tiny_checkpoint, how):  # noqa: F811
+    # the new "a" must get its own batch row: the runner once kept the row of the old "a" (matched
+    # by id), so it ran the old request's tokens (a shape error, or silently wrong tokens when the
+    # prompts had the same length) and kept its penalty counts
+    lm = loaded_model(tiny_checkpoint, "cpu")
+    sp = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, repetition_penalty=1.5)
+    old, new = list(range(3, 13)), list(range(40, 50))           # the same length
+    fresh = run_all(engine(lm), [new], [sp])
+    eng = engine(lm)
+    eng.add_request(old, sp, request_id="a")
+    if how == "finished":
+        while eng.has_unfinished_requests():
+            eng.step()
+    else:
+        eng.step()
+        eng.abort_request("a")
+        assert [o.finished for o in eng.step()] == [True]         # nothing left to run: no model call
+    eng.add_request(new, sp, request_id="a")
+    done = {}
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            done[out.request_id] = out
+    assert done["a"].outputs[0].token_ids == fresh[0].outputs[0].token_ids
+
+
 def test_stop_string_on_the_last_allowed_token_reports_stop(tiny_checkpoint):  # noqa: F811
     # a stop string completed by the max_tokens-th token: finish_reason "stop" (as vLLM), not "length"
     eng = engine(loaded_model(tiny_checkpoint, "cpu"), max_model_len=64)
