@@ -268,7 +268,7 @@ class LLMEngine:
         """Admit requests whose grammar compiled; fail those whose compilation failed or timed out."""
         from .structured_output import CompileStatus
 
-        outputs = []
+        failed: dict[str, _Parent] = {}   # one output per request, after all its samples are failed
         blocked = self.scheduler.blocked
         for rid in list(blocked):
             status = self.structured.poll(rid)
@@ -280,9 +280,8 @@ class LLMEngine:
                 req.error = self.structured.error(rid)
                 self.scheduler.finish_request(req, RequestStatus.FINISHED_ERROR)
                 parent = self._child_parent[rid]
-                if not parent.reported_final:
-                    outputs.append(self._make_output(parent))
-        return outputs
+                failed[parent.request_id] = parent
+        return [self._make_output(parent) for parent in failed.values() if not parent.reported_final]
 
     def _advance_grammar(self, req: Request, before: int) -> None:
         """Feed the grammar the tokens the request kept this step; a terminated grammar ends it."""

@@ -269,6 +269,39 @@ def test_a_request_id_can_be_reused_once_reported(tiny_checkpoint, how):  # noqa
     assert done["a"].outputs[0].token_ids == fresh[0].outputs[0].token_ids
 
 
+def test_failed_grammar_of_an_n_sample_request_gives_one_output_per_step(tiny_checkpoint):  # noqa: F811
+    # both samples of an n = 2 structured request fail to compile (both known at the same poll):
+    # the step reports the request once, final, with both samples failed (it was reported twice
+    # in one step, a non-final output then the final one)
+    from specops.engine.structured_output import StructuredOutputManager, StructuredOutputOptions
+
+    lm = loaded_model(tiny_checkpoint, "cpu")
+
+    class FailingBackend:
+        vocab_size = lm.config.vocab_size
+
+        def compile(self, options):
+            raise RuntimeError("injected compiler failure")
+
+    eng = engine(lm, max_model_len=64)
+    eng.set_structured_output_manager(StructuredOutputManager(backend=FailingBackend()))
+    sp = SamplingParams(n=2, max_tokens=3, structured_outputs=StructuredOutputOptions(regex="a+"))
+    eng.add_request([5, 6, 7], sp, request_id="s")
+    for sample in ("s#0", "s#1"):              # both compiles failed before the first step polls them
+        eng.structured.wait(sample, timeout=10.0)
+    reports = []
+    for _ in range(10_000):
+        if not eng.has_unfinished_requests():
+            break
+        step = eng.step()
+        assert len(step) == len({o.request_id for o in step}), "a request reported twice in one step"
+        reports += step
+    assert [o.finished for o in reports] == [True]
+    assert [c.finish_reason for c in reports[-1].outputs] == ["error", "error"]
+    assert "injected compiler failure" in reports[-1].error
+    eng.shutdown()
+
+
 def test_stop_string_on_the_last_allowed_token_reports_stop(tiny_checkpoint):  # noqa: F811
     # a stop string completed by the max_tokens-th token: finish_reason "stop" (as vLLM), not "length"
     eng = engine(loaded_model(tiny_checkpoint, "cpu"), max_model_len=64)
