@@ -177,6 +177,46 @@ def test_llama3_8b_shapes_config():
     assert per_layer == 218_112_000  # Llama-3-8B: 4096*(4096+1024+1024+4096) + 3*4096*14336 + 2*4096
 
 
+LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}
+
+
+def test_config_reads_rope_parameters_of_transformers_5():
+    """transformers >= 5 writes rope_theta and the scaling inside rope_parameters: they were
+    dropped (theta 10000, no scaling: wrong positions, silently), and must equal the 4.x layout."""
+    from specops.engine.model.config import ModelConfig
+
+    base = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                architectures=["LlamaForCausalLM"])
+    v4 = ModelConfig.from_hf_dict({**base, "rope_theta": 500000.0, "rope_scaling": LLAMA31_ROPE})
+    v5 = ModelConfig.from_hf_dict({**base, "rope_parameters": {**LLAMA31_ROPE, "rope_theta": 500000.0}})
+    assert v5 == v4 and v5.rope_theta == 500000.0 and v5.rope_scaling["factor"] == 8.0
+    plain = ModelConfig.from_hf_dict({**base, "rope_parameters": {"rope_type": "default", "rope_theta": 1e5}})
+    assert plain.rope_theta == 1e5 and plain.rope_scaling is None
+    with pytest.raises(ValueError, match="'yarn' is not supported"):
+        ModelConfig.from_hf_dict({**base, "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e5}})
+    with pytest.raises(ValueError, match="rope_parameters .* is not supported"):  # one per layer type
+        ModelConfig.from_hf_dict({**base, "rope_parameters": {"full_attention": {"rope_type": "default"}}})
+
+
+def test_gguf_config_reads_rope_scaling():
+    """GGUF's rope.scaling.type / .factor (and the older rope.scale_linear) were ignored: linear
+    scaling is kept, 'none' is no scaling, any other type is refused rather than dropped."""
+    from specops.engine.model.gguf_loader import config_from_fields
+
+    fields = {"general.architecture": "llama", "llama.embedding_length": 64, "llama.attention.head_count": 4,
+              "llama.feed_forward_length": 128, "llama.block_count": 1, "llama.context_length": 4096,
+              "tokenizer.ggml.tokens": ["a"] * 100}
+    assert config_from_fields(fields)[0].rope_scaling is None
+    linear = {"rope_type": "linear", "factor": 4.0}
+    assert config_from_fields({**fields, "llama.rope.scaling.type": "linear",
+                               "llama.rope.scaling.factor": 4.0})[0].rope_scaling == linear
+    assert config_from_fields({**fields, "llama.rope.scale_linear": 4.0})[0].rope_scaling == linear
+    assert config_from_fields({**fields, "llama.rope.scaling.type": "none"})[0].rope_scaling is None
+    with pytest.raises(ValueError, match="GGUF rope scaling type 'yarn'"):
+        config_from_fields({**fields, "llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0})
+
+
 # ---- CUDA ----------------------------------------------------------------------------------------
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -1,6 +1,7 @@
 """token_bincount / token_bincount_update_ against their torch references (CPU always, CUDA when present)."""
 
 import pytest
+import numpy as np
 import torch
 
 from specops.ops import token_bincount, token_bincount_torch, token_bincount_update_, token_bincount_update_torch
@@ -118,3 +119,12 @@ def test_update_device_mismatch():
     with pytest.raises(ValueError, match="must be on cuda"):
         token_bincount_update_(torch.zeros(2, 3, dtype=torch.int32, device="cuda"), torch.zeros(1, dtype=torch.int64),
                                torch.zeros(1, dtype=torch.int64))
+
+
+def test_vocab_size_takes_numpy_ints(device):
+    """vocab_size goes through operator.index: numpy ints work, floats and bools are refused."""
+    ids = torch.tensor([[1, 2, 2]], device=device)
+    assert token_bincount(ids, np.int64(4)).tolist() == [[0, 1, 2, 0]]
+    for bad in (4.0, True):
+        with pytest.raises(TypeError, match="vocab_size must be an int"):
+            token_bincount(ids, bad)

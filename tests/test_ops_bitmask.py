@@ -152,12 +152,14 @@ def test_indices_match_xgrammar(device, index_dtype):
     logits = torch.randn(rows, vocab, device=device, dtype=torch.bfloat16)
     bitmask = random_bitmask(rows, words(vocab), device)
     indices = [7, 0, 3, 3]  # a duplicate too
+    original = logits.clone()
     expected = logits.clone()
     xgrammar_apply(expected, bitmask, indices)
     apply_token_bitmask_(logits, bitmask, torch.tensor(indices, dtype=index_dtype, device=device))
     assert torch.equal(logits, expected)
     untouched = [r for r in range(rows) if r not in indices]
-    assert torch.equal(logits[untouched], expected[untouched])
+    assert torch.equal(logits[untouched], original[untouched])     # rows not named: not written
+    assert not torch.equal(logits[indices], original[indices])
 
 
 @pytest.mark.parametrize("logits_rows,bitmask_rows", [(6, 6), (6, 9), (9, 6), (1025, 1025)])

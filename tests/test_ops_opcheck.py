@@ -8,6 +8,7 @@ from torch.library import opcheck
 from specops.ops import (
     apply_penalties_,
     apply_penalties_torch,
+    apply_repetition_penalties_,
     apply_token_bitmask_,
     apply_token_bitmask_torch,
     token_bincount,
@@ -46,17 +47,55 @@ def test_opcheck(device, name):
     opcheck(op, args)
 
 
-@pytest.mark.parametrize("name", ["token_bincount_update_", "apply_penalties_", "apply_repetition_penalties_",
-                                  "apply_token_bitmask_"])
-def test_direct_call_refuses_a_written_tensor_whose_elements_share_memory(device, name):
-    """torch.ops.specops.* without the wrapper: the C++ check refuses an expanded written
-    tensor (rows would add their writes up, and race on CUDA) and leaves it untouched."""
+IN_PLACE = {  # op name -> its wrapper; the written tensor is the first argument
+    "token_bincount_update_": token_bincount_update_,
+    "apply_penalties_": apply_penalties_,
+    "apply_repetition_penalties_": lambda *a: apply_repetition_penalties_(*a),
+    "apply_token_bitmask_": apply_token_bitmask_,
+}
+
+
+def overlapping(t, how):  # [rows, V] views whose elements share memory
+    if how == "expand":
+        return t[:1].clone().expand_as(t)
+    flat = t.flatten().clone()                                   # rows one element apart
+    return flat.as_strided(t.shape, (1, 1))
+
+
+@pytest.mark.parametrize("how", ["expand", "rows_overlap"])
+@pytest.mark.parametrize("direct", [False, True], ids=["wrapper", "torch.ops"])
+@pytest.mark.parametrize("name", list(IN_PLACE))
+def test_a_written_tensor_whose_elements_share_memory_is_refused(device, name, direct, how):
+    """An expanded written tensor, or one whose rows overlap (as_strided), would have its
+    shared elements written once per row (and raced on): refused with the argument named, by
+    the wrapper and by the C++ check of a direct torch.ops.specops.* call, and left untouched."""
     op, args = cases(device)[name]
-    shared = args[0][:1].clone().expand_as(args[0])
+    shared = overlapping(args[0], how)
     before = shared.clone()
+    call = op if direct else IN_PLACE[name]
     with pytest.raises(ValueError, match=f"{name}: (logits|counts) is written in place, so its elements must not"):
-        op(shared, *args[1:])
+        call(shared, *args[1:])
     assert torch.equal(shared, before)
+
+
+@pytest.mark.parametrize("name", list(IN_PLACE))
+def test_wrappers_bump_the_version_of_the_written_tensor(device, name):
+    """As torch's in-place ops: a tensor autograd saved (here the logits of a loss, written
+    through .detach()) makes backward() raise instead of using the written values."""
+    _, args = cases(device)[name]
+    written = args[0]
+    version = written._version
+    IN_PLACE[name](written, *args[1:])
+    assert written._version > version
+    if written.is_floating_point():
+        w = torch.randn(written.shape[1], written.shape[1], device=device, requires_grad=True)
+        logits = written.float() @ w
+        loss = (logits * logits).sum()                               # saves logits
+        IN_PLACE[name](logits.detach().to(written.dtype) if written.dtype != torch.float32 else logits.detach(),
+                       *args[1:])
+        if written.dtype == torch.float32:
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                loss.backward()
 
 
 def step(ids, counts, req, tok, logits, prompt_mask, rep, freq, pres, bitmask, indices):

@@ -50,12 +50,14 @@ inline void check_shape(const char* op, const char* name, const at::Tensor& t, a
 }
 
 // A tensor the op writes in place: no two elements may share memory (a stride of 0 on a
-// dimension of size > 1, as expand makes), or the rows would add their writes up (and race
-// on CUDA). Only a certain overlap is refused: strided rows are fine.
+// dimension of size > 1, as expand makes, or 2-D rows closer than their length), or the rows
+// would add their writes up (and race). Rows further apart than their length are fine.
 inline void check_no_internal_overlap(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK_VALUE(at::has_internal_overlap(t) != at::MemOverlap::Yes, op, ": ", name,
+  const bool rows_overlap = t.dim() == 2 && t.size(0) > 1 && t.size(1) > 1 && t.stride(0) < t.size(1);
+  TORCH_CHECK_VALUE(!rows_overlap && at::has_internal_overlap(t) != at::MemOverlap::Yes, op, ": ", name,
                     " is written in place, so its elements must not share memory; got strides ",
-                    shape_str(t.strides()), " for shape ", shape_str(t.sizes()), " (from expand?): pass .clone()");
+                    shape_str(t.strides()), " for shape ", shape_str(t.sizes()),
+                    " (from expand or as_strided?): pass .clone()");
 }
 
 // Row stride in elements; 0-row and 1-row tensors report their row length so kernels can

@@ -34,8 +34,13 @@ void apply_penalties_cpu(at::Tensor& logits, const at::Tensor& prompt_mask,
         scalar_t* lrow = out + r * ls;
         const bool* mrow = mask + r * ms;
         const int32_t* crow = counts + r * cs;
-        for (int64_t j = 0; j < vocab; ++j)
-          lrow[j] = static_cast<scalar_t>(penalize(static_cast<float>(lrow[j]), mrow[j], crow[j], rp, fp, pp));
+        if (rp == 1.0f) {  // no repetition penalty: the prompt mask is not read (as on CUDA)
+          for (int64_t j = 0; j < vocab; ++j)
+            lrow[j] = static_cast<scalar_t>(penalize(static_cast<float>(lrow[j]), false, crow[j], rp, fp, pp));
+        } else {
+          for (int64_t j = 0; j < vocab; ++j)
+            lrow[j] = static_cast<scalar_t>(penalize(static_cast<float>(lrow[j]), mrow[j], crow[j], rp, fp, pp));
+        }
       }
     });
   });

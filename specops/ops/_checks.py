@@ -42,14 +42,22 @@ def check_tensor(op: str, name: str, t: object, dtypes: Sequence[torch.dtype], n
 
 def check_written_in_place(op: str, name: str, t: torch.Tensor) -> None:
     """Raise ValueError unless the op may write `t` in place: no two of its elements share
-    memory (a stride of 0 on a dimension of size > 1, as `expand` makes: the rows would add
-    their writes up, and race on CUDA) and autograd does not track it (the op has no
+    memory (a stride of 0 on a dimension of size > 1, as `expand` makes, or rows closer than
+    their length: the rows would add their writes up, and race) and autograd does not track it (the op has no
     backward and would not bump the tensor's version: gradients would silently use the
     written values)."""
-    if any(s == 0 and n > 1 for s, n in zip(t.stride(), t.shape)):
+    rows_overlap = t.dim() == 2 and t.shape[0] > 1 and t.shape[1] > 1 and t.stride(0) < t.shape[1]
+    if rows_overlap or any(s == 0 and n > 1 for s, n in zip(t.stride(), t.shape)):
         raise ValueError(f"{op}: {name} is written in place, so its elements must not share memory; "
-                         f"got strides {tuple(t.stride())} for shape {tuple(t.shape)} (from expand?): "
+                         f"got strides {tuple(t.stride())} for shape {tuple(t.shape)} (from expand or as_strided?): "
                          f"pass .clone()")
     if t.requires_grad and torch.is_grad_enabled():
         raise ValueError(f"{op}: {name} is written in place without a backward, so it must not require "
                          f"grad; call it under torch.no_grad() or on {name}.detach()")
+
+
+def mark_written(t: torch.Tensor) -> None:
+    """Bump `t`'s version counter after the op wrote it in place, as torch's own in-place ops
+    do: a tensor autograd saved earlier (e.g. the logits of a loss, sampled through
+    `.detach()`) then makes backward() raise instead of silently using the written values."""
+    torch.autograd.graph.increment_version(t)

@@ -4,10 +4,12 @@ history length)."""
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from specops import _C  # noqa: F401  (registers torch.ops.specops.*)
-from specops.ops._checks import INDEX_DTYPES, check_tensor, check_written_in_place
+from specops.ops._checks import INDEX_DTYPES, check_tensor, check_written_in_place, mark_written
 
 
 def token_bincount(
@@ -37,8 +39,13 @@ def token_bincount(
     """
     op = "token_bincount"
     check_tensor(op, "token_ids", token_ids, INDEX_DTYPES, 2)
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, torch.SymInt)):
-        raise TypeError(f"{op}: vocab_size must be an int, got {type(vocab_size).__name__}")
+    if not isinstance(vocab_size, torch.SymInt):
+        try:
+            if isinstance(vocab_size, bool):
+                raise TypeError
+            vocab_size = operator.index(vocab_size)     # ints and numpy ints; floats refused
+        except TypeError:
+            raise TypeError(f"{op}: vocab_size must be an int, got {type(vocab_size).__name__}") from None
     if vocab_size < 0:
         raise ValueError(f"{op}: vocab_size must be >= 0, got {vocab_size}")
     return torch.ops.specops.token_bincount(token_ids, vocab_size)
@@ -73,6 +80,7 @@ def token_bincount_update_(
         if t.device != counts.device:
             raise ValueError(f"{op}: {name} must be on {counts.device} (the device of counts), got {t.device}")
     torch.ops.specops.token_bincount_update_(counts, req_indices, token_ids)
+    mark_written(counts)
 
 
 @torch.library.register_fake("specops::token_bincount")

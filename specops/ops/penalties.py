@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from specops import _C  # noqa: F401  (registers torch.ops.specops.*)
-from specops.ops._checks import FLOAT_DTYPES, check_tensor, check_written_in_place
+from specops.ops._checks import FLOAT_DTYPES, check_tensor, check_written_in_place, mark_written
 
 
 def _check_common(op: str, logits: torch.Tensor, prompt_mask: torch.Tensor,
@@ -53,6 +53,7 @@ def apply_penalties_(
                      shape_desc=" (one per logits row)")
     torch.ops.specops.apply_penalties_(logits, prompt_mask, output_counts, repetition_penalties,
                                        frequency_penalties, presence_penalties)
+    mark_written(logits)
 
 
 def apply_repetition_penalties_(
@@ -68,6 +69,7 @@ def apply_repetition_penalties_(
     check_tensor(op, "output_mask", output_mask, (torch.bool,), 2, like=logits,
                  shape=tuple(logits.shape), shape_desc=" like logits")
     torch.ops.specops.apply_repetition_penalties_(logits, prompt_mask, output_mask, repetition_penalties)
+    mark_written(logits)
 
 
 @torch.library.register_fake("specops::apply_penalties_")
