@@ -119,11 +119,19 @@ class ModelConfig:
         for e in extra_eos_ids or []:
             if e not in eos_ids:
                 eos_ids.append(e)
-        scaling = cfg.get("rope_scaling")
+        theta, scaling = cfg.get("rope_theta"), cfg.get("rope_scaling")
+        rope_params = cfg.get("rope_parameters")          # transformers >= 5 keeps both in here
+        if rope_params is not None:
+            if not isinstance(rope_params, dict) or any(isinstance(v, dict) for v in rope_params.values()):
+                raise ValueError(f"config.json: rope_parameters {rope_params!r} is not supported "
+                                 "(expected one dict with rope_type and rope_theta)")
+            theta = theta if theta is not None else rope_params.get("rope_theta")
+            if scaling is None:
+                scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
         if scaling is not None:
             scaling = dict(scaling)
             scaling.setdefault("rope_type", scaling.get("type"))
-            if scaling["rope_type"] == "default":
+            if scaling["rope_type"] in ("default", None):
                 scaling = None
         return cls(
             vocab_size=cfg["vocab_size"],
@@ -133,7 +141,7 @@ class ModelConfig:
             num_heads=num_heads,
             num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
             head_dim=head_dim,
-            rope_theta=float(cfg.get("rope_theta", 10000.0)),
+            rope_theta=float(theta if theta is not None else 10000.0),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=max_pos,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),

@@ -106,6 +106,9 @@ def config_from_fields(fields: dict) -> tuple[ModelConfig, bool]:
     eot = fields.get("tokenizer.ggml.eot_token_id")
     eos_ids = list(dict.fromkeys(int(e) for e in (eos, eot) if e is not None))
     bos = fields.get("tokenizer.ggml.bos_token_id")
+    scaling = _rope_scaling(get("rope.scaling.type", None, required=False),
+                            get("rope.scaling.factor", None, required=False),
+                            get("rope.scale_linear", None, required=False))
     config = ModelConfig(
         vocab_size=int(vocab),
         hidden_size=hidden,
@@ -122,8 +125,22 @@ def config_from_fields(fields: dict) -> tuple[ModelConfig, bool]:
         eos_token_ids=eos_ids,
         architecture=hf_arch,
         attention_bias=arch == "qwen2",
+        rope_scaling=scaling,
     )
     return config, permuted
+
+
+def _rope_scaling(kind, factor, scale_linear) -> dict | None:
+    """ModelConfig.rope_scaling of GGUF's rope.scaling.type / .factor (or the older
+    rope.scale_linear): linear scaling, or None; any other type is refused (not ignored)."""
+    if kind is None and scale_linear is not None:
+        kind, factor = "linear", scale_linear
+    if kind in (None, "none"):
+        return None
+    if kind != "linear" or factor is None:
+        raise ValueError(f"GGUF rope scaling type {kind!r} (factor {factor!r}) is not supported "
+                         "(expected none or linear with a factor)")
+    return None if float(factor) == 1.0 else {"rope_type": "linear", "factor": float(factor)}
 
 
 def _dequantize(t) -> np.ndarray:
