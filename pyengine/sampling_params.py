@@ -155,6 +155,12 @@ class SamplingParams:
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.extra_args, (dict, type(None))):
+            raise TypeError(f"extra_args must be a dict, got {type(self.extra_args).__name__}")
+        own_k = (self.extra_args or {}).get("num_spec_tokens")
+        if own_k is not None and (isinstance(own_k, bool) or not isinstance(own_k, int) or own_k < 0):
+            raise ValueError(f"extra_args['num_spec_tokens'] (this request's most drafts per step) must be an "
+                             f"int >= 0, got {own_k!r}")
         if self.structured_outputs is not None:
             from .structured_output.options import StructuredOutputOptions
 

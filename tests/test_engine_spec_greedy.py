@@ -416,3 +416,19 @@ def test_a_reused_request_id_starts_with_no_proposer_state(untied, proposer):
             assert eng.proposer._ctx.buf["a"][:n].tolist() == eng.scheduler.running[0].all_token_ids[:n]
     plain = run(lm, [new], GREEDY)[0][0]
     assert outs["a"].outputs[0].token_ids == plain.outputs[0].token_ids
+
+
+def test_a_bad_per_request_k_fails_only_its_request(untied):
+    """extra_args["num_spec_tokens"] of "two" was read only when proposing: int("two") raised in
+    every step, for every request, for good. It is refused when the request arrives."""
+    lm = model(untied)
+    eng = LLMEngine(EngineConfig(max_model_len=256, spec_method="ngram", num_spec_tokens=4), loaded=lm)
+    good = eng.add_request(copy_prompts(1, seed=3)[0], GREEDY)
+    bad = eng.add_request([5, 6, 7], SamplingParams(max_tokens=4, extra_args={"num_spec_tokens": "two"}))
+    done = {}
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = out
+    assert "num_spec_tokens" in done[bad].error
+    assert done[good].error is None and len(done[good].outputs[0].token_ids) == GREEDY.max_tokens

@@ -42,6 +42,10 @@ from specops.engine.sampling_params import SamplingParams
     (dict(stop=[""]), "stop"),
     (dict(bad_words=[""]), "bad_words"),
     (dict(ignore_eos=1), "ignore_eos"),
+    (dict(extra_args=[1]), "extra_args"),
+    (dict(extra_args={"num_spec_tokens": "two"}), "num_spec_tokens"),  # once failed every request, every step
+    (dict(extra_args={"num_spec_tokens": -1}), "num_spec_tokens"),
+    (dict(extra_args={"num_spec_tokens": 2.5}), "num_spec_tokens"),
 ])
 def test_sampling_params_rejects(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
