@@ -57,8 +57,8 @@ class LLMEngine:
     arrival (a bad one fails that request alone); the grammar compiles in the
     StructuredOutputManager's worker pool while the request waits in the scheduler's
     ``blocked`` set (other requests are admitted past it); a compile error or timeout fails
-    that request alone. Drafts are cut to their grammatical prefix before they are
-    scheduled; the runner masks every sampling row (1 + K for a speculating request); the
+    that request alone. Drafts are cut after the first one the grammar forbids (verified,
+    so rejected by its masked row) before they are scheduled; the runner masks every sampling row (1 + K for a speculating request); the
     grammar advances with the tokens emitted, and its termination ends the request.
     """
 
@@ -295,6 +295,8 @@ class LLMEngine:
                 self.scheduler.finish_request(req, RequestStatus.FINISHED_ERROR)
         elif so.is_terminated(rid) and not req.is_finished:
             self.scheduler.finish_request(req, RequestStatus.FINISHED_STOPPED)
+        elif so.is_terminated(rid) and req.status == RequestStatus.FINISHED_LENGTH:
+            req.status = RequestStatus.FINISHED_STOPPED  # the grammar ended on the last allowed token
 
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -369,6 +371,10 @@ class LLMEngine:
             before = num_before[req.request_id]
             parent = self._child_parent[req.request_id]
             idx = parent.children.index(req) if len(parent.children) > 1 else 0
+            if req.sampling_params.structured_outputs is not None:
+                end = self.structured.end_of_output(req.request_id, req.output_token_ids[before:])
+                if before + end < req.num_output_tokens:
+                    req.truncate_output(before + end)  # tokens after the grammar's end: _advance_grammar ends it
             stop = self._detokenize(parent.detoks[idx], req, before)
             new = req.num_output_tokens - before  # tokens appended (a stop string may have cut some)
             if req.sampling_params.structured_outputs is not None:
@@ -449,7 +455,7 @@ class LLMEngine:
         so = self.structured
         for req, drafts in zip(decoding, batch.token_ids):
             if so is not None and req.sampling_params.structured_outputs is not None and drafts:
-                drafts = so.validate_drafts(req.request_id, list(drafts))  # the grammatical prefix
+                drafts = so.validate_drafts(req.request_id, list(drafts))  # + the first forbidden one
             req.spec_token_ids = list(drafts)
         self.runner.last_drafts = batch
 

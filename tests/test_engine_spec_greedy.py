@@ -432,3 +432,91 @@ def test_a_bad_per_request_k_fails_only_its_request(untied):
                 done[out.request_id] = out
     assert "num_spec_tokens" in done[bad].error
     assert done[good].error is None and len(done[good].outputs[0].token_ids) == GREEDY.max_tokens
+
+
+def structured(**kw):
+    from specops.engine.structured_output import StructuredOutputOptions
+
+    return StructuredOutputOptions(**kw)
+
+
+class OracleProposer:
+    """Drafts a known continuation (what a perfect draft model would propose)."""
+
+    method, needs_hidden_states, num_lookahead_tokens = "oracle", False, 0
+
+    def __init__(self, target: list[int], k: int):
+        self.target, self.k = target, k
+
+    def propose(self, requests, num_spec_tokens, context=None):
+        from specops.engine.spec_decode.proposer import DraftBatch
+
+        n = [len(r.output_token_ids) for r in requests]
+        return DraftBatch([r.request_id for r in requests], [self.target[i:i + self.k] for i in n])
+
+    def free(self, request_id):
+        pass
+
+
+@pytest.mark.parametrize("ignore_eos", [False, True])
+def test_structured_output_ends_where_its_grammar_ends_under_speculation(untied, ignore_eos):
+    """Drafts that run past the grammar's end (its stop token accepted, then more drafts and the
+    bonus token): the output stops at the end, as plain decoding does. With ignore_eos the tokens
+    after it used to be kept, the grammar rejected them and the request failed."""
+    lm = model(untied)
+    sp = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=ignore_eos,
+                        structured_outputs=structured(choice=["Paris", "Rome"]))
+    plain = run(lm, ["The capital of France is"], sp)[0][0]
+    assert plain.error is None and plain.outputs[0].finish_reason == "stop"
+    tokens = plain.outputs[0].token_ids
+    spec = run(lm, ["The capital of France is"], sp, proposer=OracleProposer(tokens + [5, 6, 7, 8], 8))[0][0]
+    assert spec.error is None
+    assert spec.outputs[0].token_ids == tokens and spec.outputs[0].finish_reason == "stop"
+    assert spec.outputs[0].text == plain.outputs[0].text
+
+
+def test_structured_output_keeps_the_law_with_draft_probabilities(untied):
+    """A draft the grammar forbids must still be verified (its masked row rejects it, and the
+    token there comes from the residual max(0, p - q)). Cutting it off before verification drew
+    that token from p: with q = 0.3 on 'a' (allowed) and 0.7 on 'c' (forbidden), P(2nd = 'a')
+    went from 0.42 (plain) to 0.58. Two-sample test of that proportion, seeded requests (the
+    result is fixed; the threshold of 5 standard errors has p < 1e-6 for a correct engine)."""
+    from specops.engine.spec_decode.proposer import DraftBatch
+
+    lm = model(untied)
+    vocab = lm.config.vocab_size
+    a, b, c = 67, 68, 69                                   # 'a' 'b' 'c' in the tiny tokenizer
+
+    class QDraft:
+        method, needs_hidden_states, num_lookahead_tokens = "draft", False, 0
+
+        def __init__(self):
+            self.g = torch.Generator().manual_seed(0)
+
+        def propose(self, requests, num_spec_tokens, context=None):
+            q = torch.zeros(vocab)
+            q[a], q[c] = 0.3, 0.7
+            toks = [[int(torch.multinomial(q, 1, generator=self.g))] if k > 0 else []
+                    for k in num_spec_tokens]
+            return DraftBatch([r.request_id for r in requests], toks, q.repeat(len(requests), 1, 1))
+
+        def free(self, request_id):
+            pass
+
+    n = 1600
+    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=4, logit_bias={b: 5.8},
+                             structured_outputs=structured(regex="[ab]{2}")) for i in range(n)]
+    prompts = ["The capital of France is"] * n
+    texts = {}
+    for name, proposer in (("plain", None), ("spec", QDraft())):
+        cfg = dict(max_model_len=64, max_num_seqs=64)
+        if proposer is not None:
+            cfg["num_spec_tokens"] = 1
+        outs = run(lm, prompts, params, proposer=proposer, **cfg)[0]
+        assert all(o.error is None for o in outs)
+        texts[name] = [o.outputs[0].text for o in outs]
+    assert {t for t in texts["plain"]} <= {"aa", "ab", "ba", "bb"} and texts["plain"].count("ba") > 100
+    share = {k: sum(t == "ba" for t in v) / sum(t[0] == "b" for t in v) for k, v in texts.items()}
+    m = (sum(t[0] == "b" for t in texts["plain"]) + sum(t[0] == "b" for t in texts["spec"])) / 2
+    se = (2 * share["plain"] * (1 - share["plain"]) / m) ** 0.5
+    assert abs(share["spec"] - share["plain"]) < 5 * se, (share, se)

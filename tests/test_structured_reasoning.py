@@ -121,10 +121,11 @@ def test_manager_marker_inside_draft_window(so_parts):
     assert so.accept_tokens("r", thinking)
     body = tok.encode('{"a": 42}')
     drafts = [tok.encode("x")[0]] + list(marker) + body[:3]
-    # drafts before and including the marker pass; after it only the grammatical prefix
+    # drafts before and including the marker pass; after it the grammatical prefix and the first
+    # forbidden draft (verified, so rejected by its masked row), not what follows it
     bad = tok.encode("]")[0]
     assert so.validate_drafts("r", drafts) == drafts
-    assert so.validate_drafts("r", drafts[:4] + [bad] + body[:2]) == drafts[:4]
+    assert so.validate_drafts("r", drafts[:4] + [bad] + body[:2]) == drafts[:4] + [bad]
     batch = so.build_bitmask([(None, 2, [5]), ("r", len(drafts) + 1, drafts), (None, 1, [])])
     rows = list(range(2, 2 + len(drafts) + 1))
     first = 1 + len(marker)  # row of the token after the marker

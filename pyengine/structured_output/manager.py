@@ -5,7 +5,8 @@ The engine's side of it, in the order of a request's life:
     so = StructuredOutputManager(tokenizer, vocab_size, max_rows=max_num_seqs * (1 + K))
     so.add_request(rid, options, prompt_ids)  # on arrival: validate (ValueError), start compiling
     so.poll(rid)                              # scheduler, each step: WAITING / READY / FAILED, never blocks
-    so.validate_drafts(rid, drafts)           # before scheduling drafts: the grammatical prefix
+    so.validate_drafts(rid, drafts)           # before scheduling drafts: grammatical prefix + first forbidden
+    so.end_of_output(rid, new_tokens)         # after sampling: how many of them precede the grammar's end
     batch = so.build_bitmask([(rid | None, num_rows, drafts), ...])   # after launching the forward
     apply_batch_bitmask(logits, batch)        # before sampling
     ok = so.accept_tokens(rid, new_tokens)    # after sampling; False = the grammar rejected a token
@@ -137,12 +138,47 @@ class StructuredOutputManager:
         return 0 if gate is None else gate.first_constrained(drafts)
 
     def validate_drafts(self, request_id: str, drafts: list[int]) -> list[int]:
-        """The longest prefix of ``drafts`` the grammar allows (reasoning tokens before the marker pass)."""
+        """The drafts to verify: the longest prefix the grammar allows (reasoning tokens before
+        the marker pass) and, unless the grammar ended within it, the first draft it does not
+        allow. That one is kept so that its position is verified like any rejected draft: its
+        masked row gives it probability 0, so it is rejected and the token there is drawn from
+        the residual max(0, p - q). Cutting it off instead would draw that token from p, which
+        is not the target law when the draft has probabilities (whether it was cut depends on
+        the draft's value)."""
         g = self._grammar(request_id)
         first = self._first(request_id, drafts)
         if first > len(drafts):
             return list(drafts)
-        return list(drafts[:first]) + g.validate_tokens(drafts[first:])
+        valid = g.validate_tokens(drafts[first:])
+        kept = first + len(valid)
+        if kept < len(drafts) and not self._ends_with(g, valid):
+            kept += 1
+        return list(drafts[:kept])
+
+    @staticmethod
+    def _ends_with(g: GrammarState, tokens: list[int]) -> bool:
+        """Whether the grammar, fed ``tokens`` from its state, has ended (state unchanged)."""
+        if not g.accept_tokens(tokens):
+            return False
+        ended = g.is_terminated()
+        g.rollback(len(tokens))
+        return ended
+
+    def end_of_output(self, request_id: str, tokens: list[int]) -> int:
+        """How many of ``tokens`` (emitted this step) the output keeps: all of them, or those up
+        to and including the one that ends the grammar (with speculative decoding, accepted
+        drafts and the bonus token can follow it: they are dropped, as plain decoding would
+        have stopped there). The state is unchanged."""
+        g = self._grammar(request_id)
+        first = self._first(request_id, tokens)
+        n = 0
+        for t in tokens[first:]:
+            if g.is_terminated() or not g.advance(t):
+                break
+            n += 1
+        ended = g.is_terminated()
+        g.rollback(n)
+        return first + n if ended else len(tokens)
 
     def build_bitmask(self, batch: list[tuple[str | None, int, list[int]]]) -> BatchBitmask | None:
         """Bitmask for a scheduled batch, rows in logits order.
