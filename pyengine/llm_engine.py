@@ -324,7 +324,7 @@ class LLMEngine:
         words = []
         for w in sp.bad_words or []:
             for variant in (w, " " + w):
-                ids = self.tokenizer.encode(variant)
+                ids = self.tokenizer.encode(variant, add_special_tokens=False)  # no BOS: never in the output
                 if ids and ids not in words:
                     words.append(ids)
         return words

@@ -302,6 +302,39 @@ def test_failed_grammar_of_an_n_sample_request_gives_one_output_per_step(tiny_ch
     eng.shutdown()
 
 
+def test_bos_adding_tokenizer_gives_one_bos_and_working_bad_words(tiny_checkpoint, tmp_path):  # noqa: F811
+    # a Llama-3-style tokenizer.json (its post-processor adds BOS) with a chat template that writes
+    # its own BOS: the chat prompt had two BOS, and every bad word was encoded as [BOS, word...],
+    # a sequence that never occurs in an output, so no bad word was ever banned
+    import json
+    import shutil
+
+    d = tmp_path / "bos"
+    shutil.copytree(tiny_checkpoint, d)
+    tj = json.loads((d / "tokenizer.json").read_text())
+    bos = {"SpecialToken": {"id": "<|im_start|>", "type_id": 0}}
+    tj["post_processor"] = {"type": "TemplateProcessing",
+                            "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
+                            "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                            "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [1], "tokens": ["<|im_start|>"]}}}
+    (d / "tokenizer.json").write_text(json.dumps(tj))
+    tc = json.loads((d / "tokenizer_config.json").read_text())
+    tc["bos_token"] = "<|im_start|>"
+    tc["chat_template"] = "{{ bos_token }}{% for m in messages %}{{ m['role'] + ': ' + m['content'] }}{% endfor %}"
+    (d / "tokenizer_config.json").write_text(json.dumps(tc))
+    llm = LLM(model=str(d), max_model_len=64)
+    tok = llm.tokenizer
+    assert tok.encode("hello")[:1] == [1] and tok.encode("hello")[1:2] != [1]     # BOS added to plain text
+    out = llm.generate([llm.chat_prompt("hello")], GREEDY)[0]
+    assert out.prompt_token_ids[:2] != [1, 1] and out.prompt_token_ids[:1] == [1]
+    first = out.outputs[0].token_ids[0]
+    word = tok.decode([first])
+    assert tok.encode(word, add_special_tokens=False) == [first]
+    banned = llm.generate([llm.chat_prompt("hello")],
+                          SamplingParams(temperature=0.0, max_tokens=GREEDY.max_tokens, bad_words=[word]))[0]
+    assert first not in banned.outputs[0].token_ids
+
+
 def test_stop_string_on_the_last_allowed_token_reports_stop(tiny_checkpoint):  # noqa: F811
     # a stop string completed by the max_tokens-th token: finish_reason "stop" (as vLLM), not "length"
     eng = engine(loaded_model(tiny_checkpoint, "cpu"), max_model_len=64)

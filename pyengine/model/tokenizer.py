@@ -137,13 +137,17 @@ class Tokenizer:
         """Token ids of ``text``; special-token strings in it (e.g. ``<|im_start|>``) map to their ids.
 
         ``add_special_tokens`` lets the tokenizer add its BOS (HF post-processor, or GGUF
-        ``add_bos_token``); pass False for text rendered by a chat template that has its own.
+        ``add_bos_token``), except to text that starts with it (rendered by a chat template
+        that writes its own): that text keeps one BOS, not two.
         """
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
-        if add_special_tokens and self.add_bos and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:
-            ids = [self.bos_token_id] + ids
+        bos = self.bos_token_id
+        if add_special_tokens and self.add_bos and bos is not None and ids[:1] != [bos]:
+            ids = [bos] + ids
+        if add_special_tokens and bos is not None and ids[:2] == [bos, bos] and text.startswith(self.id_to_token(bos)):
+            ids = ids[1:]  # the text has its BOS already (a chat template wrote it): not a second one
         return ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
