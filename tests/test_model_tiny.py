@@ -177,6 +177,35 @@ def test_llama3_8b_shapes_config():
     assert per_layer == 218_112_000  # Llama-3-8B: 4096*(4096+1024+1024+4096) + 3*4096*14336 + 2*4096
 
 
+def test_hf_dir_reads_the_indexed_shards_only(tiny_checkpoint, tmp_path):  # noqa: F811
+    """Mistral repos ship consolidated.safetensors (other names) beside the HF shards: it was read
+    too, and loading failed on its unknown tensors. The index's shards are read; a consolidated
+    file beside unindexed shards is skipped; a tensor in two files is an error."""
+    from safetensors.torch import load_file, save_file
+
+    want = load_model(tiny_checkpoint).model.state_dict()
+    tensors = load_file(os.path.join(tiny_checkpoint, "model.safetensors"))
+    names = sorted(tensors)
+    d = tmp_path / "sharded"
+    shutil.copytree(tiny_checkpoint, d)
+    os.remove(d / "model.safetensors")
+    half = len(names) // 2
+    shards = {"model-00001-of-00002.safetensors": names[:half], "model-00002-of-00002.safetensors": names[half:]}
+    for shard, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, str(d / shard))
+    save_file({"layers.0.attention.wq.weight": torch.zeros(4, 4)}, str(d / "consolidated.safetensors"))
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {k: shard for shard, keys in shards.items() for k in keys}}))
+    got = load_model(str(d)).model.state_dict()
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    os.remove(d / "model.safetensors.index.json")            # no index: the consolidated file is skipped
+    got = load_model(str(d)).model.state_dict()
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    save_file({names[0]: tensors[names[0]]}, str(d / "model-extra.safetensors"))
+    with pytest.raises(ValueError, match="are in another file"):
+        load_model(str(d))
+
+
 LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192}
 

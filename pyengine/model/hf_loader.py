@@ -13,22 +13,44 @@ from .safetensors_reader import read_safetensors_file
 from .tokenizer import Tokenizer
 
 
+def checkpoint_files(path: str) -> list[str]:
+    """The safetensors files of the checkpoint in ``path``: those ``model.safetensors.index.json``
+    lists when it exists, else every ``*.safetensors`` but ``consolidated*.safetensors`` (the
+    original-format copy Mistral repos ship beside the HF files) unless it is the only one."""
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.exists(index):
+        try:
+            with open(index) as f:
+                names = sorted(set(json.load(f)["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{index}: not a safetensors index with a weight_map ({e})") from e
+        return [os.path.join(path, n) for n in names]
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    hf = [f for f in files if not os.path.basename(f).startswith("consolidated")]
+    return hf or files
+
+
 def read_safetensors(path: str) -> dict[str, torch.Tensor]:
-    """All tensors of every ``*.safetensors`` file in ``path`` (CPU, stored dtype).
+    """All tensors of the checkpoint's safetensors files in ``path`` (``checkpoint_files``; CPU,
+    stored dtype). A tensor name found in two files is an error, not a silent overwrite.
 
     Read by safetensors_reader (standard library + torch), not the ``safetensors``
     package: loading through the package aborted the process ("free(): invalid pointer")
     with safetensors 0.8.0 + torch 2.11 on the GPU image.
     """
-    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    files = checkpoint_files(path)
     if not files:
         raise ValueError(f"{path}: no *.safetensors files (a HF-layout model directory needs them)")
     out: dict[str, torch.Tensor] = {}
     for f in files:
         try:
-            out.update(read_safetensors_file(f))
-        except ValueError as e:
+            tensors = read_safetensors_file(f)
+        except (OSError, ValueError) as e:
             raise ValueError(f"{f}: not a readable safetensors file ({e})") from e
+        twice = sorted(set(tensors) & set(out))
+        if twice:
+            raise ValueError(f"{f}: tensors {twice[:4]} are in another file of {path} too")
+        out.update(tensors)
     return out
 
 
