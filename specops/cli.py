@@ -92,7 +92,8 @@ _HELP = {
     "stop_token_ids": "stop after any of these token ids (comma-separated; repeatable)",
     "ignore_eos": "keep going past end-of-sequence tokens",
     "seed": "per-request seed (reproducible sampling)",
-    "logprobs": "print the log-probabilities of this many top tokens per step (stderr)",
+    "logprobs": "print the log-probabilities of this many top tokens per step (stderr; with "
+                "--prompts-file, a 'logprobs' list per sample in each output line)",
     "skip_special_tokens": "leave special tokens out of the text",
     "include_stop_str_in_output": "keep the stop string at the end of the text",
 }
@@ -127,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="token budget of a step (long prompts are prefilled in chunks)")
     e.add_argument("--block-size", type=int, default=None, metavar="N", help="tokens per KV-cache block")
     e.add_argument("--num-kv-blocks", type=int, default=None, metavar="N",
-                   help="KV-cache blocks (default: sized from max-num-seqs and max-model-len)")
+                   help="KV-cache blocks (default: room for max-num-seqs full contexts, capped by the KV memory "
+                        "budget: 512 MiB on CPU, half the free GPU memory on CUDA)")
     e.add_argument("--no-prefix-caching", action="store_true", help="do not reuse the KV blocks of shared prefixes")
     e.add_argument("--attn-backend", default=None, choices=["torch", "flashinfer"],
                    help="attention kernels (default: flashinfer on CUDA when installed, else torch)")
@@ -288,6 +290,12 @@ def _read_prompts(path: str) -> list[dict]:
     return items
 
 
+def _logprob_rows(logprobs) -> list[dict]:
+    """JSON rows of one sample's logprobs: token id, logprob, rank and the top-n {id: logprob}."""
+    return [{"token_id": lp.token_id, "logprob": lp.logprob, "rank": lp.rank,
+             "top": {str(t): v for t, v in lp.top.items()}} for lp in logprobs or []]
+
+
 def _generate_batch(llm, args, items: list[dict]) -> int:
     from specops.engine.sampling_params import SamplingParams
     names = set(SamplingParams.field_names())
@@ -316,6 +324,8 @@ def _generate_batch(llm, args, items: list[dict]) -> int:
                    "error": out.error}
             if len(out.outputs) > 1:
                 row["texts"] = [c.text for c in out.outputs]
+            if any(c.logprobs is not None for c in out.outputs):   # per sample, per output token
+                row["logprobs"] = [_logprob_rows(c.logprobs) for c in out.outputs]
             sink.write(json.dumps(row) + "\n")
     finally:
         if args.output:

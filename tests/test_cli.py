@@ -53,7 +53,7 @@ def test_generate_streams_and_reports_speed(tiny_checkpoint):  # noqa: F811
 def test_batch_file_with_a_bad_line(tiny_checkpoint, tmp_path):  # noqa: F811
     src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text("\n".join([json.dumps("plain string prompt"),
-                              json.dumps({"id": "b", "prompt": "with overrides", "max_tokens": 3}),
+                              json.dumps({"id": "b", "prompt": "with overrides", "max_tokens": 3, "logprobs": 2}),
                               json.dumps({"id": "c", "prompt": ""}),
                               json.dumps({"id": "d", "messages": [{"role": "user", "content": "hi"}]})]) + "\n")
     r = run_cli("--model", tiny_checkpoint, "--prompts-file", str(src), "--output", str(dst), "--max-tokens", "5",
@@ -65,6 +65,11 @@ def test_batch_file_with_a_bad_line(tiny_checkpoint, tmp_path):  # noqa: F811
     assert rows[2]["error"] and "empty" in rows[2]["error"]
     assert rows[3]["prompt"].startswith("<|im_start|>")
     assert "1 errors" in r.stderr
+    # a line's logprobs come in its output row (they were dropped in batch mode), one list per sample
+    [lps] = rows[1]["logprobs"]
+    assert [lp["token_id"] for lp in lps] == rows[1]["token_ids"]
+    assert all(lp["logprob"] <= 0 and lp["rank"] >= 1 and len(lp["top"]) == 2 for lp in lps)
+    assert "logprobs" not in rows[0]
 
 
 def test_exit_past_a_grammar_compile_that_timed_out(tiny_checkpoint, tmp_path):  # noqa: F811
