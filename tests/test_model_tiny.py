@@ -206,6 +206,29 @@ def test_hf_dir_reads_the_indexed_shards_only(tiny_checkpoint, tmp_path):  # noq
         load_model(str(d))
 
 
+def test_llama_with_attention_bias_has_an_o_proj_bias(tmp_path):
+    """HF's LlamaAttention with attention_bias=true gives q, k, v and o one bias each; the o
+    bias was not taken (loading failed on it). Paged forward = reference; = transformers'
+    logits where it is installed."""
+    import dataclasses
+
+    from specops.engine.model.random_checkpoint import tiny_config, write_random_checkpoint
+
+    config = dataclasses.replace(tiny_config(tie_word_embeddings=False), attention_bias=True, o_proj_bias=True)
+    path = write_random_checkpoint(str(tmp_path / "llama_bias"), config)
+    assert json.load(open(os.path.join(path, "config.json")))["attention_bias"] is True
+    lm = load_model(path)
+    assert lm.config.o_proj_bias and lm.model.layers[0].o_proj.bias is not None
+    [(toks, paged)] = run_schedule(lm.model, [list(range(3, 40))], 8, split=9)
+    ref = reference_forward(lm.model, toks)
+    torch.testing.assert_close(paged, ref, rtol=1e-4, atol=1e-4)
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+    with torch.no_grad():
+        theirs = hf(torch.tensor([toks])).logits[0]
+    torch.testing.assert_close(ref, theirs, rtol=1e-4, atol=1e-4)
+
+
 LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192}
 

@@ -36,7 +36,10 @@ class ModelConfig:
     architecture : str
         HF architecture name, e.g. ``"LlamaForCausalLM"``.
     attention_bias : bool
-        q/k/v projections carry biases (Qwen2).
+        q/k/v projections carry biases (Qwen2; Llama with ``attention_bias``).
+    o_proj_bias : bool
+        The output projection carries a bias too (Llama with ``attention_bias``: HF's
+        LlamaAttention gives all four projections one; Qwen2's has none).
     rope_interleaved : bool
         Rotate adjacent pairs (GPT-J/GGUF-llama style) instead of the two halves of each
         head (HF style). Must match how the q/k rows are ordered in the weights.
@@ -59,6 +62,7 @@ class ModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     architecture: str = "LlamaForCausalLM"
     attention_bias: bool = False
+    o_proj_bias: bool = False
     rope_interleaved: bool = False
     rope_scaling: dict | None = None
 
@@ -149,6 +153,7 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             architecture=arch,
             attention_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
+            o_proj_bias=arch == "LlamaForCausalLM" and bool(cfg.get("attention_bias", False)),
             rope_scaling=scaling,
         )
 

@@ -88,6 +88,8 @@ def hf_to_state_dict(config: ModelConfig, hf: dict[str, torch.Tensor], path: str
                 take(h + "self_attn.k_proj.bias", (kvs,)),
                 take(h + "self_attn.v_proj.bias", (kvs,))])
         sd[p + "o_proj.weight"] = take(h + "self_attn.o_proj.weight", (c.hidden_size, qs))
+        if c.o_proj_bias:
+            sd[p + "o_proj.bias"] = take(h + "self_attn.o_proj.bias", (c.hidden_size,))
         sd[p + "post_norm.weight"] = take(h + "post_attention_layernorm.weight", (c.hidden_size,))
         sd[p + "gate_up_proj.weight"] = torch.cat([
             take(h + "mlp.gate_proj.weight", (c.intermediate_size, c.hidden_size)),

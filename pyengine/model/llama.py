@@ -13,6 +13,7 @@ Parameter names (``state_dict`` of this module)::
     layers.{i}.qkv_proj.weight          [(heads + 2 * kv_heads) * head_dim, hidden]
     layers.{i}.qkv_proj.bias            [(heads + 2 * kv_heads) * head_dim]   (attention_bias only)
     layers.{i}.o_proj.weight            [hidden, heads * head_dim]
+    layers.{i}.o_proj.bias              [hidden]                              (o_proj_bias only)
     layers.{i}.post_norm.weight         [hidden]
     layers.{i}.gate_up_proj.weight      [2 * intermediate, hidden]  (gate rows first)
     layers.{i}.down_proj.weight         [hidden, intermediate]
@@ -44,6 +45,8 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         if c.attention_bias:
             shapes[p + "qkv_proj.bias"] = (qkv,)
         shapes[p + "o_proj.weight"] = (c.hidden_size, c.num_heads * c.head_dim)
+        if c.o_proj_bias:
+            shapes[p + "o_proj.bias"] = (c.hidden_size,)
         shapes[p + "post_norm.weight"] = (c.hidden_size,)
         shapes[p + "gate_up_proj.weight"] = (2 * c.intermediate_size, c.hidden_size)
         shapes[p + "down_proj.weight"] = (c.hidden_size, c.intermediate_size)
@@ -135,7 +138,7 @@ class LlamaDecoderLayer(nn.Module):
         self.scale = c.head_dim ** -0.5
         self.input_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype, device)
         self.qkv_proj = _Linear(self.q_size + 2 * self.kv_size, c.hidden_size, c.attention_bias, dtype, device)
-        self.o_proj = _Linear(c.hidden_size, self.q_size, False, dtype, device)
+        self.o_proj = _Linear(c.hidden_size, self.q_size, c.o_proj_bias, dtype, device)
         self.post_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype, device)
         self.gate_up_proj = _Linear(2 * c.intermediate_size, c.hidden_size, False, dtype, device)
         self.down_proj = _Linear(c.hidden_size, c.intermediate_size, False, dtype, device)

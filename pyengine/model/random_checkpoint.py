@@ -130,6 +130,8 @@ def random_hf_tensors(config: ModelConfig, dtype: torch.dtype = torch.float32, s
             if c.attention_bias:
                 t[p + f"self_attn.{name}_proj.bias"] = normal((rows,), 0.1)
         t[p + "self_attn.o_proj.weight"] = normal((c.hidden_size, qs), 1 / math.sqrt(qs))
+        if c.o_proj_bias:
+            t[p + "self_attn.o_proj.bias"] = normal((c.hidden_size,), 0.1)
         t[p + "post_attention_layernorm.weight"] = norm_w(c.hidden_size)
         t[p + "mlp.gate_proj.weight"] = normal((c.intermediate_size, c.hidden_size), 1 / math.sqrt(c.hidden_size))
         t[p + "mlp.up_proj.weight"] = normal((c.intermediate_size, c.hidden_size), 1 / math.sqrt(c.hidden_size))

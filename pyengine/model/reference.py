@@ -74,6 +74,8 @@ def reference_forward(model: LlamaForCausalLM, token_ids: list[int]) -> torch.Te
         v = v.repeat_interleave(group, dim=1)
         o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True)
         x = x + o.transpose(0, 1).reshape(n, qs) @ layer.o_proj.weight.T
+        if layer.o_proj.bias is not None:
+            x = x + layer.o_proj.bias
         h = _rms_norm(x, layer.post_norm.weight, c.rms_norm_eps)
         gate_up = h @ layer.gate_up_proj.weight.T
         gate, up = gate_up[:, :c.intermediate_size], gate_up[:, c.intermediate_size:]
