@@ -23,7 +23,7 @@
 #   ONLY_BENCH=ops,sampling      run only these benchmarks (names after bench_)
 #   TESTS="tests/test_x.py"      what pytest runs (default: tests)
 #   PYTEST_ARGS="-k cuda"        extra pytest arguments
-#   PYTEST_WORKERS=4             pytest-xdist workers (0 = serial)
+#   PYTEST_WORKERS=8             pytest-xdist workers (0 = serial; the whole suite took 496 s with 8)
 #   GPU_CHECK_BUDGET=540         seconds for the whole script (steps shrink to fit)
 #   TEST_TIMEOUT=240 BENCH_TIMEOUT=150 TEST_PER_TEST_TIMEOUT=120 BUILD_TIMEOUT=300
 #   FI_ALLOW_JIT=1               let FlashInfer JIT-compile a module that was not prebuilt
@@ -181,7 +181,7 @@ smoke() {
 tests() {
   local args=(-q -rfE -p no:cacheprovider --junitxml="$WORK/junit.xml" --durations=15)
   $PY -c "import pytest_timeout" 2>/dev/null && args+=(--timeout="${TEST_PER_TEST_TIMEOUT:-120}")
-  local workers=${PYTEST_WORKERS:-4}
+  local workers=${PYTEST_WORKERS:-8}
   if [ "$workers" != 0 ] && $PY -c "import xdist" 2>/dev/null; then args+=(-n "$workers"); fi
   echo "python -m pytest ${TESTS:-tests} ${args[*]} ${PYTEST_ARGS:-}"
   # shellcheck disable=SC2086
