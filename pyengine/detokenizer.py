@@ -33,7 +33,8 @@ class IncrementalDetokenizer:
         self.skip = skip_special_tokens
         self.stop = list(stop or [])
         self.include_stop = include_stop_str_in_output
-        self.hold = max((len(s) for s in self.stop), default=1) - 1
+        # text a stop string may still cut; none when the stop string stays in the output
+        self.hold = 0 if include_stop_str_in_output else max((len(s) for s in self.stop), default=1) - 1
         self.ids = list(prompt_token_ids[-_CONTEXT_TOKENS:])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
@@ -52,13 +53,16 @@ class IncrementalDetokenizer:
                 self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         return self._check_stop(start) if check_stop and self.stop and len(self.text) > start else None
 
-    def flush(self) -> None:
-        """At the end: add what is still pending (an incomplete UTF-8 tail decodes to U+FFFD)."""
+    def flush(self, check_stop: bool = True) -> str | None:
+        """At the end: add what is still pending (an incomplete UTF-8 tail decodes to U+FFFD);
+        return the stop string that ended the text in it, if one did (text is cut there)."""
+        start = len(self.text)
         if self.read_offset < len(self.ids):
             prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset], skip_special_tokens=self.skip)
             full = self.tokenizer.decode(self.ids[self.prefix_offset:], skip_special_tokens=self.skip)
             self.text += full[len(prefix):]
             self.prefix_offset = self.read_offset = len(self.ids)
+        return self._check_stop(start) if check_stop and self.stop and len(self.text) > start else None
 
     def _check_stop(self, start: int) -> str | None:
         best = None

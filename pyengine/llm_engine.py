@@ -389,10 +389,13 @@ class LLMEngine:
                 self.scheduler.finish_request(req, RequestStatus.FINISHED_STOPPED)
             elif stop is not None and req.status == RequestStatus.FINISHED_LENGTH:
                 req.status = RequestStatus.FINISHED_STOPPED     # the stop string came on the last token
+            if stop is None and req.is_finished:
+                # the text an incomplete UTF-8 tail held back: a stop string may end in it
+                stop = parent.detoks[idx].flush(check_stop=req.num_output_tokens > req.sampling_params.min_tokens)
+                if stop is not None and req.status in (RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED):
+                    req.status = RequestStatus.FINISHED_STOPPED
             if stop is not None:
                 req.stop_reason = stop
-            elif req.is_finished:
-                parent.detoks[idx].flush()
             touched[parent.request_id] = parent
         for parent in touched.values():
             if not parent.reported_final:
@@ -415,9 +418,9 @@ class LLMEngine:
         if not new:
             return None
         if len(new) == 1 or not sp.stop:
-            return detok.update(new, check_stop=req.num_output_tokens >= sp.min_tokens)
+            return detok.update(new, check_stop=req.num_output_tokens > sp.min_tokens)
         for j, tok in enumerate(new):
-            stop = detok.update([tok], check_stop=before + j + 1 >= sp.min_tokens)
+            stop = detok.update([tok], check_stop=before + j + 1 > sp.min_tokens)
             if stop is not None:
                 if before + j + 1 < req.num_output_tokens:
                     req.truncate_output(before + j + 1)

@@ -36,7 +36,8 @@ class SamplingParams:
         Words that are never completed: the last token of a word is banned when the output ends
         with the word's other tokens.
     min_tokens : int
-        End-of-sequence and stop tokens are banned until this many tokens were generated.
+        End-of-sequence and stop tokens are banned until this many tokens were generated, and a
+        stop string only counts when it ends in the text of a later token (as in vLLM).
     max_tokens : int or None
         Generate at most this many tokens (None: until the context is full).
     stop : list[str] or None

@@ -108,3 +108,19 @@ def test_incremental_detokenizer_unicode():
     for t in ids:
         hit = hit or detok.update([t])
     assert hit == "aus" and detok.text == "Grüße "
+
+
+def test_detokenizer_checks_stop_strings_in_the_flushed_tail_and_holds_nothing_when_kept():
+    tok = default_model("cpu").tokenizer
+    # token 459 is ' ' + half a character: its space waits for the character to complete, and
+    # came out only at the end, in flush(), which did not look for stop strings in it
+    assert tok.decode([459]).endswith("\ufffd")
+    detok = IncrementalDetokenizer(tok, [], stop=[" "])
+    assert detok.update([459]) is None and detok.text == ""
+    assert detok.flush() == " " and detok.text == ""
+    # with include_stop_str_in_output nothing is held back: text already out is never cut
+    ids = tok.encode("Grüße aus Köln")
+    for include, first_delta in ((True, tok.decode(ids[:1])), (False, "")):
+        detok = IncrementalDetokenizer(tok, [], stop=["zzzzzzzz"], include_stop_str_in_output=include)
+        detok.update(ids[:1])
+        assert detok.take_delta(finished=False) == first_delta

@@ -335,6 +335,22 @@ def test_bos_adding_tokenizer_gives_one_bos_and_working_bad_words(tiny_checkpoin
     assert first not in banned.outputs[0].token_ids
 
 
+def test_min_tokens_lets_a_stop_string_count_only_after_them(tiny_checkpoint):  # noqa: F811
+    # as in vLLM, a stop string counts when it ends in the text of token min_tokens + 1 or later
+    # (as EOS and stop tokens may come at token min_tokens + 1 at the earliest); it counted from
+    # token min_tokens, so min_tokens=1 was min_tokens=0
+    eng = engine(loaded_model(tiny_checkpoint, "cpu"))
+    prompt = eng.tokenizer.encode("The capital of")
+    [plain] = run_all(eng, [prompt], [GREEDY])
+    word = eng.tokenizer.decode(plain.outputs[0].token_ids[:1])
+    assert word.strip() and eng.tokenizer.decode(plain.outputs[0].token_ids[:4]) == word * 4  # it repeats
+    for m in (0, 1, 2):
+        sp = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, stop=[word.strip()], min_tokens=m)
+        [out] = run_all(engine(loaded_model(tiny_checkpoint, "cpu")), [prompt], [sp])
+        assert len(out.outputs[0].token_ids) == m + 1 and out.outputs[0].stop_reason == word.strip()
+        assert out.outputs[0].finish_reason == "stop"
+
+
 def test_stop_string_on_the_last_allowed_token_reports_stop(tiny_checkpoint):  # noqa: F811
     # a stop string completed by the max_tokens-th token: finish_reason "stop" (as vLLM), not "length"
     eng = engine(loaded_model(tiny_checkpoint, "cpu"), max_model_len=64)
