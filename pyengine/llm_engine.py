@@ -58,8 +58,9 @@ class LLMEngine:
     StructuredOutputManager's worker pool while the request waits in the scheduler's
     ``blocked`` set (other requests are admitted past it); a compile error or timeout fails
     that request alone. Drafts are cut after the first one the grammar forbids (verified,
-    so rejected by its masked row) before they are scheduled; the runner masks every sampling row (1 + K for a speculating request); the
-    grammar advances with the tokens emitted, and its termination ends the request.
+    so rejected by its masked row) before they are scheduled; the runner masks every
+    sampling row (1 + K for a speculating request); the grammar advances with the tokens
+    emitted, and its termination ends the request (tokens after it are dropped).
     """
 
     def __init__(self, config: EngineConfig | None = None, loaded=None, draft_loaded=None, **kwargs):
@@ -391,9 +392,11 @@ class LLMEngine:
                 req.status = RequestStatus.FINISHED_STOPPED     # the stop string came on the last token
             if stop is None and req.is_finished:
                 # the text an incomplete UTF-8 tail held back: a stop string may end in it
-                stop = parent.detoks[idx].flush(check_stop=req.num_output_tokens > req.sampling_params.min_tokens)
-                if stop is not None and req.status in (RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED):
-                    req.status = RequestStatus.FINISHED_STOPPED
+                past_min = req.num_output_tokens > req.sampling_params.min_tokens
+                tail_stop = parent.detoks[idx].flush(check_stop=past_min)
+                if tail_stop is not None and req.status in (RequestStatus.FINISHED_LENGTH,
+                                                            RequestStatus.FINISHED_STOPPED):
+                    req.status, stop = RequestStatus.FINISHED_STOPPED, tail_stop
             if stop is not None:
                 req.stop_reason = stop
             touched[parent.request_id] = parent
