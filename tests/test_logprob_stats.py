@@ -222,3 +222,15 @@ def test_bad_arguments_are_refused_before_any_launch():
         compute_logprobs("raw_logprobs", 51, tokens, raw_logits=logits)
     with pytest.raises(ValueError, match="processed_logprobs needs processed_logits"):
         compute_logprobs("processed_logprobs", 2, tokens, raw_logits=logits)
+
+
+def test_tied_top1_is_the_first_index_and_int32_tokens_are_taken(device):
+    """Both backends name the first of tied maxima as the top-1 (torch.topk ordered ties
+    freely on CPU: another index in most small rows), and the Triton one takes int32 tokens
+    as compute_logprobs documents (it failed with a bare AssertionError)."""
+    scores = torch.tensor([[float(v) for v in "0120212010221002120120201201221"]], device=device)
+    for dtype in (torch.int64, torch.int32):
+        tok = torch.tensor([0], dtype=dtype, device=device)
+        for backend in ("torch", "triton"):
+            out = compute_logprobs("raw_logprobs", 1, tok, raw_logits=scores, backend=backend)
+            assert out.token_ids[0].tolist() == [0, 2], (backend, dtype)

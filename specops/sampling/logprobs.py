@@ -66,8 +66,12 @@ def gather_logprobs(
     tok = tokens.clamp(min=0).unsqueeze(1)
     chosen = scores.gather(1, tok)                                    # [R, 1]
     ranks = (scores > chosen).sum(dim=-1) + 1
-    top_v, top_i = (scores.topk(n, dim=-1) if n > 0 else
-                    (scores[:, :0], torch.zeros(R, 0, dtype=torch.int64, device=scores.device)))
+    if n == 1:   # argmax: the first of tied maxima, as the Triton path (topk orders ties freely)
+        top_i = scores.argmax(dim=-1, keepdim=True)
+        top_v = scores.gather(1, top_i)
+    else:
+        top_v, top_i = (scores.topk(n, dim=-1) if n > 0 else
+                        (scores[:, :0], torch.zeros(R, 0, dtype=torch.int64, device=scores.device)))
     vals = torch.cat([chosen, top_v], dim=1)
     if threshold is not None:
         vals = torch.where(vals >= threshold.unsqueeze(1), vals, torch.full_like(vals, float("-inf")))
@@ -103,7 +107,8 @@ def gather_logprobs_triton(
     vals = torch.empty(R, n + 1, dtype=torch.float32, device=dev)
     ranks = torch.empty(R, dtype=torch.int64, device=dev)
     lse = torch.empty(R, dtype=torch.float32, device=dev)
-    logprob_stats(scores, tokens.contiguous(), ids, vals, ranks, lse, log_norm=log_norm, top1=n == 1)
+    logprob_stats(scores, tokens.to(torch.int64).contiguous(), ids, vals, ranks, lse, log_norm=log_norm,
+                  top1=n == 1)
     if n >= 2:
         top_v, top_i = scores.topk(n, dim=-1)
         top_v = top_v.float()
