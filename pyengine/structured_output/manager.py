@@ -149,35 +149,32 @@ class StructuredOutputManager:
         first = self._first(request_id, drafts)
         if first > len(drafts):
             return list(drafts)
-        valid = g.validate_tokens(drafts[first:])
-        kept = first + len(valid)
-        if kept < len(drafts) and not self._ends_with(g, valid):
+        n, ended = self._accepted_prefix(g, drafts[first:])
+        kept = first + n
+        if kept < len(drafts) and not ended:
             kept += 1
         return list(drafts[:kept])
 
     @staticmethod
-    def _ends_with(g: GrammarState, tokens: list[int]) -> bool:
-        """Whether the grammar, fed ``tokens`` from its state, has ended (state unchanged)."""
-        if not g.accept_tokens(tokens):
-            return False
+    def _accepted_prefix(g: GrammarState, tokens: list[int]) -> tuple[int, bool]:
+        """How many leading ``tokens`` the grammar accepts from its state (it accepts none
+        after its end), and whether it has ended after them. The state is unchanged."""
+        n = 0
+        for t in tokens:
+            if not g.advance(t):
+                break
+            n += 1
         ended = g.is_terminated()
-        g.rollback(len(tokens))
-        return ended
+        g.rollback(n)
+        return n, ended
 
     def end_of_output(self, request_id: str, tokens: list[int]) -> int:
         """How many of ``tokens`` (emitted this step) the output keeps: all of them, or those up
         to and including the one that ends the grammar (with speculative decoding, accepted
         drafts and the bonus token can follow it: they are dropped, as plain decoding would
         have stopped there). The state is unchanged."""
-        g = self._grammar(request_id)
         first = self._first(request_id, tokens)
-        n = 0
-        for t in tokens[first:]:
-            if g.is_terminated() or not g.advance(t):
-                break
-            n += 1
-        ended = g.is_terminated()
-        g.rollback(n)
+        n, ended = self._accepted_prefix(self._grammar(request_id), tokens[first:])
         return first + n if ended else len(tokens)
 
     def build_bitmask(self, batch: list[tuple[str | None, int, list[int]]]) -> BatchBitmask | None:
