@@ -1349,3 +1349,19 @@ def test_pass1_buffers_do_not_depend_on_block_grouping(V):
     for run in runs[1:]:
         for name, a, b in zip(("tile_max", "tile_sum", "part_f", "hist", "hist_top"), run, runs[0]):
             assert torch.equal(a, b), name
+
+
+def test_a_maximum_of_negative_zero_keeps_its_ties_in_the_exact_search():
+    """The exact search's first bound is one key above the row's maximum: for -0.0 that key was
+    +0.0's, which the tied -0.0 tokens (equal to +0.0) reach, so they were never counted and a
+    token below them was drawn (top_k=1 drew a -1.0 logit). Same tokens as the reference."""
+    logits = torch.full((1, 40), -0.0)
+    logits[0, ::5] = -1.0                                   # 32 tokens at -0.0 (the max), 8 at -1.0
+    args = (torch.tensor([1.0]), torch.tensor([1], dtype=torch.int32), None, None, torch.tensor([3]),
+            torch.tensor([0]))
+    paths = {}
+    got = sample(logits, *args, backend="triton", cap=16, paths=paths)
+    want = sample(logits, *args, backend="torch")
+    assert paths["mode"].tolist() == [5]                    # the exact search decided the row
+    assert got.tokens.tolist() == want.tokens.tolist() and logits[0, got.tokens.item()] == 0.0
+    assert got.threshold.item() == want.threshold.item() == 0.0

@@ -117,8 +117,9 @@ def unpack_key(p):
 
 @triton.jit
 def float_key(x):
-    """fp32 -> int32 whose signed order is the float order."""
-    b = x.to(tl.int32, bitcast=True)
+    """fp32 -> int32 whose signed order is the float order; -0.0 maps to +0.0's key (they
+    compare equal: a bound one key above a maximum of -0.0 must be above +0.0 too)."""
+    b = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
     return tl.where(b >= 0, b, b ^ 0x7FFFFFFF)
 
 
