@@ -24,6 +24,7 @@ from specops.engine.model.llama import LlamaForCausalLM
 from specops.engine.model.loader import LoadedModel
 from specops.engine.model.random_checkpoint import random_hf_tensors, tiny_config
 from specops.engine.sampling_params import SamplingParams
+from specops.sampling.logits_processors.interface import LogitsProcessor, process_dict_updates
 
 VOCAB = 16
 EOS = 2
@@ -249,3 +250,57 @@ def test_power_target_rows_without_earlier_drafts_are_caught(monkeypatch):
     monkeypatch.setattr(RejectionSampler, "_count_drafts", staticmethod(lambda *args: None))
     bad = samples("forgetful-draft", processed=True, spec="draft", cache=False)
     assert min(p_values(bad, samples("plain-processed", processed=True))) < ALPHA
+
+
+class NanAfter(LogitsProcessor):
+    """Custom processor: a NaN in every row of a request with extra_args["nan_after"] = n once n
+    output tokens (committed + earlier drafts) precede the row: the model 'fails' there."""
+
+    def __init__(self, max_num_reqs, vocab_size, device="cpu"):
+        super().__init__(max_num_reqs, vocab_size, device)
+        self.limits = {}
+
+    def is_argmax_invariant(self):
+        return False
+
+    def update_state(self, batch_update):
+        process_dict_updates(self.limits, batch_update, lambda params, prompt, out: params.extra_args.get("nan_after"))
+
+    def apply(self, logits, rows=None):
+        for r in range(logits.shape[0]):
+            limit = self.limits.get(rows.req_indices[r])
+            if limit is not None and rows.num_output_tokens[r] >= limit:
+                logits[r, 1] = float("nan")
+        return logits
+
+
+@pytest.mark.parametrize("spec", [None, "ngram", "draft"])
+def test_nan_logits_at_a_draft_fail_only_that_request(spec):
+    """A request whose target rows turn NaN from its 3rd output token on fails with the tokens
+    before it kept; its seeded neighbours' tokens are those of a run without it (random rows,
+    so the RejectionSampler's kernels, not the greedy shortcut, verify the drafts)."""
+    cfg = dict(max_model_len=64, seed=7, logits_processors=[NanAfter])
+    if spec is not None:
+        cfg.update(spec_method=spec, num_spec_tokens=3)
+    draft = small_model(0.2) if spec == "draft" else None
+
+    def run(poisoned: bool) -> dict:
+        eng = LLMEngine(EngineConfig(**cfg), loaded=small_model(), draft_loaded=draft)
+        ids = [eng.add_request(prompt(), SamplingParams(temperature=1.0, max_tokens=LEN + 4, ignore_eos=True, seed=i))
+               for i in range(3)]
+        if poisoned:
+            ids.append(eng.add_request(prompt(), SamplingParams(temperature=1.0, max_tokens=LEN + 4, ignore_eos=True,
+                                                                seed=9, extra_args={"nan_after": 2})))
+        done = {}
+        while eng.has_unfinished_requests():
+            for out in eng.step():
+                if out.finished:
+                    done[out.request_id] = out
+        assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
+        return [done[i] for i in ids]
+
+    clean, mixed = run(False), run(True)
+    assert [o.token_ids for o in mixed[:3]] == [o.token_ids for o in clean] and all(o.error is None for o in mixed[:3])
+    bad = mixed[3]
+    assert bad.error is not None and "NaN" in bad.error and bad.outputs[0].finish_reason == "error"
+    assert len(bad.token_ids) == 2, bad.token_ids

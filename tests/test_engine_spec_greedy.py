@@ -311,8 +311,8 @@ def test_greedy_verify_matches_rejection_sample():
             r += n + 1
             row = ours[i].tolist()
             assert row[:len(expect)] == expect and all(t == -1 for t in row[len(expect):]), (row, expect)
-            if -1 not in expect:
-                assert parse_output(ref[i:i + 1])[0] == expect
+            # an invalid row ends the kernels' output there too (nothing emitted at it)
+            assert parse_output(ref[i:i + 1])[0] == [t for t in expect if t != -1]
 
 
 def test_cli_spec_prints_metrics(untied, capsys):

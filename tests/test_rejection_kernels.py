@@ -398,6 +398,62 @@ def test_invalid_drafts_are_rejected(device):
 
 
 
+def _poison(row: torch.Tensor, kind: str) -> None:
+    """Make a logits row invalid: a NaN, a +inf, or nothing above -inf."""
+    if kind == "nan":
+        row[3] = float("nan")
+    elif kind == "inf":
+        row[row.shape[0] - 1] = float("inf")
+    else:
+        row.fill_(float("-inf"))
+
+
+@pytest.mark.parametrize("kind", ["nan", "inf", "all_neg_inf"])
+@pytest.mark.parametrize("greedy", [True, False, "mixed"])
+@pytest.mark.parametrize("draft_probs", [False, True])
+def test_an_invalid_target_row_ends_its_request_there(device, kind, greedy, draft_probs):
+    # Every draft is its row's argmax (accepted under greedy, and with probability p(x) >= ~1
+    # otherwise); row 1 of request 0 and row 0 of request 1 are invalid. The outputs stop right
+    # before them (request 0 keeps its accepted draft 0), -1 there, whatever the backend, the
+    # greedy mode and the draft probs; request 2 is untouched.
+    vocab = 300
+    logits = torch.full((7, vocab), -30.0, device=device)
+    drafts = torch.tensor([5, 6, 7, 8, 9, 10, 11], device=device)
+    logits[torch.arange(7), drafts] = 30.0
+    _poison(logits[1], kind)
+    _poison(logits[3], kind)
+    cu = torch.tensor([3, 5, 7], device=device)
+    bonus = torch.tensor([1, 2, 3], device=device)
+    is_greedy = torch.tensor([True, False, True], device=device) if greedy == "mixed" else greedy
+    kw = dict(is_greedy=is_greedy, temperature=torch.full((3,), 0.7, device=device))
+    if draft_probs:
+        kw["draft_probs"] = torch.softmax(logits.nan_to_num(0.0, 0.0, 0.0) * 0 + 1.0, dim=1)   # uniform q
+    want = [[5, -1, -1, -1], [-1, -1, -1, -1], [10, 11, 3, -1]]
+    for backend in ("triton", "torch"):
+        out = rejection_sample(logits, drafts, cu, 3, bonus, backend=backend, **kw)
+        assert out.tolist() == want, (backend, out.tolist())
+
+
+@pytest.mark.parametrize("draft_probs", [False, True])
+def test_invalid_rows_match_reference_in_random_batches(device, draft_probs):
+    # random batches with invalid rows at random places, a threshold that is NaN on some rows
+    # (what the Sampler's threshold pass gives an invalid row) and below the max on the others
+    gen = torch.Generator(device=device).manual_seed(7)
+    for trial in range(3):
+        args, kw = make_case([3, 1, 4, 0, 2, 3], 257, device=device, draft_probs=draft_probs, gen=gen,
+                             correct_frac=0.8)
+        logits = args[0]
+        bad = torch.randperm(logits.shape[0], generator=gen, device=device)[:4]
+        for r, kind in zip(bad.tolist(), ["nan", "inf", "all_neg_inf", "nan"]):
+            _poison(logits[r], kind)
+        thr = torch.full((logits.shape[0],), -4.0, device=device)
+        thr[bad[3]] = float("nan")
+        inv_t = torch.full((logits.shape[0],), 1.0, device=device)
+        kw.pop("temperature")
+        out = check_same(args, kw, threshold=thr, inv_temperature=inv_t)
+        assert (out == -1).any(), trial
+
+
 def test_int64_draft_ids_past_int32_are_rejected(device):
     # 2**32 + 2 and -(2**32) + 2 wrap to the likely token 2 in 32 bits; 2**31 to a negative id
     # (the kernels read the int64 ids as they are: no clamp before the launch)

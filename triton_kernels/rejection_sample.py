@@ -143,11 +143,11 @@ def _valid_draft(x, vocab_size):
 @triton.jit
 def _load_scaled(row_ptr, t, limit, inv_t, thr, HAS_THRESHOLD: tl.constexpr):
     """Mask t < limit and scaled logits l * (1/T) of tokens t (any shape): -inf outside the mask
-    and, with HAS_THRESHOLD, below thr."""
+    and, with HAS_THRESHOLD, below thr (a NaN stays NaN: it makes its row invalid)."""
     mask = t < limit
     v = tl.load(row_ptr + t, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
     if HAS_THRESHOLD:
-        v = tl.where(v >= thr, v, float("-inf"))
+        v = tl.where((v >= thr) | (v != v), v, float("-inf"))
     return mask, v
 
 
@@ -167,6 +167,12 @@ def _merge_block_max(v, t, best, best_t):
     bm = tl.max(tl.max(v, 1), 0)
     bi = tl.min(tl.min(tl.where(v == bm, t, _INT_MAX), 1), 0)
     return tl.maximum(best, bm), tl.where(bm > best, bi, best_t)
+
+
+@triton.jit
+def _max3(v):
+    """Max of a 3-D block."""
+    return tl.max(tl.max(tl.max(v, 2), 1), 0)
 
 
 @triton.jit
@@ -265,8 +271,10 @@ def _accept_rows(part_m_ptr, part_s_ptr, part_idx_ptr, rr, n, rmask, jj, x, lx, 
                  GREEDY_MODE: tl.constexpr):
     """Acceptance of a request's draft rows from pass 1's chunk partials: greedy rows accept x
     == argmax, random ones p(x) >= u q(x) with p(x) = exp(l_x * (1/T) - row max) / row sum.
-    Returns (num_accepted, rejected, first_rej, argmax, row max (0 for an all -inf row), row
-    sum); the last three [OUT_BLOCK]."""
+    An invalid row (a NaN or +inf scaled logit, or none above -inf) accepts nothing: it ends
+    its request's output (the caller writes -1 there). Returns (num_accepted, rejected,
+    first_rej, argmax, row max (0 for an all -inf row), row sum, row_ok); the last four
+    [OUT_BLOCK]."""
     ss = tl.arange(0, SPLIT_BLOCK)
     m2 = rmask[:, None] & (ss < NUM_SPLITS)[None, :]
     poff = jj[:, None] * NUM_SPLITS + ss[None, :]
@@ -279,7 +287,12 @@ def _accept_rows(part_m_ptr, part_s_ptr, part_idx_ptr, rr, n, rmask, jj, x, lx, 
     m_safe = tl.where(row_max == float("-inf"), 0.0, row_max)
     row_sum = tl.zeros_like(m_safe)
     if GREEDY_MODE == 1:
-        accepted = acc_greedy
+        # pass 1 stored NaN flags instead of sums; +inf and all -inf show in the max (a NaN max,
+        # where a max propagates NaN, fails too)
+        flags = tl.load(part_s_ptr + poff, mask=m2, other=1.0)
+        row_ok = (tl.sum((flags != flags).to(tl.int32), 1) == 0) & (row_max > float("-inf")) & \
+            (row_max < float("inf"))
+        accepted = acc_greedy & row_ok
     else:
         # the chunks' sums added in chunk order, one column at a time: a tl.sum over the
         # [OUT_BLOCK, SPLIT_BLOCK] tile would add them in an order set by the compiler's layout
@@ -289,11 +302,12 @@ def _accept_rows(part_m_ptr, part_s_ptr, part_idx_ptr, rr, n, rmask, jj, x, lx, 
             ps_k = tl.load(part_s_ptr + jj * NUM_SPLITS + k, mask=rmask, other=0.0)
             row_sum = row_sum + ps_k * tl.exp(pm_k - m_safe)
         row_sum = tl.where(rmask, row_sum, 1.0)
+        row_ok = row_sum > 0.0   # NaN (a NaN or +inf logit) and 0 (every logit -inf) fail
         p_x = tl.exp(lx - m_safe) / row_sum
         acc_random = valid & (p_x > 0.0) & (p_x >= u * q_x)
-        accepted = tl.where(greedy, acc_greedy, acc_random)
+        accepted = tl.where(greedy, acc_greedy, acc_random) & row_ok
     first_rej = tl.min(tl.where(rmask & (accepted == 0), rr, OUT_BLOCK), 0)
-    return tl.minimum(first_rej, n), first_rej < n, first_rej, argmax, m_safe, row_sum
+    return tl.minimum(first_rej, n), first_rej < n, first_rej, argmax, m_safe, row_sum, row_ok
 
 
 @triton.jit
@@ -356,7 +370,8 @@ def _chunk_stats_lanes(row_ptr, chunk0, limit, x, inv_t, thr, CHUNK: tl.constexp
     inside the loop), and the lanes are combined once at the end. A step is min(BLOCK, SUB)
     tokens, so it lies in one sub-chunk. With NEED_SX the lanes leave x out of their sums
     (sx is summed directly: no cancellation) and x's term is added to its sub-chunk's sum
-    at the end."""
+    at the end. All greedy (GREEDY_MODE 1, no sums), nan_seen says whether a token is NaN
+    (the sums carry that otherwise: NaN)."""
     STEP: tl.constexpr = min(BLOCK, SUB)
     L: tl.constexpr = min(LANES, STEP)
     SPC: tl.constexpr = CHUNK // SUB
@@ -370,6 +385,7 @@ def _chunk_stats_lanes(row_ptr, chunk0, limit, x, inv_t, thr, CHUNK: tl.constexp
     m_l = tl.full([L], float("-inf"), tl.float32)
     am_l = tl.zeros([L], tl.int32)
     s_l = tl.zeros([SPC, L], tl.float32)
+    nan_l = tl.zeros([L], tl.int32)
     for off in range(0, CHUNK, STEP):
         base = chunk0 + off
         pos = rr * L + lane[None, :]                        # [STEP // L, L] tokens base + pos
@@ -380,7 +396,9 @@ def _chunk_stats_lanes(row_ptr, chunk0, limit, x, inv_t, thr, CHUNK: tl.constexp
             bi = base + tl.min(tl.where(v == bm[None, :], rr, STEP // L), 0) * L + lane
             am_l = tl.where(bm > m_l, bi, am_l)
         m_new = tl.maximum(m_l, bm)
-        if GREEDY_MODE != 1:
+        if GREEDY_MODE == 1:
+            nan_l = tl.maximum(nan_l, tl.max((v != v).to(tl.int32), 0))
+        else:
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             e = tl.exp(v - m_safe[None, :])
             if NEED_SX:
@@ -400,7 +418,7 @@ def _chunk_stats_lanes(row_ptr, chunk0, limit, x, inv_t, thr, CHUNK: tl.constexp
         if x_k < SPC:
             _, vx = _load_scaled(row_ptr, x, limit, inv_t, thr, HAS_THRESHOLD)
             s_sub = tl.where(ls == x_k, sx + tl.exp(vx - m_safe), s_sub)
-    return m, am, s_sub, sx
+    return m, am, s_sub, sx, tl.max(nan_l, 0)
 
 
 @triton.jit(do_not_specialize=["num_target_rows", "engine_seed"])
@@ -473,8 +491,9 @@ def _rejection_sample_kernel(
         kbi = tl.zeros([SPC], tl.int32)
         chunk0 = split * CHUNK
         limit = tl.minimum(vocab_size, chunk0 + CHUNK)   # t < limit: in the vocabulary and the chunk
+        nan_seen = tl.full([], 0, tl.int32)     # GREEDY_MODE 1: a NaN token in the chunk
         if LANES > 0:
-            m, am, s_lanes, sx_lanes = _chunk_stats_lanes(row_ptr, chunk0, limit, x, inv_t, thr, CHUNK, SUB, BLOCK,
+            m, am, s_lanes, sx_lanes, nan_seen = _chunk_stats_lanes(row_ptr, chunk0, limit, x, inv_t, thr, CHUNK, SUB, BLOCK,
                                                           LANES, HAS_THRESHOLD, GREEDY_MODE, NEED_SX)
             s_sub = s_lanes
             sx = tl.where(ls == (x % CHUNK) // SUB, sx_lanes, 0.0)
@@ -488,6 +507,8 @@ def _rejection_sample_kernel(
                 m, s_sub, sx, am, kb, kbi = _reduce_tile(t, mask, v, x, seed_r, pos_r, base, bb, kk, ww,
                                                          (off + bb * SB) // SUB, ls, m, s_sub, sx, am, kb, kbi,
                                                          greedy, BLOCK, SB, GREEDY_MODE, NEED_SX, FUSE_RACE)
+                if GREEDY_MODE == 1:
+                    nan_seen = tl.maximum(nan_seen, _max3((v != v).to(tl.int32)))
                 t, mask, v = t + BLOCK, maskn, vn
         else:
             for off in range(0, CHUNK, BLOCK):
@@ -497,6 +518,8 @@ def _rejection_sample_kernel(
                 m, s_sub, sx, am, kb, kbi = _reduce_tile(t, mask, v, x, seed_r, pos_r, base, bb, kk, ww,
                                                          (off + bb * SB) // SUB, ls, m, s_sub, sx, am, kb, kbi,
                                                          greedy, BLOCK, SB, GREEDY_MODE, NEED_SX, FUSE_RACE)
+                if GREEDY_MODE == 1:
+                    nan_seen = tl.maximum(nan_seen, _max3((v != v).to(tl.int32)))
         p = j * NUM_SPLITS + split
         tl.store(part_m_ptr + p, m)
         tl.store(part_idx_ptr + p, am)
@@ -505,6 +528,8 @@ def _rejection_sample_kernel(
         if GREEDY_MODE != 1:
             tl.store(part_s_ptr + p, tl.sum(s_sub, 0))   # the chunk's sum: its sub-chunks', in a fixed order
             tl.store(part_sub_ptr + ps, s_sub, mask=smask)
+        else:
+            tl.store(part_s_ptr + p, tl.where(nan_seen > 0, float("nan"), 1.0))   # no sums: NaN flags only
         if FUSE_RACE:
             tl.store(part_kidx_ptr + ps, kbi, mask=smask)
         if split == 0:
@@ -587,9 +612,11 @@ def _rejection_finalize_kernel(
                             other=float("-inf"))
             sub_s = tl.load(part_sub_ptr + jj[:, None] * NUM_SUBS + kk[None, :], mask=tmask, other=0.0)
             sx = tl.load(part_sx_ptr + jj, mask=rmask & (x >= 0), other=0.0)
-        num_accepted, rejected, first_rej, argmax, m_safe, row_sum = _accept_rows(
+        num_accepted, rejected, first_rej, argmax, m_safe, row_sum, row_ok = _accept_rows(
             part_m_ptr, part_s_ptr, part_idx_ptr, rr, n, rmask, jj, x, lx, q_x, u, greedy,
             NUM_SPLITS, SPLIT_BLOCK, OUT_BLOCK, GREEDY_MODE)
+        at_rej = rr == first_rej
+        rej_ok = tl.max(tl.where(at_rej, row_ok, 0).to(tl.int32), 0) > 0   # rejected, not invalid
         recovered = tl.full([], 0, tl.int32)                       # no mass: as torch.argmax
         if HAS_DRAFT_PROBS:
             recovered = tl.full([], -1, tl.int32)                  # -1: rejection_recover writes it
@@ -597,7 +624,7 @@ def _rejection_finalize_kernel(
             # no draft probs: the two-level race of the rejected random row right here (its
             # sub-chunk masses are pass 1's partials), level 2 over the chosen sub-chunk's tokens,
             # or that sub-chunk's winner which pass 1 already found (FUSE_RACE)
-            if rejected & (greedy == 0):
+            if rejected & (greedy == 0) & rej_ok:
                 sel = rr == first_rej
                 j_rej = start + first_rej
                 x_rej = tl.max(tl.where(sel, x, -1), 0)
@@ -617,15 +644,14 @@ def _rejection_finalize_kernel(
                         thr_j = tl.max(tl.where(sel, thr, float("-inf")), 0)
                         recovered = _race_chunk_tokens(logits_ptr + row * logits_stride, c, x_rej, inv_t_j, thr_j,
                                                        seed_j, pos_j, vocab_size, SUB, RACE_BLOCK, HAS_THRESHOLD)
-        fill = tl.where(greedy, argmax, recovered)
-        at_rej = rr == first_rej
+        fill = tl.where(row_ok, tl.where(greedy, argmax, recovered), -1)   # an invalid row ends the output
         token = tl.sum(tl.where(at_rej, fill, 0), 0)
         _write_row(out_ptr, out_stride, req, rr, x, num_accepted, rejected, token, bonus, MAX_K)
         if HAS_DRAFT_PROBS:
             # the one row whose recovered token rejection_recover must draw, and its softmax
             # statistics (-inf without a rejection: not read then); picked by a max, not a sum, so
             # that no float sum's order depends on the launch (num_warps)
-            tl.store(rec_j_ptr + req, tl.where(rejected & (greedy == 0), start + first_rej, -1))
+            tl.store(rec_j_ptr + req, tl.where(rejected & (greedy == 0) & rej_ok, start + first_rej, -1))
             tl.store(rec_ms_ptr + req * 2, tl.max(tl.where(at_rej, m_safe, float("-inf")), 0))
             tl.store(rec_ms_ptr + req * 2 + 1, tl.max(tl.where(at_rej, row_sum, float("-inf")), 0))
 

@@ -78,6 +78,10 @@ def rejection_sample(
       specops.triton_kernels.rejection_sample);
     - a draft id outside [0, V) (e.g. -1 padding) is always rejected; the token emitted
       there is drawn from p (greedy: the argmax);
+    - an invalid target row (a NaN or +inf logit after scaling, or no logit above -inf,
+      e.g. below the threshold; as the Sampler's invalid rows) accepts nothing and emits
+      nothing: the request's output ends before it (-1 there), its earlier accepted drafts
+      kept. A caller sees it as a row of accepted drafts only (no recovered or bonus token);
     - when every draft is accepted, ``bonus_token_ids[r]`` is appended.
 
     The output row is the emitted tokens followed by -1. Uniforms come from

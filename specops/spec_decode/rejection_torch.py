@@ -68,8 +68,8 @@ def rejection_sample_torch(
     """Reference of ``specops.spec_decode.rejection_sample``; same arguments and output.
 
     Every draft row is decided independently (accept or the token it would emit on
-    rejection); a request then emits its rows up to and including its first rejection,
-    or all of them and the bonus token.
+    rejection; an invalid row: -1); a request then emits its rows up to and including its
+    first rejection, or all of them and the bonus token.
     """
     device = logits.device
     num_reqs = cu_num_draft_tokens.shape[0]
@@ -100,8 +100,11 @@ def rejection_sample_torch(
     scaled = rows * inv[:, None]                        # fp32, as the kernels and the Sampler scale
     if threshold is not None:
         thr = torch.where(greedy, float("-inf"), threshold.float())
-        scaled = torch.where(scaled >= thr[:, None], scaled, float("-inf"))
-    scaled = scaled.double()
+        scaled = torch.where((scaled >= thr[:, None]) | scaled.isnan(), scaled, float("-inf"))
+    # an invalid row (a NaN or +inf scaled logit, or none above -inf) ends its request's output
+    row_ok = ~(scaled.isnan().any(dim=1) | scaled.isposinf().any(dim=1) | scaled.isneginf().all(dim=1))   # [T]
+    scaled = torch.where(row_ok[:, None], scaled, 0.0).double()   # keep invalid rows from poisoning the ops
+    rows = torch.where(row_ok[:, None], rows, 0.0)
     p = torch.softmax(scaled, dim=1)
 
     x = draft_token_ids.long()
@@ -114,7 +117,7 @@ def rejection_sample_torch(
     p_x = torch.where(valid, p.gather(1, xc)[:, 0], torch.zeros_like(u))
     q_x = draft_probs.double().gather(1, xc)[:, 0] if draft_probs is not None else torch.ones_like(u)
     target_argmax = torch.argmax(rows, dim=1)          # greedy rows: unscaled, unmasked
-    accepted = torch.where(greedy, valid & (x == target_argmax), valid & (p_x > 0) & (p_x >= u * q_x))
+    accepted = torch.where(greedy, valid & (x == target_argmax), valid & (p_x > 0) & (p_x >= u * q_x)) & row_ok
 
     # the token each row emits if it is its request's first rejection: a two-level race
     noise = rng.vocab_noise(row_seeds, row_pos, rng.STREAM_RECOVER, vocab).double()   # [T, V] Exp(1)
@@ -135,6 +138,7 @@ def rejection_sample_torch(
         recovered = torch.where(use_residual, two_level_race(residual, residual / noise, sub, sub_noise),
                                 recovered)
     emitted = torch.where(accepted, x, torch.where(greedy, target_argmax, recovered))
+    emitted = torch.where(row_ok, emitted, -1)
 
     # a row is emitted when no earlier row of its request was rejected
     rejected = (~accepted).long()
