@@ -1355,10 +1355,11 @@ def test_a_maximum_of_negative_zero_keeps_its_ties_in_the_exact_search():
     """The exact search's first bound is one key above the row's maximum: for -0.0 that key was
     +0.0's, which the tied -0.0 tokens (equal to +0.0) reach, so they were never counted and a
     token below them was drawn (top_k=1 drew a -1.0 logit). Same tokens as the reference."""
-    logits = torch.full((1, 40), -0.0)
+    dev = KERNEL_DEVICE
+    logits = torch.full((1, 40), -0.0, device=dev)
     logits[0, ::5] = -1.0                                   # 32 tokens at -0.0 (the max), 8 at -1.0
-    args = (torch.tensor([1.0]), torch.tensor([1], dtype=torch.int32), None, None, torch.tensor([3]),
-            torch.tensor([0]))
+    args = (torch.tensor([1.0], device=dev), torch.tensor([1], dtype=torch.int32, device=dev), None, None,
+            torch.tensor([3], device=dev), torch.tensor([0], device=dev))
     paths = {}
     got = sample(logits, *args, backend="triton", cap=16, paths=paths)
     want = sample(logits, *args, backend="torch")
