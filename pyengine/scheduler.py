@@ -11,7 +11,8 @@ recomputed from its prompt and outputs (prefix caching usually gives most of it 
 Speculative decoding (seeds/01 ch. 3): a decoding request's draft tokens
 (`spec_token_ids`, set by the engine's proposer after the previous step) are scheduled
 with it, 1 + K tokens, and count in the token budget; when the budget is short the drafts
-are truncated, and a request still in a prefill chunk never schedules drafts. The bound
+are truncated, when the KV pool is short they are dropped before anyone is preempted (vLLM
+preempts for them), and a request still in a prefill chunk never schedules drafts. The bound
 num_computed + new <= max_model_len - 1 leaves a position for the bonus token. After
 verification `update_from_output` rolls num_computed_tokens back by the number of
 rejected drafts, before any block is registered in the prefix cache, so rejected tokens
@@ -123,12 +124,18 @@ class Scheduler:
             n = min(req.num_tokens_with_spec - req.num_computed_tokens, budget,
                     self.max_model_len - 1 - req.num_computed_tokens)
             assert n > 0, req
+            n_plain = min(n, req.num_tokens - req.num_computed_tokens)   # without the drafts
+            n_want = n
             while not self.block_manager.allocate_slots(req, n, num_lookahead_tokens=self.num_lookahead_tokens):
+                if n > n_plain > 0:   # drafts are optional: drop them before preempting anyone for them
+                    n = n_plain
+                    continue
                 victim = self.running.pop()
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is req:
                     break
+                n = n_want        # the preemption freed blocks: the drafts may fit now
             else:
                 scheduled.append(req)
                 num_tokens[req.request_id] = n

@@ -198,6 +198,18 @@ def decoding_request(sched, rid="a", prompt=(1, 2, 3, 4, 5), max_tokens=50):
     return req
 
 
+def decoding_requests(sched, prompt_a, prompt_b):
+    """Requests a and b, prefilled in one step, each with one sampled token."""
+    a = Request("a", list(prompt_a), SamplingParams(max_tokens=50, ignore_eos=True))
+    b = Request("b", list(prompt_b), SamplingParams(max_tokens=50, ignore_eos=True))
+    sched.add_request(a)
+    sched.add_request(b)
+    out = sched.schedule()
+    assert out.scheduled == [a, b]
+    sched.update_from_output(out, {"a": [fake_next(a.all_token_ids)], "b": [fake_next(b.all_token_ids)]})
+    return a, b
+
+
 def test_drafts_count_in_budget_and_are_truncated():
     sched = make_sched(num_blocks=100, max_num_batched_tokens=3)
     a = Request("a", [1, 2], SamplingParams(max_tokens=50))
@@ -256,11 +268,25 @@ def test_rejected_drafts_never_reach_the_prefix_cache():
     assert num_hit == 4
 
 
+def test_drafts_that_do_not_fit_the_pool_are_dropped_not_paid_for_by_a_preemption():
+    sched = make_sched(num_blocks=4, block_size=4, max_num_batched_tokens=64, enable_prefix_caching=False)
+    a, b = decoding_requests(sched, range(1, 7), range(11, 17))   # 7 tokens each, in 2 blocks each
+    a.spec_token_ids, b.spec_token_ids = [1, 2, 3], [4, 5, 6]
+    out = sched.schedule()  # the drafts need a 3rd block each, the pool has none: both run without them
+    assert out.preempted == [] and out.scheduled == [a, b] and out.num_scheduled_tokens == {"a": 1, "b": 1}
+    assert out.scheduled_spec_decode_tokens == {} and a.spec_token_ids == [] == b.spec_token_ids
+    sched.update_from_output(out, {"a": [7], "b": [8]})
+    a.spec_token_ids = [1, 2]   # position 7 + 2 drafts need a 3rd block; one is free once b is gone
+    sched.finish_request(b, RequestStatus.FINISHED_ABORTED)
+    out = sched.schedule()
+    assert out.scheduled_spec_decode_tokens == {"a": [1, 2]} and out.num_scheduled_tokens == {"a": 3}
+    sched.check()
+
+
 def test_preemption_drops_drafts():
     sched = make_sched(num_blocks=4, block_size=4, max_num_batched_tokens=64, enable_prefix_caching=False)
-    a = decoding_request(sched, "a", prompt=range(1, 7))
-    b = decoding_request(sched, "b", prompt=range(11, 17))
+    a, b = decoding_requests(sched, range(1, 9), range(11, 17))   # a: 9 tokens, position 8 needs a 3rd block
     a.spec_token_ids, b.spec_token_ids = [1, 2, 3], [4, 5, 6]
-    out = sched.schedule()  # a needs a 3rd block for its drafts: b is preempted
+    out = sched.schedule()  # a needs a 3rd block even without drafts: b is preempted
     assert out.preempted == [b] and b.spec_token_ids == [] and b.num_computed_tokens == 0
     assert out.scheduled_spec_decode_tokens == {"a": [1, 2, 3]}
