@@ -134,6 +134,8 @@ class EngineConfig:
             raise ValueError(f"structured_compile_workers must be a positive int, got {w!r}")
         if self.reasoning_end is not None and (not isinstance(self.reasoning_end, str) or not self.reasoning_end):
             raise ValueError(f"reasoning_end must be None or a non-empty string, got {self.reasoning_end!r}")
+        if self.reasoning_start is not None and (not isinstance(self.reasoning_start, str) or not self.reasoning_start):
+            raise ValueError(f"reasoning_start must be None or a non-empty string, got {self.reasoning_start!r}")
 
     def _validate_spec(self) -> None:
         if self.spec_method not in (None, "ngram", "draft"):

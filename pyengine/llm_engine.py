@@ -165,10 +165,15 @@ class LLMEngine:
         A duplicate request_id raises ValueError.
         """
         params = params if params is not None else SamplingParams()
+        copy_error = None
         if isinstance(params, SamplingParams):
             # the request's own copy, checked below: a caller that changes its object afterwards
             # (e.g. reuses it for the next request) changes neither this request nor its checks
-            params = copy.deepcopy(params)
+            try:
+                params = copy.deepcopy(params)
+            except RecursionError:
+                copy_error = ValueError("sampling params are nested too deeply to copy (e.g. a JSON schema "
+                                        "hundreds of levels deep)")
         if request_id is None:
             rid = str(next(self._counter))
             while self._id_in_use(rid):         # an explicit id took it: the next one
@@ -184,10 +189,15 @@ class LLMEngine:
         ids: list[int] = []
         try:
             ids = self._prompt_ids(prompt)
+            if copy_error is not None:
+                raise copy_error
             if not isinstance(params, SamplingParams):
                 raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
             params.validate(self.vocab_size)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, RecursionError) as exc:
+            if isinstance(exc, RecursionError):   # e.g. a JSON schema text thousands of levels deep
+                exc = ValueError("sampling params are nested too deeply to check (e.g. a JSON schema hundreds "
+                                 "of levels deep)")
             parent = _Parent(rid, text, ids, [], [], error=f"{type(exc).__name__}: {exc}")
             self.parents[rid] = parent
             self._pending.append(self._make_output(parent))
@@ -209,9 +219,10 @@ class LLMEngine:
                 so = self.structured_output_manager()
                 for child in children:
                     so.add_request(child.request_id, params.structured_outputs, ids)
-            except (ValueError, TypeError) as exc:
-                for child in children:
-                    self.structured.remove_request(child.request_id)
+            except (ValueError, TypeError, RecursionError) as exc:
+                if self.structured is not None:   # None when the manager itself failed to start
+                    for child in children:
+                        self.structured.remove_request(child.request_id)
                 parent = _Parent(rid, text, ids, [], [], error=f"{type(exc).__name__}: {exc}")
                 self.parents[rid] = parent
                 self._pending.append(self._make_output(parent))

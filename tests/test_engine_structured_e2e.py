@@ -222,6 +222,13 @@ def test_slow_or_failing_compile_does_not_delay_others(loaded):
     base.shutdown()
 
 
+def _nested(depth: int) -> dict:
+    schema = {"type": "integer"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
 def test_bad_specifications_fail_alone(loaded):
     llm = _llm(loaded)
     chat = llm.chat_prompt("Is the sky blue?")
@@ -232,6 +239,9 @@ def test_bad_specifications_fail_alone(loaded):
         "impossible_regex": {"regex": r"[^\s\S]"},
         "empty_choice": {"choice": []},
         "two_kinds": {"regex": "a", "choice": ["a"]},
+        "half_enforced": {"json_schema": {"type": "integer", "allOf": [{"maximum": 5}]}},
+        "deep_text": {"json_schema": "[" * 5000 + "]" * 5000},         # json.loads recursed past the limit
+        "deep_dict": {"json_schema": _nested(5000)},                     # copy.deepcopy did
     }
     params = [SamplingParams(max_tokens=8, structured_outputs=so) for so in bad.values()]
     # min_tokens beyond the end of the grammar: no token is left once a choice is complete
@@ -246,6 +256,8 @@ def test_bad_specifications_fail_alone(loaded):
     assert "accepts no output" in errors["impossible_regex"]
     assert "choice must not be an empty list" in errors["empty_choice"]
     assert errors["two_kinds"] is not None
+    assert "beside 'allOf'" in errors["half_enforced"]
+    assert "nested too deeply" in errors["deep_text"] and "nested too deeply" in errors["deep_dict"]
     assert "no token could be sampled" in outs[-2].error and "min_tokens" in outs[-2].error, outs[-2].error
     assert outs[-1].error is None and outs[-1].outputs[0].text in CHOICES
     with pytest.raises(TypeError, match="structured_outputs must be None or a StructuredOutputOptions"):

@@ -477,6 +477,9 @@ def test_engine_config_errors(tiny_checkpoint):  # noqa: F811
         engine(lm, num_kv_blocks=2, block_size=4, max_model_len=64)
     with pytest.raises(ValueError, match="max_num_seqs"):
         engine(lm, max_num_seqs=0)
+    # an empty start marker made every structured request's add_request raise AttributeError
+    with pytest.raises(ValueError, match="reasoning_start must be None or a non-empty string"):
+        engine(lm, reasoning_end="</think>", reasoning_start="")
     eng = engine(lm)
     eng.add_request("hi", GREEDY, request_id="x")
     with pytest.raises(ValueError, match="already in use"):

@@ -54,6 +54,60 @@ def test_malformed_json_schema():
     StructuredOutputOptions(json_schema={"type": "object", "properties": {"not": {"type": "integer"}}}).validate()
 
 
+# Each was accepted before and compiled into a grammar that enforced only part of it: random
+# walks of the grammar produced output the schema rejects (a review's fuzz, 2026-12-02).
+HALF_ENFORCED = [
+    ("'type', 'minimum', 'maximum' beside 'allOf' at #",
+     {"type": "integer", "minimum": 0, "maximum": 50, "allOf": [{"maximum": 5}]}),
+    ("'required' beside 'anyOf' at #/properties/x",
+     {"type": "object", "properties": {"x": {"anyOf": [{"type": "object"}], "required": ["a"]}}}),
+    ("'minimum', 'maximum' beside '\\$ref' at #",
+     {"$defs": {"x": {"type": "integer"}}, "$ref": "#/$defs/x", "minimum": 3, "maximum": 4}),
+    ("enum value 1, which its other keywords \\(type\\) exclude", {"type": "string", "enum": ["a", 1]}),
+    ("const value \"x\"", {"type": "integer", "const": "x"}),
+    ("enum value \"abc\"", {"type": "string", "enum": ["abc", "a"], "maxLength": 1}),
+    ("'pattern' with 'minLength'/'maxLength'", {"type": "string", "pattern": "^a*$", "minLength": 2}),
+    ("'multipleOf' at #/items without", {"type": "array", "items": {"type": "number", "multipleOf": 0.5}}),
+    ("requires 'b' at # but 'properties' does not define it",
+     {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]}),
+    ("requires 'z'", {"type": "object", "required": ["z"]}),
+]
+
+
+@pytest.mark.parametrize("match, schema", HALF_ENFORCED)
+def test_schemas_that_would_be_half_enforced_are_refused(match, schema):
+    pytest.importorskip("jsonschema")
+    _bad(match, json_schema=schema)
+
+
+def test_what_is_enforced_stays_accepted(backend):
+    # annotations beside $ref / anyOf, enum values that their type admits, integer multipleOf:
+    # accepted, and random walks of their grammars give only valid output
+    jsonschema = pytest.importorskip("jsonschema")
+    rng = np.random.default_rng(0)
+    for schema in ({"anyOf": [{"type": "integer"}, {"type": "null"}], "default": None, "title": "X"},
+                   {"$defs": {"c": {"enum": ["red", "blue"]}}, "type": "object",
+                    "properties": {"c": {"$ref": "#/$defs/c", "description": "a colour"}}, "required": ["c"]},
+                   {"type": "string", "enum": ["a", "bb"], "maxLength": 2},
+                   {"type": "integer", "multipleOf": 7, "minimum": 0, "maximum": 100}):
+        opts = StructuredOutputOptions(json_schema=schema)
+        opts.validate()
+        compiled = backend.compile(opts)
+        tok = small_tokenizer()
+        for _ in range(30):
+            st = GrammarState(backend.new_matcher(compiled))
+            toks, ended = random_walk(st, backend.vocab_size, rng, max_tokens=40, stop_prob=0.3, stop_token_ids=(2,))
+            if ended:
+                jsonschema.validate(json.loads(tok.decode(toks)), schema)
+
+
+def test_deeply_nested_schema_is_refused():
+    deep = {"type": "integer"}
+    for _ in range(200):
+        deep = {"type": "array", "items": deep}
+    _bad("more than 128 levels deep", json_schema=deep)
+
+
 def test_bad_regex():
     _bad("regex must not be empty", regex="")
     _bad("regex must be a str", regex=3)

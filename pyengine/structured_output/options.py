@@ -33,6 +33,16 @@ _SUB_MAP = ("properties", "patternProperties", "$defs", "definitions", "dependen
 _SUB_LIST = ("anyOf", "oneOf", "allOf", "prefixItems")
 
 MAX_SPEC_CHARS = 1 << 20  # 1 MiB: a bigger grammar specification is refused before parsing
+MAX_SCHEMA_DEPTH = 128    # subschemas nested deeper are refused (the checks and the compiler recurse)
+
+# Keywords that constrain nothing (annotations, identifiers, definitions): they may stand
+# beside $ref / allOf / anyOf / oneOf / enum / const, whose other siblings xgrammar drops.
+_ANNOTATIONS = frozenset((
+    "title", "description", "$comment", "examples", "default", "deprecated", "readOnly", "writeOnly",
+    "$schema", "$id", "$anchor", "$dynamicAnchor", "$vocabulary", "$defs", "definitions",
+    "contentEncoding", "contentMediaType", "contentSchema",
+))
+_COMBINATORS = ("$ref", "allOf", "anyOf", "oneOf")
 
 
 @dataclass
@@ -194,9 +204,11 @@ def check_json_schema_meta(schema: dict) -> None:
         raise ValueError(f"json_schema is malformed at {where}: {e.message}") from None
 
 
-def _walk_schema(s, path: str) -> None:
+def _walk_schema(s, path: str, depth: int = 0) -> None:
     if not isinstance(s, dict):
         return
+    if depth > MAX_SCHEMA_DEPTH:
+        raise ValueError(f"json_schema nests subschemas more than {MAX_SCHEMA_DEPTH} levels deep (at {path})")
     for kw in UNSUPPORTED_SCHEMA_KEYWORDS:
         if kw in s:
             raise ValueError(f"json_schema uses {kw!r} at {path}, which structured output cannot enforce")
@@ -205,23 +217,77 @@ def _walk_schema(s, path: str) -> None:
             what = "an intersection" if kw == "allOf" else "exactly one match"
             raise ValueError(f"json_schema uses {kw!r} with several subschemas at {path} ({what} cannot be "
                              "enforced); use anyOf or merge the subschemas")
+    _check_half_enforced(s, path)
     for kw in _SUB_ONE:
         sub = s.get(kw)
         if isinstance(sub, dict):
-            _walk_schema(sub, f"{path}/{kw}")
+            _walk_schema(sub, f"{path}/{kw}", depth + 1)
         elif isinstance(sub, list):  # draft-4 tuple "items"
             for i, x in enumerate(sub):
-                _walk_schema(x, f"{path}/{kw}/{i}")
+                _walk_schema(x, f"{path}/{kw}/{i}", depth + 1)
     for kw in _SUB_MAP:
         sub = s.get(kw)
         if isinstance(sub, dict):
             for name, x in sub.items():
-                _walk_schema(x, f"{path}/{kw}/{name}")
+                _walk_schema(x, f"{path}/{kw}/{name}", depth + 1)
     for kw in _SUB_LIST:
         sub = s.get(kw)
         if isinstance(sub, list):
             for i, x in enumerate(sub):
-                _walk_schema(x, f"{path}/{kw}/{i}")
+                _walk_schema(x, f"{path}/{kw}/{i}", depth + 1)
+
+
+def _check_half_enforced(s: dict, path: str) -> None:
+    """Refuse the keyword combinations of which xgrammar (0.2) enforces only a part, so that
+    output could violate the schema: constraints beside $ref / allOf / anyOf / oneOf (dropped),
+    enum / const values that their sibling constraints exclude (the values are produced as
+    listed), pattern with minLength / maxLength (only the pattern is kept), multipleOf on
+    non-integers (ignored) and a required property that ``properties`` does not define (never
+    produced)."""
+    combinators = [kw for kw in _COMBINATORS if kw in s]
+    if combinators:
+        others = [kw for kw in s if kw not in _ANNOTATIONS and kw != combinators[0]]
+        if others:
+            raise ValueError(f"json_schema has {', '.join(map(repr, others))} beside {combinators[0]!r} at {path}: "
+                             f"structured output enforces only the {combinators[0]!r}; move the other keywords "
+                             "into the subschema(s)")
+    for kw in ("enum", "const"):
+        if kw in s:
+            siblings = {k: v for k, v in s.items() if k not in _ANNOTATIONS and k not in ("enum", "const")}
+            values = s[kw] if kw == "enum" and isinstance(s[kw], list) else [s[kw]]
+            bad = _values_outside(values, siblings)
+            if bad:
+                raise ValueError(f"json_schema at {path} lists {kw} value {json.dumps(bad[0])}, which its other "
+                                 f"keywords ({', '.join(siblings)}) exclude: structured output would produce it; "
+                                 f"remove it from {kw!r}")
+    if "pattern" in s and ("minLength" in s or "maxLength" in s):
+        raise ValueError(f"json_schema has 'pattern' with 'minLength'/'maxLength' at {path}: structured output "
+                         "enforces only the pattern; put the length in the pattern (e.g. ^a{2,5}$)")
+    if "multipleOf" in s and s.get("type") != "integer":
+        raise ValueError(f"json_schema has 'multipleOf' at {path} without \"type\": \"integer\": structured "
+                         "output enforces it on integers only")
+    required, props = s.get("required"), s.get("properties", {})
+    if isinstance(required, list) and isinstance(props, dict):
+        missing = [name for name in required if name not in props]
+        if missing:
+            raise ValueError(f"json_schema requires {missing[0]!r} at {path} but 'properties' does not define it: "
+                             "structured output would never produce it; add it to 'properties'")
+
+
+def _values_outside(values: list, siblings: dict) -> list:
+    """The values that the sibling keywords exclude (all of them, when they constrain and
+    ``jsonschema`` is not installed to tell)."""
+    if not siblings:
+        return []
+    try:
+        import jsonschema
+    except ImportError:  # pragma: no cover - jsonschema is a test requirement
+        return list(values)
+    try:
+        validator = jsonschema.Draft202012Validator(siblings)
+        return [v for v in values if not validator.is_valid(v)]
+    except (jsonschema.SchemaError, TypeError, ValueError, RecursionError):
+        return []   # a malformed sibling: the meta-schema check reports it
 
 
 def check_regex(regex) -> None:
