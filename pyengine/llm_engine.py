@@ -383,11 +383,12 @@ class LLMEngine:
             before = num_before[req.request_id]
             parent = self._child_parent[req.request_id]
             idx = parent.children.index(req) if len(parent.children) > 1 else 0
+            grammar_ended = False   # on the step's last kept token, a stop token (even with ignore_eos)
             if req.sampling_params.structured_outputs is not None:
-                end = self.structured.end_of_output(req.request_id, req.output_token_ids[before:])
+                end, grammar_ended = self.structured.end_of_output(req.request_id, req.output_token_ids[before:])
                 if before + end < req.num_output_tokens:
                     req.truncate_output(before + end)  # tokens after the grammar's end: _advance_grammar ends it
-            stop = self._detokenize(parent.detoks[idx], req, before)
+            stop = self._detokenize(parent.detoks[idx], req, before, grammar_ended)
             new = req.num_output_tokens - before  # tokens appended (a stop string may have cut some)
             if req.sampling_params.structured_outputs is not None:
                 self._advance_grammar(req, before)
@@ -418,8 +419,11 @@ class LLMEngine:
             self._propose()
         return self._drop_reported(outputs)
 
-    def _detokenize(self, detok: IncrementalDetokenizer, req: Request, before: int) -> str | None:
+    def _detokenize(self, detok: IncrementalDetokenizer, req: Request, before: int,
+                    grammar_ended: bool = False) -> str | None:
         """Feed the step's new tokens to the detokenizer; returns the stop string that ended the text.
+        The token that ended the request (EOS, a stop token id, the grammar's stop token) is
+        left out of the text unless include_stop_str_in_output, as in vLLM.
 
         Several tokens (speculative decoding) are fed one at a time when the request has stop
         strings, and the output is cut after the token that completed one, as if the tokens
@@ -427,7 +431,7 @@ class LLMEngine:
         """
         sp = req.sampling_params
         new = req.output_token_ids[before:]
-        if req.status == RequestStatus.FINISHED_STOPPED and not sp.include_stop_str_in_output:
+        if (req.status == RequestStatus.FINISHED_STOPPED or grammar_ended) and not sp.include_stop_str_in_output:
             new = new[:-1]    # the EOS / stop token that ended it: in the token ids, not in the text (vLLM)
         if not new:
             return None

@@ -247,6 +247,9 @@ def test_bad_specifications_fail_alone(loaded):
     # min_tokens beyond the end of the grammar: no token is left once a choice is complete
     params.append(SamplingParams(temperature=0.0, max_tokens=20, min_tokens=12, structured_outputs={"choice": CHOICES}))
     params.append(SamplingParams(temperature=0.0, max_tokens=8, structured_outputs={"choice": CHOICES}))
+    # the grammar ends on EOS although ignore_eos: that EOS's text ("<|im_end|>") was in the output
+    params.append(SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, skip_special_tokens=False,
+                                 structured_outputs={"choice": CHOICES}))
     outs = llm.generate([chat] * len(params), params)
     errors = {name: o.error for name, o in zip(bad, outs)}
     print(errors)
@@ -258,8 +261,9 @@ def test_bad_specifications_fail_alone(loaded):
     assert errors["two_kinds"] is not None
     assert "beside 'allOf'" in errors["half_enforced"]
     assert "nested too deeply" in errors["deep_text"] and "nested too deeply" in errors["deep_dict"]
-    assert "no token could be sampled" in outs[-2].error and "min_tokens" in outs[-2].error, outs[-2].error
-    assert outs[-1].error is None and outs[-1].outputs[0].text in CHOICES
+    assert "no token could be sampled" in outs[-3].error and "min_tokens" in outs[-3].error, outs[-3].error
+    assert outs[-2].error is None and outs[-2].outputs[0].text in CHOICES
+    assert outs[-1].outputs[0].text == outs[-2].outputs[0].text and outs[-1].outputs[0].finish_reason == "stop"
     with pytest.raises(TypeError, match="structured_outputs must be None or a StructuredOutputOptions"):
         SamplingParams(structured_outputs=["x"]).validate()
     llm.engine.shutdown()

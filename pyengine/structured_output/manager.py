@@ -6,7 +6,7 @@ The engine's side of it, in the order of a request's life:
     so.add_request(rid, options, prompt_ids)  # on arrival: validate (ValueError), start compiling
     so.poll(rid)                              # scheduler, each step: WAITING / READY / FAILED, never blocks
     so.validate_drafts(rid, drafts)           # before scheduling drafts: grammatical prefix + first forbidden
-    so.end_of_output(rid, new_tokens)         # after sampling: how many of them precede the grammar's end
+    so.end_of_output(rid, new_tokens)         # after sampling: how many to keep, whether the grammar ended
     batch = so.build_bitmask([(rid | None, num_rows, drafts), ...])   # after launching the forward
     apply_batch_bitmask(logits, batch)        # before sampling
     ok = so.accept_tokens(rid, new_tokens)    # after sampling; False = the grammar rejected a token
@@ -168,14 +168,15 @@ class StructuredOutputManager:
         g.rollback(n)
         return n, ended
 
-    def end_of_output(self, request_id: str, tokens: list[int]) -> int:
-        """How many of ``tokens`` (emitted this step) the output keeps: all of them, or those up
-        to and including the one that ends the grammar (with speculative decoding, accepted
-        drafts and the bonus token can follow it: they are dropped, as plain decoding would
-        have stopped there). The state is unchanged."""
+    def end_of_output(self, request_id: str, tokens: list[int]) -> tuple[int, bool]:
+        """(how many of ``tokens`` (emitted this step) the output keeps, whether the last of
+        those ends the grammar): all of them, or those up to and including the one that ends
+        the grammar, a stop token (with speculative decoding, accepted drafts and the bonus
+        token can follow it: they are dropped, as plain decoding would have stopped there).
+        The state is unchanged."""
         first = self._first(request_id, tokens)
         n, ended = self._accepted_prefix(self._grammar(request_id), tokens[first:])
-        return first + n if ended else len(tokens)
+        return (first + n, True) if ended else (len(tokens), False)
 
     def build_bitmask(self, batch: list[tuple[str | None, int, list[int]]]) -> BatchBitmask | None:
         """Bitmask for a scheduled batch, rows in logits order.
