@@ -101,6 +101,24 @@ def test_what_is_enforced_stays_accepted(backend):
                 jsonschema.validate(json.loads(tok.decode(toks)), schema)
 
 
+@pytest.mark.parametrize("kw", [{"json_schema": {"type": "string"}}, {"json_schema": {"type": "string", "maxLength": 1}},
+                                {"json_object": True}, {"regex": "a.b"}, {"regex": "[^x]+"}, {"regex": r"[\s\S]"},
+                                {"grammar": 'root ::= [^"]+'}])
+def test_no_grammar_accepts_a_surrogate(backend, kw):
+    # ED A0 80 is U+D800 encoded like a character, which is not UTF-8: the text got U+FFFD
+    # where the grammar had counted one character. small_tokenizer: ids 3..258 are the bytes.
+    opts = StructuredOutputOptions(**kw)
+    opts.validate()
+    compiled = backend.compile(opts)
+    prefix = {"json_schema": b'"', "json_object": b'{"', "regex": b"a" if kw.get("regex") == "a.b" else b""}
+    for lead in (b"\xed\xa0\x80", b"\xed\xbf\xbf"):
+        st = GrammarState(backend.new_matcher(compiled))
+        ids = [3 + b for b in prefix.get(next(iter(kw)), b"") + lead]
+        assert not st.accept_tokens(ids), (kw, lead)
+    st = GrammarState(backend.new_matcher(compiled))   # a real 3-byte character still passes
+    assert st.accept_tokens([3 + b for b in prefix.get(next(iter(kw)), b"") + "\u20ac".encode()]), kw
+
+
 def test_deeply_nested_schema_is_refused():
     deep = {"type": "integer"}
     for _ in range(200):

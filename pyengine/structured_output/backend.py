@@ -76,6 +76,72 @@ _BOUNDED_STRING_CLASS = r'[^\"\\\r\n]'
 _JSON_STRING_CHAR_CLASS = r'[^\0-\x1f\"\\]'
 
 
+_SURROGATES = r"\ud800-\udfff"
+_CLASS_ESCAPES = {"0": 0, "a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, "e": 27}
+
+
+def _class_without_surrogates(part: str) -> str:
+    """A positive character class ``[...]`` with U+D800-U+DFFF cut out of its ranges (e.g. a
+    regex "." is [\\0-\\U0010ffff]); unchanged when it holds none, or when it cannot be read."""
+    body, ranges, i = part[1:-1], [], 0
+
+    def char(i: int) -> tuple[int, int]:   # (code point, next index)
+        if body[i] != "\\":
+            return ord(body[i]), i + 1
+        e = body[i + 1]
+        digits = {"x": 2, "u": 4, "U": 8}.get(e)
+        if digits:
+            return int(body[i + 2:i + 2 + digits], 16), i + 2 + digits
+        return _CLASS_ESCAPES.get(e, ord(e)), i + 2
+
+    try:
+        while i < len(body):
+            lo, i = char(i)
+            hi = lo
+            if i + 1 < len(body) and body[i] == "-":
+                hi, i = char(i + 1)
+            ranges.append((lo, hi))
+    except (IndexError, ValueError):
+        return part
+    if not any(lo <= 0xDFFF and hi >= 0xD800 for lo, hi in ranges):
+        return part
+    kept = []
+    for lo, hi in ranges:
+        kept += [(a, b) for a, b in ((lo, min(hi, 0xD7FF)), (max(lo, 0xE000), hi)) if a <= b]
+    return "[" + "".join(f"\\U{a:08x}" if a == b else f"\\U{a:08x}-\\U{b:08x}" for a, b in kept) + "]"
+
+
+def without_surrogates(ebnf: str) -> str:
+    """``ebnf`` with U+D800-U+DFFF taken out of every character class: xgrammar matches a
+    surrogate code point as its 3-byte encoding (ED A0..BF xx), which is not UTF-8, so the
+    output text got U+FFFD where the grammar saw one character. String literals and comments
+    are left as they are."""
+    out, i, n = [], 0, len(ebnf)
+    while i < n:
+        ch = ebnf[i]
+        if ch in "\"[":   # a string literal or a character class: copy it whole, escapes included
+            close = "\"" if ch == "\"" else "]"
+            j = i + 1
+            while j < n and ebnf[j] != close:
+                j += 2 if ebnf[j] == "\\" else 1
+            part = ebnf[i:j + 1]
+            if ch == "[" and part.startswith("[^"):
+                part = "[^" + _SURROGATES + part[2:]
+            elif ch == "[":
+                part = _class_without_surrogates(part)
+            out.append(part)
+            i = j + 1
+        elif ch == "#":   # a comment, to the end of its line
+            j = ebnf.find("\n", i)
+            j = n if j < 0 else j
+            out.append(ebnf[i:j])
+            i = j
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
+
+
 class XgrammarBackend:
     """Compiles StructuredOutputOptions into xgrammar CompiledGrammars for one vocabulary.
 
@@ -118,33 +184,30 @@ class XgrammarBackend:
         kind, text = options.spec()
         if kind == "json_schema":
             check_json_schema_meta(parse_json_schema(options.json_schema))  # left out of validate() on arrival
-        c = self.compiler
+        xgr = self._xgr
         try:
             if kind == "json_schema":
-                compiled = self._compile_json_schema(text, options.any_whitespace)
+                ebnf = self._json_schema_ebnf(text, options.any_whitespace)
             elif kind == "json_object":
-                compiled = c.compile_json_schema('{"type":"object"}', any_whitespace=options.any_whitespace,
-                                                 strict_mode=False)
+                ebnf = str(xgr.Grammar.from_json_schema('{"type":"object"}', any_whitespace=options.any_whitespace,
+                                                        strict_mode=False))
             elif kind == "regex":
-                compiled = c.compile_regex(text)
+                ebnf = str(xgr.Grammar.from_regex(text))
             else:  # choice, grammar
-                compiled = c.compile_grammar(text)
+                ebnf = text
+            compiled = self.compiler.compile_grammar(without_surrogates(ebnf))
         except (RuntimeError, ValueError) as e:
             raise ValueError(f"{kind}: cannot compile: {clean_xgrammar_error(e)}") from None
         if not self._accepts_something(compiled):
             raise ValueError(f"{kind}: the specification accepts no output (no token is allowed at the start)")
         return compiled
 
-    def _compile_json_schema(self, schema: str, any_whitespace: bool):
+    def _json_schema_ebnf(self, schema: str, any_whitespace: bool) -> str:
         # xgrammar (0.2.x) writes length-bounded strings (minLength/maxLength) with the class
         # [^"\\\r\n], which lets raw control characters into a JSON string (invalid JSON).
         # Rewrite that class to exclude U+0000-U+001F, as its unbounded strings do.
-        xgr = self._xgr
-        ebnf = str(xgr.Grammar.from_json_schema(schema, any_whitespace=any_whitespace, strict_mode=True))
-        fixed = ebnf.replace(_BOUNDED_STRING_CLASS, _JSON_STRING_CHAR_CLASS)
-        if fixed == ebnf:
-            return self.compiler.compile_json_schema(schema, any_whitespace=any_whitespace, strict_mode=True)
-        return self.compiler.compile_grammar(fixed)
+        ebnf = str(self._xgr.Grammar.from_json_schema(schema, any_whitespace=any_whitespace, strict_mode=True))
+        return ebnf.replace(_BOUNDED_STRING_CLASS, _JSON_STRING_CHAR_CLASS)
 
     def new_matcher(self, compiled):
         """A fresh ``xgrammar.GrammarMatcher`` at the start of ``compiled``."""
