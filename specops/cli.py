@@ -179,7 +179,8 @@ def _sampling_params(args, overrides: dict | None = None):
 
 
 def _structured_given(args) -> bool:
-    return any((args.json_schema, args.json_object, args.regex is not None, args.choice is not None, args.grammar))
+    return any((args.json_schema is not None, args.json_object, args.regex is not None, args.choice is not None,
+                args.grammar is not None))   # an empty FILE is given too: from_cli refuses it
 
 
 def _structured_options(args):

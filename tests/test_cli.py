@@ -189,6 +189,8 @@ def test_options_nothing_would_use_are_refused(tmp_path, capsys):
              (["hi", "--structured-timeout", "5"], "--structured-timeout needs a structured-output option"),
              (["hi", "--top-p", "0.9"], "--top-p has no effect at temperature 0"),
              (["hi", "--top-k", "5", "--seed", "3", "--temperature", "0"], "--top-k, --seed have no effect"),
+             (["hi", "--json-schema", ""], "--json-schema: cannot read ''"),   # was silently unconstrained
+             (["hi", "--grammar", ""], "--grammar: cannot read ''"),
              (["--prompts-file", str(tmp_path / "missing.jsonl")], "--prompts-file"),
              (["--prompts-file", str(tmp_path)], "--prompts-file")]
     for argv, words in cases:
