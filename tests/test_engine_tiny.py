@@ -45,12 +45,17 @@ def run_all(eng, prompts, params):
     return [done[i] for i in ids]
 
 
-def assert_reference_greedy(lm, prompt_ids, out_ids, exact=True):
+def assert_reference_greedy(lm, prompt_ids, out_ids, exact=True, logprobs=None):
     """Teacher-forced: every engine token is the reference argmax after its prefix, which makes the
-    engine's sequence the reference's greedy decoding (by induction). One reference forward."""
+    engine's sequence the reference's greedy decoding (by induction). One reference forward.
+    With the engine's `logprobs` (fp32), each equals the reference's log_softmax there too."""
     seq = list(prompt_ids) + list(out_ids)
     logits = reference_forward(lm.model, seq[:-1])[len(prompt_ids) - 1:]  # row j predicts out_ids[j]
     toks = torch.tensor(out_ids, device=logits.device)
+    if logprobs is not None:
+        ref = torch.log_softmax(logits.float(), dim=-1).gather(1, toks[:, None]).squeeze(1).tolist()
+        tol = 1e-4 if logits.device.type == "cpu" else 2e-3
+        assert [lp.logprob for lp in logprobs] == pytest.approx(ref, abs=tol)
     best = logits.max(dim=-1).values
     chosen = logits.gather(1, toks[:, None]).squeeze(1)
     if exact and logits.device.type == "cpu":
@@ -78,10 +83,11 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
 def test_greedy_matches_reference(tiny_checkpoint, device):  # noqa: F811
     lm = loaded_model(tiny_checkpoint, device)
     prompts = mixed_prompts(6, seed=1)
-    outs = run_all(engine(lm), prompts, [GREEDY] * len(prompts))
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, logprobs=0)
+    outs = run_all(engine(lm), prompts, [params] * len(prompts))
     for p, o in zip(prompts, outs):
         assert len(o.token_ids) == 20 and o.outputs[0].finish_reason == "length"
-        assert_reference_greedy(lm, p, o.token_ids)
+        assert_reference_greedy(lm, p, o.token_ids, logprobs=o.outputs[0].logprobs)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 + FlashInfer path runs on CUDA")
@@ -103,12 +109,21 @@ SCHEDULES = {
 
 @pytest.mark.parametrize("name", list(SCHEDULES))
 def test_scheduling_does_not_change_outputs(tiny_checkpoint, device, name):  # noqa: F811
+    # Token ids and their logprobs: this tiny model's greedy tokens mostly repeat the last prompt
+    # token, so ids alone barely depend on the KV cache and the positions (a review planted a
+    # position shift by one: ids caught it once in 30 runs); every logprob depends on them.
     lm = loaded_model(tiny_checkpoint, device)
     prompts = mixed_prompts(8, seed=3)
-    base = run_all(engine(lm), prompts, [GREEDY] * len(prompts))
+    params = [SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, logprobs=1)] * len(prompts)
+    base = run_all(engine(lm), prompts, params)
     eng = engine(lm, **SCHEDULES[name])
-    outs = run_all(eng, prompts, [GREEDY] * len(prompts))
+    outs = run_all(eng, prompts, params)
     assert [o.token_ids for o in outs] == [o.token_ids for o in base]
+    for o, b in zip(outs, base):
+        got = [lp.logprob for lp in o.outputs[0].logprobs]
+        want = [lp.logprob for lp in b.outputs[0].logprobs]
+        assert len(got) == 20
+        assert got == pytest.approx(want, abs=1e-4), (o.request_id, got, want)
     if name == "tiny-kv-preempt":
         assert eng.scheduler.num_preemptions > 0
     if name == "chunked":
