@@ -101,7 +101,8 @@ def test_what_is_enforced_stays_accepted(backend):
                 jsonschema.validate(json.loads(tok.decode(toks)), schema)
 
 
-@pytest.mark.parametrize("kw", [{"json_schema": {"type": "string"}}, {"json_schema": {"type": "string", "maxLength": 1}},
+@pytest.mark.parametrize("kw", [{"json_schema": {"type": "string"}},
+                                {"json_schema": {"type": "string", "maxLength": 1}},
                                 {"json_object": True}, {"regex": "a.b"}, {"regex": "[^x]+"}, {"regex": r"[\s\S]"},
                                 {"grammar": 'root ::= [^"]+'}])
 def test_no_grammar_accepts_a_surrogate(backend, kw):

@@ -493,8 +493,9 @@ def _rejection_sample_kernel(
         limit = tl.minimum(vocab_size, chunk0 + CHUNK)   # t < limit: in the vocabulary and the chunk
         nan_seen = tl.full([], 0, tl.int32)     # GREEDY_MODE 1: a NaN token in the chunk
         if LANES > 0:
-            m, am, s_lanes, sx_lanes, nan_seen = _chunk_stats_lanes(row_ptr, chunk0, limit, x, inv_t, thr, CHUNK, SUB, BLOCK,
-                                                          LANES, HAS_THRESHOLD, GREEDY_MODE, NEED_SX)
+            m, am, s_lanes, sx_lanes, nan_seen = _chunk_stats_lanes(row_ptr, chunk0, limit, x, inv_t, thr, CHUNK,
+                                                                    SUB, BLOCK, LANES, HAS_THRESHOLD, GREEDY_MODE,
+                                                                    NEED_SX)
             s_sub = s_lanes
             sx = tl.where(ls == (x % CHUNK) // SUB, sx_lanes, 0.0)
         elif PREFETCH:
