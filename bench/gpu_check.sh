@@ -22,8 +22,12 @@
 #   SKIP_DEPS=1 SKIP_BUILD=1 SKIP_SMOKE=1 SKIP_TESTS=1 SKIP_BENCH=1   skip a step
 #   ONLY_BENCH=ops,sampling      run only these benchmarks (names after bench_)
 #   TESTS="tests/test_x.py"      what pytest runs (default: tests)
-#   PYTEST_ARGS="-k cuda"        extra pytest arguments
-#   PYTEST_WORKERS=8             pytest-xdist workers (0 = serial; the whole suite took 496 s with 8)
+#   TEST_SHARD=1/2               run test files 1, 3, 5, ... of the sorted tests/test_*.py (2/2: the
+#                                others): the whole suite no longer fits one 600 s call (session 26:
+#                                1468 of 1469 results in 513 s with 8 workers), so two calls run it
+#   PYTEST_ARGS="-x --maxfail=3" extra pytest arguments (split on spaces: no quoted phrase)
+#   PYTEST_K="cuda or grouping"  pytest -k expression (kept whole, spaces and all)
+#   PYTEST_WORKERS=8             pytest-xdist workers (0 = serial; the whole suite: over 513 s with 8)
 #   GPU_CHECK_BUDGET=540         seconds for the whole script (steps shrink to fit)
 #   TEST_TIMEOUT=240 BENCH_TIMEOUT=150 TEST_PER_TEST_TIMEOUT=300 BUILD_TIMEOUT=300
 #                                (the statistical tests take 85-95 s each with 8 workers, more with 12)
@@ -184,11 +188,18 @@ tests() {
   # summary) still names its failures (the summary below lists the FAILED / ERROR lines)
   local args=(-v -rfE -p no:cacheprovider --junitxml="$WORK/junit.xml" --durations=15)
   $PY -c "import pytest_timeout" 2>/dev/null && args+=(--timeout="${TEST_PER_TEST_TIMEOUT:-300}")
+  if [ -n "${PYTEST_K:-}" ]; then args+=(-k "$PYTEST_K"); fi
   local workers=${PYTEST_WORKERS:-8}
   if [ "$workers" != 0 ] && $PY -c "import xdist" 2>/dev/null; then args+=(-n "$workers"); fi
-  echo "python -m pytest ${TESTS:-tests} ${args[*]} ${PYTEST_ARGS:-}"
+  local what=${TESTS:-tests}
+  if [ -n "${TEST_SHARD:-}" ]; then
+    # shard i of n: every n-th file of the sorted test files, starting at the i-th
+    local i=${TEST_SHARD%/*} n=${TEST_SHARD#*/}
+    what=$(ls tests/test_*.py | sort | awk -v i="$i" -v n="$n" '(NR - i) % n == 0' | tr '\n' ' ')
+  fi
+  echo "python -m pytest $what ${args[*]} ${PYTEST_ARGS:-}"
   # shellcheck disable=SC2086
-  $PY -m pytest ${TESTS:-tests} "${args[@]}" ${PYTEST_ARGS:-}
+  $PY -m pytest $what "${args[@]}" ${PYTEST_ARGS:-}
 }
 
 # ---------------------------------------------------------------- 5. bench
