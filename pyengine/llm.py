@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Iterator, Sequence
 
 from .config import EngineConfig
@@ -65,7 +66,8 @@ class LLM:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
     def _add(self, prompts, sampling_params) -> list[str]:
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts
+                                        and isinstance(prompts[0], numbers.Integral)):   # one prompt of ids
             prompts = [prompts]
         prompts = list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):

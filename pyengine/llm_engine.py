@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import numbers
 import time
 from dataclasses import dataclass
 
@@ -34,6 +35,7 @@ class _Parent:
     detoks: list[IncrementalDetokenizer]
     error: str | None = None
     reported_final: bool = False
+    num_rejected_samples: int = 0   # a request refused on arrival: its samples, each "error" and empty
 
 
 class LLMEngine:
@@ -198,7 +200,8 @@ class LLMEngine:
             if isinstance(exc, RecursionError):   # e.g. a JSON schema text thousands of levels deep
                 exc = ValueError("sampling params are nested too deeply to check (e.g. a JSON schema hundreds "
                                  "of levels deep)")
-            parent = _Parent(rid, text, ids, [], [], error=f"{type(exc).__name__}: {exc}")
+            parent = _Parent(rid, text, ids, [], [], error=f"{type(exc).__name__}: {exc}",
+                             num_rejected_samples=n if 1 <= n <= SamplingParams.MAX_N else 1)
             self.parents[rid] = parent
             self._pending.append(self._make_output(parent))
             return rid
@@ -223,7 +226,8 @@ class LLMEngine:
                 if self.structured is not None:   # None when the manager itself failed to start
                     for child in children:
                         self.structured.remove_request(child.request_id)
-                parent = _Parent(rid, text, ids, [], [], error=f"{type(exc).__name__}: {exc}")
+                parent = _Parent(rid, text, ids, [], [], error=f"{type(exc).__name__}: {exc}",
+                                 num_rejected_samples=params.n)
                 self.parents[rid] = parent
                 self._pending.append(self._make_output(parent))
                 return rid
@@ -315,8 +319,11 @@ class LLMEngine:
             if not prompt:
                 raise ValueError("prompt is empty")
             ids = self.tokenizer.encode(prompt)
-        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            ids = list(prompt)
+        elif isinstance(prompt, (list, tuple)):
+            for i, t in enumerate(prompt):   # ints, numpy ints included; never bools or floats
+                if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+                    raise TypeError(f"prompt token ids must be ints, got {type(t).__name__} at index {i} ({t!r})")
+            ids = [int(t) for t in prompt]
             bad = [t for t in ids if not 0 <= t < self.vocab_size]
             if bad:
                 raise ValueError(f"prompt token ids must be in [0, {self.vocab_size}), got {bad[:5]}")
@@ -503,6 +510,8 @@ class LLMEngine:
                 finish_reason=req.finish_reason, stop_reason=req.stop_reason,
                 logprobs=list(req.logprobs) if req.logprobs is not None else None,
                 cumulative_logprob=req.cumulative_logprob if req.logprobs is not None else None))
+        outs += [CompletionOutput(index=i, text="", token_ids=[], finish_reason="error")
+                 for i in range(parent.num_rejected_samples)]
         finished = parent.error is not None or all(r.is_finished for r in parent.children)
         parent.reported_final = finished
         error = parent.error or next((r.error for r in parent.children if r.error), None)

@@ -33,7 +33,8 @@ class CompletionOutput:
 
 @dataclass
 class RequestOutput:
-    """The state of one request after a step; error is set (and finished) when it was rejected."""
+    """The state of one request after a step; error is set (and finished) when it failed. A
+    request refused on arrival has one empty output per requested sample, finish_reason "error"."""
 
     request_id: str
     prompt: str | None

@@ -213,7 +213,8 @@ class Scheduler:
                 if tok < 0:  # the sampler flags rows whose logits were NaN/inf
                     req.error = ("sampling failed: no token could be sampled: every logit was -inf after the "
                                  "grammar, min_tokens, allowed_token_ids, bad_words and logit_bias (e.g. min_tokens "
-                                 "beyond the end of the grammar), or the model produced NaN logits")
+                                 "beyond the end of the grammar), or a logit was NaN or +inf (NaN logits from the "
+                                 "model, or a repetition_penalty near 0 that overflowed float32)")
                     status = RequestStatus.FINISHED_ERROR
                     break
                 req.append_token(tok)

@@ -266,7 +266,11 @@ def _generate_one(llm, args) -> int:
     return 0
 
 
-def _read_prompts(path: str) -> list[dict]:
+def _read_prompts(path: str, chat: bool = False) -> list[dict]:
+    """The lines of a prompts file, checked before the model loads: each a JSON string or an
+    object with "prompt" (a string with `chat`) or "messages" (chat messages), "id" and
+    SamplingParams fields."""
+    from specops.engine.model.tokenizer import check_messages
     from specops.engine.sampling_params import SamplingParams
     sampling_fields = SamplingParams.field_names()
     items = []
@@ -287,6 +291,14 @@ def _read_prompts(path: str) -> list[dict]:
             if unknown:   # a misspelt field ("temprature") would otherwise be dropped without a word
                 raise ValueError(f"{path}:{lineno}: unknown key {unknown[0]!r}; a line takes \"prompt\" or "
                                  f"\"messages\", \"id\" and SamplingParams fields: {', '.join(sampling_fields)}")
+            if "messages" in obj:
+                try:
+                    check_messages(obj["messages"])
+                except ValueError as exc:
+                    raise ValueError(f"{path}:{lineno}: {exc}") from None
+            elif chat and not isinstance(obj["prompt"], str):
+                raise ValueError(f"{path}:{lineno}: with --chat, \"prompt\" must be a string (the user message), "
+                                 f"got {type(obj['prompt']).__name__}")
             items.append(obj)
     return items
 
@@ -300,23 +312,35 @@ def _logprob_rows(logprobs) -> list[dict]:
 def _generate_batch(llm, args, items: list[dict]) -> int:
     from specops.engine.sampling_params import SamplingParams
     names = set(SamplingParams.field_names())
-    prompts, params = [], []
-    for item in items:
-        if "messages" in item:
-            prompts.append(_chat(llm, item["messages"], args.system))
-        else:
-            prompts.append(_chat(llm, item["prompt"], args.system) if args.chat else item["prompt"])
+    prompts, params, chat_errors = [], [], {}
+    for i, item in enumerate(items):
+        try:
+            if "messages" in item:
+                prompts.append(_chat(llm, item["messages"], args.system))
+            else:
+                prompts.append(_chat(llm, item["prompt"], args.system) if args.chat else item["prompt"])
+        except ValueError as exc:   # the template refused this line's messages: only this line fails
+            prompts.append(None)
+            chat_errors[i] = f"ValueError: {exc}"
         overrides = {k: v for k, v in item.items() if k in names}
         if "logit_bias" in overrides:  # JSON object keys are strings; a bad one fails this line's request
             overrides["logit_bias"] = _int_keys(overrides["logit_bias"])
         params.append(_sampling_params(args, overrides))
+    run = [i for i in range(len(items)) if i not in chat_errors]
     t0 = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=True)
+    outs = dict(zip(run, llm.generate([prompts[i] for i in run], [params[i] for i in run], use_tqdm=True)))
     dt = time.perf_counter() - t0
     sink = open(args.output, "w") if args.output else sys.stdout
     n_tokens = errors = 0
     try:
-        for i, (item, out) in enumerate(zip(items, outs)):
+        for i, item in enumerate(items):
+            out = outs.get(i)
+            if out is None:
+                errors += 1
+                sink.write(json.dumps({"id": item.get("id", i), "prompt": prompts[i], "text": "", "token_ids": [],
+                                       "finish_reason": "error", "num_prompt_tokens": 0, "num_output_tokens": 0,
+                                       "error": chat_errors[i]}) + "\n")
+                continue
             errors += out.error is not None
             n_tokens += sum(len(c.token_ids) for c in out.outputs)
             row = {"id": item.get("id", i), "prompt": prompts[i], "text": out.text, "token_ids": out.token_ids,
@@ -397,7 +421,7 @@ def generate(args) -> int:
     items = None
     if args.prompts_file is not None:  # read before the model loads: a missing or bad file fails at once
         try:
-            items = _read_prompts(args.prompts_file)
+            items = _read_prompts(args.prompts_file, chat=args.chat)
         except OSError as exc:
             print(f"error: --prompts-file {args.prompts_file}: {exc.strerror or exc}", file=sys.stderr)
             return 2
@@ -416,6 +440,11 @@ def generate(args) -> int:
     except (ValueError, TypeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.output:   # checked before the model loads: a bad path fails at once, not after the batch
+        problem = _unwritable(args.output)
+        if problem:
+            print(f"error: --output {args.output}: {problem}", file=sys.stderr)
+            return 2
     from specops.engine.llm import LLM
     try:
         llm = LLM(args.model, **_engine_kwargs(args))
@@ -429,6 +458,18 @@ def generate(args) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     return _generate_one(llm, args)
+
+
+def _unwritable(path: str) -> str | None:
+    """Why `path` cannot be written as a new or replaced file, or None (nothing is created)."""
+    if os.path.isdir(path):
+        return "is a directory"
+    if os.path.exists(path):
+        return None if os.access(path, os.W_OK) else "not writable"
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        return f"no such directory: {parent}"
+    return None if os.access(parent, os.W_OK) else f"directory not writable: {parent}"
 
 
 def main(argv: list[str] | None = None) -> int:

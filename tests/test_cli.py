@@ -212,6 +212,69 @@ def test_options_nothing_would_use_are_refused(tmp_path, capsys):
         assert rc == 2 and "does not exist" in err, (argv, err)
 
 
+def test_malformed_chat_lines_and_output_paths_are_refused_before_the_model_loads(tmp_path, capsys):
+    """A "messages" line that is not chat messages, a non-string "prompt" with --chat and an --output that cannot
+    be written: exit 2 naming the line or path, before the (missing) model is looked at. They were a jinja
+    traceback, or an error after the whole batch had run."""
+    def run(*argv):
+        rc = main(["generate", "--model", str(tmp_path / "missing_model"), *argv])
+        return rc, capsys.readouterr().err
+
+    good = json.dumps({"prompt": "ok"})
+    cases = [('{"messages": [{"role": "user"}]}', [], "in.jsonl:2: messages[0]['content'] must be a string, got nothing"),
+             ('{"messages": [{"role": "user", "content": 5}]}', [], "messages[0]['content'] must be a string, got int"),
+             ('{"messages": [{"content": "hi"}]}', [], "messages[0]['role'] must be a string"),
+             ('{"messages": []}', [], "messages must be a non-empty list"),
+             ('{"messages": [1, 2]}', [], "messages[0] must be a dict"),
+             ('{"prompt": 5}', ["--chat"], 'with --chat, "prompt" must be a string')]
+    for line, extra, words in cases:
+        src = tmp_path / "in.jsonl"
+        src.write_text(good + "\n" + line + "\n")
+        rc, err = run("--prompts-file", str(src), *extra)
+        assert rc == 2 and words in err and "does not exist" not in err, (line, err)
+    src = tmp_path / "in.jsonl"
+    src.write_text(good + "\n")
+    existing = tmp_path / "keep.jsonl"
+    existing.write_text("old results\n")
+    for out, words in [(tmp_path / "no_dir" / "out.jsonl", "no such directory"), (tmp_path, "is a directory")]:
+        rc, err = run("--prompts-file", str(src), "--output", str(out))
+        assert rc == 2 and words in err and "does not exist" not in err, (out, err)
+    rc, err = run("--prompts-file", str(src), "--output", str(existing))   # a writable path: on to the model
+    assert rc == 2 and "does not exist" in err and existing.read_text() == "old results\n"   # left untouched
+
+
+def test_a_line_the_chat_template_refuses_fails_alone(capsys, tmp_path):
+    """The template's own refusal (raise_exception, e.g. roles that do not alternate) fails that line only."""
+    from types import SimpleNamespace
+
+    from specops.cli import _generate_batch
+    from specops.engine.outputs import CompletionOutput, RequestOutput
+
+    class FakeLLM:
+        engine = SimpleNamespace(spec_metrics=None)
+
+        def chat_prompt(self, messages):
+            if messages[0]["role"] == "assistant":
+                raise ValueError("chat template: conversations must start with a user message")
+            return "<chat>" + messages[-1]["content"]
+
+        def generate(self, prompts, params, use_tqdm=False):
+            return [RequestOutput(str(i), p, [1], [CompletionOutput(0, p.upper(), [7, 8], finish_reason="length")],
+                                  True) for i, p in enumerate(prompts)]
+
+    items = [{"messages": [{"role": "user", "content": "a"}]},
+             {"messages": [{"role": "assistant", "content": "b"}]},
+             {"prompt": "c"}]
+    dst = tmp_path / "out.jsonl"
+    args = build_parser().parse_args(["generate", "--prompts-file", "x", "--chat", "--output", str(dst)])
+    rc = _generate_batch(FakeLLM(), args, items)
+    rows = [json.loads(line) for line in dst.read_text().splitlines()]
+    assert rc == 1 and "1 errors" in capsys.readouterr().err
+    assert [r["text"] for r in rows] == ["<CHAT>A", "", "<CHAT>C"]
+    assert rows[1]["finish_reason"] == "error" and "must start with a user message" in rows[1]["error"]
+    assert rows[0]["error"] is None and rows[2]["token_ids"] == [7, 8]
+
+
 def test_system_with_malformed_messages_reaches_the_check():
     """--system with a "messages" line that is not a list of dicts: the chat template's clear error, not an
     AttributeError from looking for a system message in it."""

@@ -217,6 +217,8 @@ def test_bad_requests_fail_alone(tiny_checkpoint):  # noqa: F811
         (list(range(3, 70)), GREEDY, "max_model_len=64"),
         ([5, 9999], GREEDY, "token ids must be in"),
         (3.5, GREEDY, "prompt must be a string"),
+        ([5, True], GREEDY, "token ids must be ints, got bool at index 1"),
+        ([5, 6.0], GREEDY, "token ids must be ints, got float at index 1"),
         ("hello", SamplingParams(temperature=-1.0), "temperature"),
         ("hello", SamplingParams(top_p=0.0), "top_p"),
         ("hello", SamplingParams(top_k=10**6), "top_k"),
@@ -229,11 +231,26 @@ def test_bad_requests_fail_alone(tiny_checkpoint):  # noqa: F811
     prompts = [good[0]] + [b[0] for b in bad] + [good[1]]
     params = [GREEDY] + [b[1] for b in bad] + [GREEDY]
     outs = run_all(eng, prompts, params)
-    for out, (_, _, msg) in zip(outs[1:-1], bad):
+    for out, (_, params, msg) in zip(outs[1:-1], bad):
         assert out.finished and out.error is not None and msg in out.error, (msg, out.error)
+        # one empty sample per requested sample, marked "error" (there were none: outputs[0] raised)
+        n = params.n if isinstance(params, SamplingParams) else 1
+        assert [(c.index, c.text, c.token_ids, c.finish_reason) for c in out.outputs] == \
+            [(i, "", [], "error") for i in range(n)]
     ref = run_all(engine(lm, max_model_len=64), good, [GREEDY] * 2)
     assert [outs[0].token_ids, outs[-1].token_ids] == [r.token_ids for r in ref]
     assert outs[0].error is None and outs[-1].error is None
+
+
+def test_numpy_token_ids_are_a_prompt(tiny_checkpoint):  # noqa: F811
+    """A prompt of numpy ints is one prompt of token ids, as a list of ints (it was a batch of bad prompts)."""
+    import numpy as np
+
+    llm = LLM(loaded=loaded_model(tiny_checkpoint, "cpu"), max_model_len=64)
+    ids = [5, 6, 7, 8]
+    a = llm.generate(ids, GREEDY)
+    b = llm.generate(list(np.array(ids, dtype=np.int64)), GREEDY)
+    assert len(a) == len(b) == 1 and b[0].error is None and b[0].token_ids == a[0].token_ids
 
 
 def test_request_ids_never_clash(tiny_checkpoint):  # noqa: F811

@@ -94,6 +94,16 @@ def test_tokenizer(tiny_checkpoint):
     assert tok.decode([5, 10**6, -1]) == tok.decode([5])  # ids outside the vocabulary are dropped
     with pytest.raises(TypeError):
         tok.encode(123)
+    # messages the template cannot use: a ValueError naming the message (was jinja's UndefinedError / TypeError)
+    for bad, words in [([{"role": "user"}], r"messages\[0\]\['content'\] must be a string, got nothing"),
+                       ([{"role": "user", "content": 5}], "got int"), ([], "non-empty list"),
+                       ("hi", "non-empty list"), ([{"role": "user", "content": "a"}, 7], r"messages\[1\] must be a dict")]:
+        with pytest.raises(ValueError, match=words):
+            tok.apply_chat_template(bad)
+    tok._template = None
+    tok.chat_template = "{{ messages[0]['name'].first }}"   # a key check_messages does not require
+    with pytest.raises(ValueError, match="chat template could not render"):
+        tok.apply_chat_template([{"role": "user", "content": "Hi"}])
 
 
 # ---- bad checkpoints ---------------------------------------------------------------------------

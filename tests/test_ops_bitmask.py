@@ -240,6 +240,8 @@ BAD = [
      TypeError, "indices must hold ints, got 0.9"),
     (lambda d: apply_token_bitmask_(torch.zeros(2, 8, device=d), torch.zeros(2, 1, dtype=torch.int32, device=d), [True]),
      TypeError, "indices must hold ints, got True"),
+    (lambda d: apply_token_bitmask_(torch.zeros(2, 8, device=d), torch.zeros(2, 1, dtype=torch.int32, device=d), 0),
+     TypeError, "indices must be a tensor or a sequence of ints, got int"),   # was "'int' object is not iterable"
 ]
 
 

@@ -39,6 +39,21 @@ def _gguf_pre_tokenizer(pre: str):
                      "(known: smollm, gpt2/default, llama-bpe, qwen2); load the HF directory instead")
 
 
+
+def check_messages(messages) -> None:
+    """Raise ValueError unless ``messages`` is a non-empty list of chat messages: dicts with a
+    string "role" and a string "content" (the keys every chat template reads)."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(f"messages must be a non-empty list of {{'role': str, 'content': str}} dicts, "
+                         f"got {type(messages).__name__ if not isinstance(messages, list) else 'an empty list'}")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', got {type(m).__name__}")
+        for key in ("role", "content"):
+            if not isinstance(m.get(key), str):
+                got = "nothing" if key not in m else type(m[key]).__name__
+                raise ValueError(f"messages[{i}][{key!r}] must be a string, got {got}")
+
 class Tokenizer:
     """Text <-> token ids for one model, with its special tokens and chat template.
 
@@ -172,8 +187,7 @@ class Tokenizer:
         """Render ``messages`` ([{"role": ..., "content": ...}, ...]) with the model's chat template."""
         if self.chat_template is None:
             raise ValueError("this model has no chat template; pass plain prompts instead of chat messages")
-        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
-            raise ValueError("messages must be a list of dicts with 'role' and 'content' keys")
+        check_messages(messages)
         if self._template is None:
             from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -187,8 +201,14 @@ class Tokenizer:
             self._template = env.from_string(self.chat_template)
         bos = self.id_to_token(self.bos_token_id) if self.bos_token_id is not None else ""
         eos = self.id_to_token(self.eos_token_ids[0]) if self.eos_token_ids else ""
-        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     bos_token=bos, eos_token=eos)
+        import jinja2
+
+        try:
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                         bos_token=bos, eos_token=eos)
+        except (jinja2.TemplateError, TypeError, KeyError, AttributeError) as exc:
+            # a message the template cannot use (e.g. a key it needs that check_messages lets pass)
+            raise ValueError(f"chat template could not render these messages: {type(exc).__name__}: {exc}") from None
 
     @property
     def backend(self) -> tokenizers.Tokenizer:

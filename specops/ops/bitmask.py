@@ -70,6 +70,8 @@ def apply_token_bitmask_(
 def _host_indices(op: str, indices: Sequence[int]) -> torch.Tensor:
     """[n] int64 of a sequence of ints (bools and floats refused); values that cannot name a
     row (negative, or past 2**62) are left out, as the op skips them anyway."""
+    if isinstance(indices, (str, bytes)) or not hasattr(indices, "__iter__"):
+        raise TypeError(f"{op}: indices must be a tensor or a sequence of ints, got {type(indices).__name__}")
     rows = []
     for i in indices:
         try:
