@@ -39,7 +39,6 @@ def _gguf_pre_tokenizer(pre: str):
                      "(known: smollm, gpt2/default, llama-bpe, qwen2); load the HF directory instead")
 
 
-
 def check_messages(messages) -> None:
     """Raise ValueError unless ``messages`` is a non-empty list of chat messages: dicts with a
     string "role" and a string "content" (the keys every chat template reads)."""
@@ -53,6 +52,7 @@ def check_messages(messages) -> None:
             if not isinstance(m.get(key), str):
                 got = "nothing" if key not in m else type(m[key]).__name__
                 raise ValueError(f"messages[{i}][{key!r}] must be a string, got {got}")
+
 
 class Tokenizer:
     """Text <-> token ids for one model, with its special tokens and chat template.
