@@ -221,7 +221,8 @@ def test_malformed_chat_lines_and_output_paths_are_refused_before_the_model_load
         return rc, capsys.readouterr().err
 
     good = json.dumps({"prompt": "ok"})
-    cases = [('{"messages": [{"role": "user"}]}', [], "in.jsonl:2: messages[0]['content'] must be a string, got nothing"),
+    cases = [('{"messages": [{"role": "user"}]}', [],
+              "in.jsonl:2: messages[0]['content'] must be a string, got nothing"),
              ('{"messages": [{"role": "user", "content": 5}]}', [], "messages[0]['content'] must be a string, got int"),
              ('{"messages": [{"content": "hi"}]}', [], "messages[0]['role'] must be a string"),
              ('{"messages": []}', [], "messages must be a non-empty list"),

@@ -97,7 +97,8 @@ def test_tokenizer(tiny_checkpoint):
     # messages the template cannot use: a ValueError naming the message (was jinja's UndefinedError / TypeError)
     for bad, words in [([{"role": "user"}], r"messages\[0\]\['content'\] must be a string, got nothing"),
                        ([{"role": "user", "content": 5}], "got int"), ([], "non-empty list"),
-                       ("hi", "non-empty list"), ([{"role": "user", "content": "a"}, 7], r"messages\[1\] must be a dict")]:
+                       ("hi", "non-empty list"),
+                       ([{"role": "user", "content": "a"}, 7], r"messages\[1\] must be a dict")]:
         with pytest.raises(ValueError, match=words):
             tok.apply_chat_template(bad)
     tok._template = None
