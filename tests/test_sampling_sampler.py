@@ -389,6 +389,26 @@ def test_loader_by_name_and_entry_point(tmp_path, monkeypatch):
         load_processor_class("my_procs_mod.BanZero")
     with pytest.raises(ValueError, match="has no class"):
         load_processor_class("my_procs_mod:Missing")
+    # an empty half, a module that raises while importing, an abstract class: named errors (were importlib's
+    # "Empty module name", the module's own RuntimeError, and a failure only when the processor was built)
+    (tmp_path / "my_broken_mod.py").write_text("raise RuntimeError('boom')\n")
+    for spec, exc, words in [(":BanZero", ValueError, "module.path:ClassName"),
+                             ("my_procs_mod:", ValueError, "module.path:ClassName"),
+                             ("my_broken_mod:X", ValueError, "my_broken_mod.*RuntimeError: boom"),
+                             ("specops.sampling:LogitsProcessor", TypeError, "is abstract: it does not implement")]:
+        with pytest.raises(exc, match=words):
+            load_processor_class(spec)
+
+    class BrokenEP:
+        name, value = "mine", "nosuchmod_abc:X"
+
+        def load(self):
+            raise ModuleNotFoundError("No module named 'nosuchmod_abc'")
+
+    monkeypatch.setattr(loader_mod, "entry_points", lambda group: [BrokenEP()])
+    with pytest.raises(ValueError, match="entry point 'mine' = 'nosuchmod_abc:X' of group .*No module named"):
+        build_logits_processors(2, 5)
+    assert len(build_logits_processors(2, 5, use_entry_points=False)) == 3   # the built-ins, without the group
 
     class EP:
         def load(self):

@@ -9,6 +9,7 @@ class itself) or advertised by an installed package under the entry-point group
 from __future__ import annotations
 
 import importlib
+import inspect
 from importlib.metadata import entry_points
 from typing import Iterable, Sequence
 
@@ -28,22 +29,44 @@ def load_processor_class(spec: str | type) -> type:
         if not isinstance(spec, str) or spec.count(":") != 1:
             raise ValueError(f"logits processor must be a class or 'module.path:ClassName', got {spec!r}")
         module_name, class_name = spec.split(":")
+        if not module_name or not class_name:
+            raise ValueError(f"logits processor must be 'module.path:ClassName', got {spec!r}")
         try:
             module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise ValueError(f"cannot import module {module_name!r} of logits processor {spec!r}: {exc}") from exc
+        except Exception as exc:   # ImportError, or whatever the module raised while importing
+            raise ValueError(f"cannot import module {module_name!r} of logits processor {spec!r}: "
+                             f"{type(exc).__name__}: {exc}") from exc
         try:
             cls = getattr(module, class_name)
         except AttributeError as exc:
             raise ValueError(f"module {module_name!r} has no class {class_name!r}") from exc
     if not (isinstance(cls, type) and issubclass(cls, LogitsProcessor)):
         raise TypeError(f"logits processor {spec!r} must be a subclass of specops LogitsProcessor")
+    if inspect.isabstract(cls):
+        missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
+        raise TypeError(f"logits processor {spec!r} is abstract: it does not implement {missing}")
     return cls
 
 
 def load_entry_point_classes(group: str = ENTRY_POINT_GROUP) -> list[type]:
-    """Every `LogitsProcessor` class that installed packages advertise under `group`."""
-    return [load_processor_class(ep.load()) for ep in entry_points(group=group)]
+    """Every `LogitsProcessor` class that installed packages advertise under `group`. A broken
+    entry point raises ValueError naming it, its package and the group (build_logits_processors
+    with use_entry_points=False leaves the group out)."""
+    classes = []
+    for ep in entry_points(group=group):
+        where = f"entry point {getattr(ep, 'name', '?')!r} = {getattr(ep, 'value', '?')!r} of group {group!r}"
+        dist = getattr(ep, "dist", None)
+        if dist is not None:
+            where += f" (package {dist.name})"
+        try:
+            loaded = ep.load()
+        except Exception as exc:   # a missing module or class, or an error while importing it
+            raise ValueError(f"cannot load logits processor {where}: {type(exc).__name__}: {exc}") from exc
+        try:
+            classes.append(load_processor_class(loaded))
+        except TypeError as exc:
+            raise TypeError(f"{where}: {exc}") from exc
+    return classes
 
 
 class LogitsProcessors:
