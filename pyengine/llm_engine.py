@@ -443,7 +443,8 @@ class LLMEngine:
         if not new:
             return None
         if len(new) == 1 or not sp.stop:
-            return detok.update(new, check_stop=req.num_output_tokens > sp.min_tokens)
+            # counted up to the last token fed: a stop token left out above is not one of them
+            return detok.update(new, check_stop=before + len(new) > sp.min_tokens)
         for j, tok in enumerate(new):
             stop = detok.update([tok], check_stop=before + j + 1 > sp.min_tokens)
             if stop is not None:

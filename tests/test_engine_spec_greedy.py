@@ -233,6 +233,34 @@ def test_stop_strings_logprobs_and_per_request_k(untied):
     assert st["num_accepted_tokens"] == sum(st["accepted_per_pos"])
 
 
+def test_stop_string_at_min_tokens_in_a_step_ended_by_a_stop_token(untied):
+    # A spec step emitting [x, STOP] (STOP a stop token id, left out of the text) with x the
+    # min_tokens-th output token: as in plain decoding, a stop string that x completes is not
+    # checked yet (min_tokens), so the text keeps it and STOP ends the request. (The check used
+    # to count STOP too, which cut the text at the stop string and reported it as the reason.)
+    lm = model(untied)
+    prompt = [10, 11, 12, 13, 14]
+    ids = run(lm, [prompt], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))[0][0].outputs[0].token_ids
+    tok = lm.tokenizer
+    cases = 0
+    for i in range(2, len(ids) - 1):
+        x, stop_id = ids[i], ids[i + 1]
+        piece = tok.decode([x]).strip()
+        if stop_id in ids[:i + 1] or not piece or piece in tok.decode(ids[:i]):
+            continue   # the stop token or string would end the output earlier
+        sp = SamplingParams(temperature=0.0, max_tokens=30, min_tokens=i + 1, stop_token_ids=[stop_id], stop=[piece])
+        ref = run(lm, [prompt], sp)[0][0].outputs[0]
+        assert ref.stop_reason == stop_id and ref.text.endswith(piece)
+        for k in (1, 2):
+            out = run(lm, [prompt], sp, draft=lm, spec_method="draft", num_spec_tokens=k)[0][0].outputs[0]
+            assert (out.token_ids, out.text, out.finish_reason, out.stop_reason) == \
+                (ref.token_ids, ref.text, ref.finish_reason, ref.stop_reason), (i, k)
+        cases += 1
+        if cases == 2:
+            break
+    assert cases == 2
+
+
 def test_synthetic_acceptance(untied):
     lm = model(untied)
     prompts = copy_prompts(4, seed=31)
