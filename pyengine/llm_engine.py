@@ -176,17 +176,26 @@ class LLMEngine:
             except RecursionError:
                 copy_error = ValueError("sampling params are nested too deeply to copy (e.g. a JSON schema "
                                         "hundreds of levels deep)")
+        # the ids the request will hold: its own and, for a valid n > 1, its samples' (an n past
+        # MAX_N fails validation below, as one request, without listing that many ids)
+        n = params.n if isinstance(params, SamplingParams) and isinstance(params.n, int) else 1
+        n = n if 1 < n <= SamplingParams.MAX_N else 1
+
+        def taken(rid: str) -> str | None:
+            """The first id of the request `rid` that a live request already holds, or None."""
+            return next((c for c in [rid] + ([f"{rid}#{i}" for i in range(n)] if n > 1 else [])
+                         if self._id_in_use(c)), None)
+
         if request_id is None:
             rid = str(next(self._counter))
-            while self._id_in_use(rid):         # an explicit id took it: the next one
+            while taken(rid) is not None:      # an explicit id took it or one of its samples': the next one
                 rid = str(next(self._counter))
         else:
             rid = request_id
-        n = params.n if isinstance(params, SamplingParams) and isinstance(params.n, int) else 1
-        for cid in [rid] + ([f"{rid}#{i}" for i in range(n)] if n > 1 else []):
-            if self._id_in_use(cid):
-                raise ValueError(f"request_id {rid!r} is already in use"
-                                 + (f" (its sample {cid!r} would clash with a live request)" if cid != rid else ""))
+        cid = taken(rid)
+        if cid is not None:
+            raise ValueError(f"request_id {rid!r} is already in use"
+                             + (f" (its sample {cid!r} would clash with a live request)" if cid != rid else ""))
         text = prompt if isinstance(prompt, str) else None
         ids: list[int] = []
         try:

@@ -2,6 +2,7 @@
 scheduling (chunked prefill, prefix caching, preemption) never changes them, nothing is lost,
 aborts free every block, bad requests fail alone."""
 
+import itertools
 import random
 
 import pytest
@@ -267,12 +268,23 @@ def test_request_ids_never_clash(tiny_checkpoint):  # noqa: F811
     explicit = [eng.add_request([5, 6], GREEDY, request_id=str(k)) for k in range(12)]
     auto = [eng.add_request([5, 6], GREEDY) for _ in range(3)]
     assert not set(auto) & set(explicit + ["a#0", "b"])
+    # an automatic id steps over a free id whose samples are taken (it once raised "already in use"
+    # for an id the engine itself had picked)
+    eng.add_request([5, 6], GREEDY, request_id="1000#1")
+    eng._counter = itertools.count(1000)   # the engine's next automatic id would be "1000"
+    auto_n = eng.add_request([5, 6], SamplingParams(n=2, max_tokens=3))
+    assert auto_n != "1000"
+    # an n far past SamplingParams.MAX_N fails as one bad request, at once (the clash check once
+    # listed its n sample ids first)
+    huge_n = eng.add_request([5, 6], SamplingParams(n=10**12, max_tokens=3))
     done = {}
     while eng.has_unfinished_requests():
         for out in eng.step():
             if out.finished:
                 done[out.request_id] = out
-    assert set(done) == {"a#0", "b", *explicit, *auto} and all(o.error is None for o in done.values())
+    assert set(done) == {"a#0", "b", *explicit, *auto, "1000#1", auto_n, huge_n}
+    assert "n must be" in done.pop(huge_n).error
+    assert all(o.error is None for o in done.values())
 
 
 @pytest.mark.parametrize("how", ["finished", "aborted"])
