@@ -210,7 +210,7 @@ class LLMEngine:
                 exc = ValueError("sampling params are nested too deeply to check (e.g. a JSON schema hundreds "
                                  "of levels deep)")
             parent = _Parent(rid, text, ids, [], [], error=f"{type(exc).__name__}: {exc}",
-                             num_rejected_samples=n if 1 <= n <= SamplingParams.MAX_N else 1)
+                             num_rejected_samples=n)   # 1 when n itself is invalid
             self.parents[rid] = parent
             self._pending.append(self._make_output(parent))
             return rid
