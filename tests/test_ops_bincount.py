@@ -91,7 +91,13 @@ BAD = [
     (lambda d: token_bincount(torch.zeros(2, 3, device=d), 10), TypeError, "token_ids must be int32 or int64"),
     (lambda d: token_bincount(torch.zeros(3, dtype=torch.int64, device=d), 10), ValueError, "token_ids must be 2-D"),
     (lambda d: token_bincount(torch.zeros(3, 4, dtype=torch.int64, device=d).t(), 10), ValueError, "contiguous last"),
-    (lambda d: token_bincount(torch.zeros(2, 3, dtype=torch.int64, device=d), -1), ValueError, "vocab_size must be >= 0"),
+    (lambda d: token_bincount(torch.zeros(2, 3, dtype=torch.int64, device=d), -1), ValueError,
+     r"vocab_size must be in \[0, 2147483647\], got -1"),
+    # past int64 too: a clear ValueError, not torch's storage-size or argument-type RuntimeError
+    (lambda d: token_bincount(torch.zeros(2, 3, dtype=torch.int64, device=d), 2**62), ValueError,
+     r"vocab_size must be in \[0, 2147483647\]"),
+    (lambda d: token_bincount(torch.zeros(2, 3, dtype=torch.int64, device=d), 2**63), ValueError,
+     r"vocab_size must be in \[0, 2147483647\]"),
     (lambda d: token_bincount(torch.zeros(2, 3, dtype=torch.int64, device=d), 2.0), TypeError, "vocab_size must be an int"),
     (lambda d: token_bincount_update_(torch.zeros(2, 3, dtype=torch.int64, device=d), torch.zeros(1, dtype=torch.int64, device=d),
                                       torch.zeros(1, dtype=torch.int64, device=d)), TypeError, "counts must be int32"),
@@ -104,6 +110,9 @@ BAD = [
     (lambda d: token_bincount_update_(torch.zeros(1, 3, dtype=torch.int32, device=d).expand(2, 3),
                                       torch.tensor([0, 1], device=d), torch.tensor([1, 1], device=d)),
      ValueError, "counts is written in place, so its elements must not share memory"),
+    # an input that is a view of counts: the update would read indices it already wrote
+    (lambda d: (lambda c: token_bincount_update_(c, c[0, :2], torch.tensor([1, 2], device=d)))(
+        torch.zeros(2, 4, dtype=torch.int32, device=d)), ValueError, "req_indices shares memory with counts"),
 ]
 
 

@@ -242,6 +242,9 @@ BAD = [
      TypeError, "indices must hold ints, got True"),
     (lambda d: apply_token_bitmask_(torch.zeros(2, 8, device=d), torch.zeros(2, 1, dtype=torch.int32, device=d), 0),
      TypeError, "indices must be a tensor or a sequence of ints, got int"),   # was "'int' object is not iterable"
+    # a bitmask that is a view of the logits (as int32): read while they are written
+    (lambda d: (lambda lg: apply_token_bitmask_(lg, lg[:, :1].view(torch.int32)))(torch.zeros(2, 8, device=d)),
+     ValueError, "bitmask shares memory with logits"),
 ]
 
 

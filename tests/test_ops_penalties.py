@@ -157,6 +157,25 @@ def test_bad_inputs_repetition(device):
     assert (shared == -1.0).all()                                   # refused before anything was written
 
 
+def test_an_input_sharing_memory_with_the_logits_is_refused(device):
+    """A penalty vector that is a view of the logits (same dtype) would be read after the op
+    wrote it (row 1 read row 0's penalised values) and raced by CPU threads: refused before
+    anything is written, as torch's own in-place ops refuse it. Views of one buffer that do
+    not overlap are fine."""
+    a = _args(device)
+    logits = torch.arange(16, dtype=torch.float32, device=device).reshape(2, 8)
+    before = logits.clone()
+    with pytest.raises(ValueError, match="frequency_penalties shares memory with logits"):
+        apply_penalties_(logits, a["prompt_mask"], a["output_counts"] + 1, a["repetition_penalties"], logits[0, :2],
+                         a["presence_penalties"])
+    assert torch.equal(logits, before)
+    with pytest.raises(ValueError, match="repetition_penalties shares memory with logits"):
+        apply_repetition_penalties_(logits, a["prompt_mask"], a["prompt_mask"], logits[1, 6:])
+    buf = torch.zeros(20, device=device)
+    apply_penalties_(buf[:16].view(2, 8), a["prompt_mask"], a["output_counts"] + 1, a["repetition_penalties"],
+                     buf[16:18], buf[18:])                          # disjoint: accepted
+
+
 def test_direct_op_call_is_checked_too(device):
     """torch.ops.specops.* called without the wrapper still refuses bad shapes (no out-of-bounds access)."""
     a = _args(device)

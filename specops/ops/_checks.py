@@ -56,6 +56,40 @@ def check_written_in_place(op: str, name: str, t: torch.Tensor) -> None:
                          f"grad; call it under torch.no_grad() or on {name}.detach()")
 
 
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last + 1) byte addresses of `t`'s elements (t not empty)."""
+    start = t.data_ptr()
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return start, start + (last + 1) * t.element_size()
+
+
+def check_no_overlap(op: str, name: str, t: torch.Tensor, **inputs: object) -> None:
+    """Raise ValueError if `t`, which the op writes in place, shares memory with one of the
+    tensors in `inputs` (read while `t` is written: a row written first would be read back
+    penalised, and CPU threads would race). Same storage and intersecting byte ranges, as
+    torch's own in-place ops refuse. Skipped while torch.compile traces (fake tensors have no
+    memory) and for tensors without storage."""
+    if torch.compiler.is_compiling() or t.numel() == 0 or t.device.type == "meta":
+        return
+    try:
+        storage = t.untyped_storage().data_ptr()
+        lo, hi = _byte_range(t)
+    except (RuntimeError, NotImplementedError):   # a tensor subclass without real storage
+        return
+    for other_name, other in inputs.items():
+        if not isinstance(other, torch.Tensor) or other.numel() == 0 or other.device != t.device:
+            continue
+        try:
+            if other.untyped_storage().data_ptr() != storage:
+                continue
+            olo, ohi = _byte_range(other)
+        except (RuntimeError, NotImplementedError):
+            continue
+        if olo < hi and lo < ohi:
+            raise ValueError(f"{op}: {other_name} shares memory with {name}, which the op writes in place; "
+                             f"pass a copy ({other_name}.clone())")
+
+
 def mark_written(t: torch.Tensor) -> None:
     """Bump `t`'s version counter after the op wrote it in place, as torch's own in-place ops
     do: a tensor autograd saved earlier (e.g. the logits of a loss, sampled through

@@ -9,7 +9,9 @@ import operator
 import torch
 
 from specops import _C  # noqa: F401  (registers torch.ops.specops.*)
-from specops.ops._checks import INDEX_DTYPES, check_tensor, check_written_in_place, mark_written
+from specops.ops._checks import INDEX_DTYPES, check_no_overlap, check_tensor, check_written_in_place, mark_written
+
+MAX_VOCAB = 2**31 - 1   # the most columns token_bincount makes (token ids fit int32 everywhere in specops)
 
 
 def token_bincount(
@@ -25,7 +27,7 @@ def token_bincount(
         the last dimension must be contiguous. Ids outside ``[0, vocab_size)`` (padding
         such as ``-1`` or ``vocab_size``) are ignored, never written out of bounds.
     vocab_size : int
-        Number of columns of the result.
+        Number of columns of the result, in ``[0, 2**31 - 1]``.
 
     Returns
     -------
@@ -46,8 +48,8 @@ def token_bincount(
             vocab_size = operator.index(vocab_size)     # ints and numpy ints; floats refused
         except TypeError:
             raise TypeError(f"{op}: vocab_size must be an int, got {type(vocab_size).__name__}") from None
-    if vocab_size < 0:
-        raise ValueError(f"{op}: vocab_size must be >= 0, got {vocab_size}")
+    if not 0 <= vocab_size <= MAX_VOCAB:
+        raise ValueError(f"{op}: vocab_size must be in [0, {MAX_VOCAB}], got {vocab_size}")
     return torch.ops.specops.token_bincount(token_ids, vocab_size)
 
 
@@ -79,6 +81,7 @@ def token_bincount_update_(
     for name, t in (("req_indices", req_indices), ("token_ids", token_ids)):
         if t.device != counts.device:
             raise ValueError(f"{op}: {name} must be on {counts.device} (the device of counts), got {t.device}")
+    check_no_overlap(op, "counts", counts, req_indices=req_indices, token_ids=token_ids)
     torch.ops.specops.token_bincount_update_(counts, req_indices, token_ids)
     mark_written(counts)
 

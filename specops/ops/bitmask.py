@@ -9,7 +9,8 @@ from typing import Sequence
 import torch
 
 from specops import _C  # noqa: F401  (registers torch.ops.specops.*)
-from specops.ops._checks import FLOAT_DTYPES, INDEX_DTYPES, check_tensor, check_written_in_place, mark_written
+from specops.ops._checks import (FLOAT_DTYPES, INDEX_DTYPES, check_no_overlap, check_tensor, check_written_in_place,
+                                 mark_written)
 
 
 def apply_token_bitmask_(
@@ -63,6 +64,7 @@ def apply_token_bitmask_(
         if not isinstance(indices, torch.Tensor):
             indices = _host_indices(op, indices).to(logits.device, non_blocking=True)
         check_tensor(op, "indices", indices, INDEX_DTYPES, 1, like=logits)
+    check_no_overlap(op, "logits", logits, bitmask=bitmask, indices=indices)
     torch.ops.specops.apply_token_bitmask_(logits, bitmask, indices)
     mark_written(logits)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from specops import _C  # noqa: F401  (registers torch.ops.specops.*)
-from specops.ops._checks import FLOAT_DTYPES, check_tensor, check_written_in_place, mark_written
+from specops.ops._checks import FLOAT_DTYPES, check_no_overlap, check_tensor, check_written_in_place, mark_written
 
 
 def _check_common(op: str, logits: torch.Tensor, prompt_mask: torch.Tensor,
@@ -51,6 +51,9 @@ def apply_penalties_(
     for name, t in (("frequency_penalties", frequency_penalties), ("presence_penalties", presence_penalties)):
         check_tensor(op, name, t, (torch.float32,), 1, like=logits, shape=(logits.shape[0],),
                      shape_desc=" (one per logits row)")
+    check_no_overlap(op, "logits", logits, prompt_mask=prompt_mask, output_counts=output_counts,
+                     repetition_penalties=repetition_penalties, frequency_penalties=frequency_penalties,
+                     presence_penalties=presence_penalties)
     torch.ops.specops.apply_penalties_(logits, prompt_mask, output_counts, repetition_penalties,
                                        frequency_penalties, presence_penalties)
     mark_written(logits)
@@ -68,6 +71,8 @@ def apply_repetition_penalties_(
     _check_common(op, logits, prompt_mask, repetition_penalties)
     check_tensor(op, "output_mask", output_mask, (torch.bool,), 2, like=logits,
                  shape=tuple(logits.shape), shape_desc=" like logits")
+    check_no_overlap(op, "logits", logits, prompt_mask=prompt_mask, output_mask=output_mask,
+                     repetition_penalties=repetition_penalties)
     torch.ops.specops.apply_repetition_penalties_(logits, prompt_mask, output_mask, repetition_penalties)
     mark_written(logits)
 
