@@ -43,6 +43,11 @@ def build(n=3, **kw):
     (dict(bad_words_token_ids={0: [[1, 2]]}), ValueError, r"output_token_ids"),
     (dict(temperature=1.0), TypeError, r"temperature must be a sequence with one value per row, got float"),
     (dict(top_k=5), TypeError, r"top_k must be a sequence"),
+    # the penalty state on another device than the metadata's: refused when built, not deep in the Sampler
+    (dict(repetition_penalties=[1.2, 1.0, 1.0], prompt_mask=torch.zeros(3, V, dtype=torch.bool, device="meta"),
+          output_counts=torch.zeros(3, V, dtype=torch.int32)), ValueError, r"prompt_mask must be on cpu"),
+    (dict(repetition_penalties=[1.2, 1.0, 1.0], prompt_mask=torch.zeros(3, V, dtype=torch.bool),
+          output_counts=torch.zeros(3, V, dtype=torch.int32, device="meta")), ValueError, r"output_counts must be on cpu"),
 ] + ([] if torch.cuda.is_available() else [
     (dict(device="cuda"), ValueError, r"device 'cuda': this torch has no CUDA device"),
 ])))
@@ -233,3 +238,16 @@ def test_triton_backend_on_cpu_without_the_interpreter_is_refused(monkeypatch):
     assert resolve_backend("auto", torch.device("cpu")) == "torch"
     with pytest.raises(ValueError, match="backend must be 'auto', 'triton' or 'torch'"):
         resolve_backend("cuda", torch.device("cpu"))
+
+
+def test_numpy_scalars_are_taken_like_python_numbers():
+    # np.float32 is not a Python float (np.float64 is): temperature / top_p / min_p / penalties
+    # given as numpy float32 were refused while numpy ints for top_k were taken
+    np = pytest.importorskip("numpy")
+    md = SamplingMetadata.from_params(np.array([0.7, 0.5], dtype=np.float32), vocab_size=V,
+                                      top_p=[np.float32(0.9), np.float16(1.0)], min_p=[np.float32(0.1), 0.0],
+                                      top_k=np.array([2, 0], dtype=np.int32))
+    torch.testing.assert_close(md.temperature, torch.tensor([0.7, 0.5]))
+    torch.testing.assert_close(md.top_p, torch.tensor([0.9, 1.0]))
+    with pytest.raises(TypeError, match=r"temperature\[0\] must be a real number"):
+        SamplingMetadata.from_params([np.bool_(True)], vocab_size=V)

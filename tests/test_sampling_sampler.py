@@ -200,6 +200,38 @@ def test_sampler_does_not_touch_untouched_logits_and_reads_half_precision():
     torch.testing.assert_close(out.logprobs.logprobs[:, 0], lp.gather(1, ref.tokens.unsqueeze(1)).squeeze(1))
 
 
+def test_logits_with_a_strided_last_dimension_and_penalties():
+    # column-major fp32 logits (e.g. x.t().contiguous().t()) with penalties and an allowed-token
+    # list: the triton backend's compiled penalty op needs a contiguous last dimension and raised,
+    # after the allowed-token mask had already written -inf into the caller's tensor. The Sampler
+    # now copies such logits first: both backends draw the same tokens
+    R, V = 2, 8
+    dev = "cuda" if CUDA else "cpu"
+
+    def md():
+        return SamplingMetadata.from_params([1.0, 1.0], vocab_size=V, device=dev, seeds=[1, 2],
+                                            repetition_penalties=[1.3, 1.3], allowed_token_ids=[[0, 1], None],
+                                            prompt_mask=torch.zeros(R, V, dtype=torch.bool, device=dev),
+                                            output_counts=torch.ones(R, V, dtype=torch.int32, device=dev))
+    colmajor = torch.randn(R, V, generator=fresh_gen()).t().contiguous().t().to(dev)
+    assert colmajor.stride(1) != 1
+    expected = Sampler(backend="torch")(colmajor.contiguous(), md()).sampled_token_ids
+    for backend in ("torch", "triton"):
+        x = colmajor.clone()
+        assert torch.equal(Sampler(backend=backend)(x, md()).sampled_token_ids, expected), backend
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float64])
+def test_logits_dtype_is_checked_whatever_the_batch(dtype):
+    # a batch that writes the logits (here an allowed-token list that allows everything) cast them
+    # to fp32 first and so sampled int64 / float64 logits that a plain batch refuses
+    logits = torch.zeros(1, 8, dtype=dtype)
+    for kw in ({}, dict(allowed_token_ids=[list(range(8))])):
+        md = SamplingMetadata.from_params([1.0], vocab_size=8, seeds=[1], **kw)
+        with pytest.raises(TypeError, match="logits must be fp32, bf16 or fp16"):
+            Sampler(backend="torch")(logits, md)
+
+
 @pytest.mark.skipif(CUDA, reason="interpreter test; CUDA runs the full-shape version")
 def test_triton_sampler_matches_torch_sampler_small():
     g = fresh_gen()

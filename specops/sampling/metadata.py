@@ -57,6 +57,13 @@ def _as_list(name: str, values, n: int | None, default=None) -> list:
 
 def _check_real(name: str, v, lo: float | None = None, hi: float | None = None,
                 lo_open: bool = False) -> float:
+    if not isinstance(v, (bool, int, float)):
+        try:
+            import numpy as np
+            if isinstance(v, (np.floating, np.integer)):   # np.float32 is no Python float (np.float64 is)
+                v = float(v)
+        except ImportError:  # pragma: no cover
+            pass
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
     v = float(v)
@@ -435,6 +442,10 @@ class SamplingMetadata:
         dev = torch.device(device)
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {device!r}: this torch has no CUDA device")
+        if rep is not None:
+            for name, t in (("prompt_mask", prompt_mask), ("output_counts", output_counts)):
+                if t.device.type != dev.type or (dev.index is not None and t.device.index != dev.index):
+                    raise ValueError(f"{name} must be on {dev} (the metadata's device), got {t.device}")
         bad = {}
         for row, words in (bad_words_token_ids or {}).items():
             row = _check_int("bad_words_token_ids row", row, 0, n - 1)

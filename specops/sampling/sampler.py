@@ -140,6 +140,9 @@ class Sampler:
         """Steps 1-7 except thresholds and draw (see the module docstring)."""
         if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
             raise ValueError("logits must be a 2-D tensor [rows, vocab]")
+        if logits.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            # checked here, not only by the draw: a batch that writes the logits casts them first
+            raise TypeError(f"logits must be fp32, bf16 or fp16, got {logits.dtype}")
         R, V = logits.shape
         if R != metadata.num_rows:
             raise ValueError(f"logits has {R} rows but the metadata describes {metadata.num_rows}")
@@ -160,6 +163,10 @@ class Sampler:
             else:
                 raw = logits if want_raw else None
                 x = logits.float()
+            if V > 1 and x.stride(1) != 1:
+                # the compiled penalty ops need a contiguous last dimension: copy before anything
+                # is written (the caller's logits are then left as they were)
+                x = x.contiguous()
         elif want_raw:
             raw = logits
         apply_allowed_token_mask_(x, metadata.allowed_token_mask)
