@@ -152,6 +152,14 @@ def _edit_tensors(path, fn):
      r"k_proj.weight' has shape \(32, 128\), expected \(64, 128\)"),
     (lambda p: _edit_tensors(p, lambda t: t.update({"model.extra.weight": torch.zeros(3)})), "does not use"),
     (lambda p: _edit_config(p, tie_word_embeddings=False), "missing tensor 'lm_head.weight'"),
+    # integer weights were cast to the model dtype: a garbage model, no error
+    (lambda p: _edit_tensors(p, lambda t: t.update({"model.layers.0.mlp.up_proj.weight": t[
+        "model.layers.0.mlp.up_proj.weight"].to(torch.int8)})), r"up_proj.weight' has dtype torch.int8"),
+    # rope scaling without its numbers (a bare KeyError when the model was built) or with a factor
+    # of 0 (NaN logits)
+    (lambda p: _edit_config(p, rope_scaling={"rope_type": "linear"}), r"rope_scaling \(linear\) needs factor"),
+    (lambda p: _edit_config(p, rope_scaling={"rope_type": "linear", "factor": 0.0}), "needs factor as a finite"),
+    (lambda p: _edit_config(p, rope_scaling={"rope_type": "llama3", "factor": 8.0}), "needs low_freq_factor"),
 ])
 def test_malformed_checkpoint(tiny_checkpoint, tmp_path, breakage, match):
     path = str(tmp_path / "broken")
@@ -278,6 +286,9 @@ def test_gguf_config_reads_rope_scaling():
     assert config_from_fields({**fields, "llama.rope.scaling.type": "none"})[0].rope_scaling is None
     with pytest.raises(ValueError, match="GGUF rope scaling type 'yarn'"):
         config_from_fields({**fields, "llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0})
+    for bad in (0.0, -2.0, float("inf")):      # a factor of 0 loaded and gave NaN logits
+        with pytest.raises(ValueError, match="GGUF rope scaling factor must be a finite number > 0"):
+            config_from_fields({**fields, "llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": bad})
 
 
 # ---- CUDA ----------------------------------------------------------------------------------------

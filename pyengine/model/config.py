@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 # HF "architectures" names we run, and the model_type each implies when that list is absent.
@@ -10,6 +11,25 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
 }
+
+
+_ROPE_SCALING_KEYS = {   # the numbers each supported rope scaling needs, all finite and > 0
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
+
+
+def _check_rope_scaling(scaling: dict) -> None:
+    """Raise ValueError unless `scaling` is a supported rope scaling with every number it needs,
+    each finite and > 0 (a missing one raised a bare KeyError when the model was built; a factor
+    of 0 made every rotary frequency infinite: NaN logits)."""
+    kind = scaling.get("rope_type")
+    if kind not in _ROPE_SCALING_KEYS:
+        raise ValueError(f"ModelConfig.rope_scaling type {kind!r} is not supported (expected None, 'linear' or 'llama3')")
+    for key in _ROPE_SCALING_KEYS[kind]:
+        value = scaling.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"ModelConfig.rope_scaling ({kind}) needs {key} as a finite number > 0, got {value!r}")
 
 
 @dataclass
@@ -78,10 +98,8 @@ class ModelConfig:
                 f"num_kv_heads ({self.num_kv_heads})")
         if self.head_dim % 2:
             raise ValueError(f"ModelConfig.head_dim must be even for rotary embeddings, got {self.head_dim}")
-        if self.rope_scaling is not None and self.rope_scaling.get("rope_type") not in ("linear", "llama3"):
-            raise ValueError(
-                f"ModelConfig.rope_scaling type {self.rope_scaling.get('rope_type')!r} is not supported "
-                "(expected None, 'linear' or 'llama3')")
+        if self.rope_scaling is not None:
+            _check_rope_scaling(self.rope_scaling)
 
     @classmethod
     def from_hf_dict(cls, cfg: dict, extra_eos_ids: list[int] | None = None) -> "ModelConfig":

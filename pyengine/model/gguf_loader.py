@@ -15,6 +15,8 @@ tests/test_model_gguf.py checks all three. Qwen2's converter does not permute.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -140,6 +142,8 @@ def _rope_scaling(kind, factor, scale_linear) -> dict | None:
     if kind != "linear" or factor is None:
         raise ValueError(f"GGUF rope scaling type {kind!r} (factor {factor!r}) is not supported "
                          "(expected none or linear with a factor)")
+    if not math.isfinite(float(factor)) or float(factor) <= 0:
+        raise ValueError(f"GGUF rope scaling factor must be a finite number > 0, got {factor!r}")
     return None if float(factor) == 1.0 else {"rope_type": "linear", "factor": float(factor)}
 
 

@@ -66,6 +66,10 @@ def hf_to_state_dict(config: ModelConfig, hf: dict[str, torch.Tensor], path: str
         w = hf[name]
         if tuple(w.shape) != shape:
             raise ValueError(f"{path}: tensor {name!r} has shape {tuple(w.shape)}, expected {shape}")
+        if not w.is_floating_point():
+            # an int8 / bool tensor would be cast to the model dtype: garbage weights, no error
+            raise ValueError(f"{path}: tensor {name!r} has dtype {w.dtype}, expected a floating-point dtype "
+                             "(quantized checkpoints are not supported)")
         used.add(name)
         return w
 
