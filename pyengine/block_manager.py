@@ -3,7 +3,9 @@
 A request owns a block table (`Request.block_ids`); token at position p lives in slot
 `block_ids[p // block_size] * block_size + p % block_size`. A full block whose tokens' K/V
 are committed (computed, never a draft) is registered in the prefix cache under a hash
-chain key (hash of the previous block, this block's tokens). A freed block keeps its key
+chain key (digest of the previous block's key, this block's tokens): the tokens compare
+exactly, and the digest is SHA-256, not Python's hash(), whose collisions on int tuples can be
+built on purpose (two prefixes would then share K/V). A freed block keeps its key
 while it sits in the free queue, so a later request with the same prefix takes it back;
 it is evicted (key dropped) only when the pool hands it out for new tokens. The free queue
 is least-recently-freed first, and a request's blocks are freed tail first, so the shared
@@ -12,9 +14,19 @@ head of a prompt is the last to be evicted.
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict
 
 from .request import Request
+
+
+def block_digest(parent: bytes | None, tokens: tuple[int, ...]) -> bytes:
+    """SHA-256 of the parent block's digest (none for the first block) and this block's token
+    ids as int64: the link of the prefix cache's hash chain."""
+    h = hashlib.sha256(parent if parent is not None else b"")
+    h.update(array("q", tokens).tobytes())
+    return h.digest()
 
 
 class Block:
@@ -75,7 +87,7 @@ class BlockManager:
         for i in range(num_full_blocks):
             key = (parent, tuple(toks[i * bs:(i + 1) * bs]))
             if i == len(req.block_hashes):
-                req.block_hashes.append(hash(key))
+                req.block_hashes.append(block_digest(parent, key[1]))
             parent = req.block_hashes[i]
             keys.append(key)
         return keys

@@ -63,7 +63,7 @@ class Request:
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache on first admission
         self.num_preemptions = 0
         self.block_ids: list[int] = []
-        self.block_hashes: list[int] = []  # hash chain of the full blocks of all_token_ids
+        self.block_hashes: list[bytes] = []  # digest chain of the full blocks of all_token_ids (block_manager)
         self.num_hashed_blocks = 0  # leading blocks of block_ids registered in the prefix cache
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None

@@ -67,6 +67,24 @@ def test_prefix_hit_shares_blocks_and_caps_at_last_token():
     assert bm.get_computed_blocks(d) == ([], 0)
 
 
+def test_prefix_chain_does_not_rest_on_pythons_hash(monkeypatch):
+    """The chain linked a block to its parent by Python's hash() of the parent's key, whose
+    collisions on int tuples can be built on purpose: a request whose first block collided with
+    another prompt's first block took that prompt's K/V for the next block. Simulated with a
+    constant hash(): the link is now a SHA-256 digest, so only the true prefix is reused."""
+    import builtins
+    monkeypatch.setattr(builtins, "hash", lambda obj: 0)
+    bm = BlockManager(num_blocks=16, block_size=4)
+    shared = [50, 51, 52, 53]
+    a = make_req("a", [1, 2, 3, 4] + shared + [9])        # caches (x, C)
+    run_prefill(bm, a)
+    b0 = make_req("b0", [5, 6, 7, 8] + [60, 61, 62, 63] + [9])   # caches block y
+    run_prefill(bm, b0)
+    b = make_req("b", [5, 6, 7, 8] + shared + [9])        # (y, C): only y is its true prefix
+    hits, n = bm.get_computed_blocks(b)
+    assert hits == b0.block_ids[:1] and n == 4
+
+
 def test_freed_blocks_stay_cached_until_evicted():
     bm = BlockManager(num_blocks=4, block_size=4)
     prompt = list(range(1, 10))  # 9 tokens -> 3 blocks, 2 full
