@@ -51,7 +51,9 @@ class SamplingParams:
         Per-request seed: the request's draws depend only on it, its inputs and the position.
         With n > 1, sample i uses seed + i (so seed + n - 1 must fit an int64).
     logprobs : int or None
-        Return the log-probabilities of this many most likely tokens (and of the sampled one).
+        Return the log-probabilities of this many most likely tokens (and of the sampled one),
+        before temperature, penalties and filters but, with structured output, after the
+        grammar mask (as vLLM v1: tokens the grammar forbids are at -inf).
     skip_special_tokens : bool
         Leave special tokens out of the text.
     structured_outputs : StructuredOutputOptions, dict or None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -303,10 +304,17 @@ def _read_prompts(path: str, chat: bool = False) -> list[dict]:
     return items
 
 
+def _json_number(v: float) -> float | None:
+    """v, or None (JSON null) where it is not finite: -inf (a token the grammar or a filter
+    forbids) and NaN are not JSON, and a strict parser refuses the whole line."""
+    return v if math.isfinite(v) else None
+
+
 def _logprob_rows(logprobs) -> list[dict]:
-    """JSON rows of one sample's logprobs: token id, logprob, rank and the top-n {id: logprob}."""
-    return [{"token_id": lp.token_id, "logprob": lp.logprob, "rank": lp.rank,
-             "top": {str(t): v for t, v in lp.top.items()}} for lp in logprobs or []]
+    """JSON rows of one sample's logprobs: token id, logprob, rank and the top-n {id: logprob};
+    a logprob that is not finite (-inf: a forbidden token) is null."""
+    return [{"token_id": lp.token_id, "logprob": _json_number(lp.logprob), "rank": lp.rank,
+             "top": {str(t): _json_number(v) for t, v in lp.top.items()}} for lp in logprobs or []]
 
 
 def _generate_batch(llm, args, items: list[dict]) -> int:
@@ -351,7 +359,7 @@ def _generate_batch(llm, args, items: list[dict]) -> int:
                 row["texts"] = [c.text for c in out.outputs]
             if any(c.logprobs is not None for c in out.outputs):   # per sample, per output token
                 row["logprobs"] = [_logprob_rows(c.logprobs) for c in out.outputs]
-            sink.write(json.dumps(row) + "\n")
+            sink.write(json.dumps(row, allow_nan=False) + "\n")
     finally:
         if args.output:
             sink.close()

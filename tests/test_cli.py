@@ -298,3 +298,21 @@ def test_quickstart_default_model():
     r = run_cli("--chat", "What is the capital of France?", "--max-tokens", "16")
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout and "tokens/s" in r.stderr
+
+
+def test_batch_lines_stay_json_when_logprobs_meet_a_grammar(tiny_checkpoint, tmp_path):  # noqa: F811
+    """A grammar masks tokens to -inf, and once a line asks for more top tokens than it allows, those
+    fill the top-n: json.dumps wrote them as -Infinity, which is not JSON (strict parsers refused the
+    line). A logprob that is not finite is now null."""
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text(json.dumps({"prompt": "hello world", "max_tokens": 3, "logprobs": 5}) + "\n")
+    r = run_cli("--model", tiny_checkpoint, "--prompts-file", str(src), "--output", str(dst), "--choice", "yes,no",
+                "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+
+    def refuse(name):
+        raise AssertionError(f"{name} in an output line")
+    row = json.loads(dst.read_text(), parse_constant=refuse)
+    tops = [v for step in row["logprobs"][0] for v in step["top"].values()]
+    assert len(tops) == 5 * len(row["token_ids"]) and None in tops     # masked tokens: null, not -Infinity
+    assert all(v is None or v <= 0 for v in tops)

@@ -2,7 +2,10 @@
 
 Four modes (vLLM's names):
 
-- "raw_logprobs": log_softmax of the logits as the model produced them (the default);
+- "raw_logprobs": log_softmax of the logits as the Sampler got them, before any of its
+  processing (the default). In the engine a structured-output request's grammar mask comes
+  before the Sampler, as in vLLM v1: its raw logprobs are those of the masked logits, tokens
+  the grammar forbids at -inf;
 - "raw_logits": those logits themselves;
 - "processed_logprobs": log-probabilities of the distribution actually sampled from
   (after penalties, processors, temperature, min-p, top-k, top-p; -inf outside the kept
