@@ -71,6 +71,12 @@ HALF_ENFORCED = [
     ("requires 'b' at # but 'properties' does not define it",
      {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]}),
     ("requires 'z'", {"type": "object", "required": ["z"]}),
+    # xgrammar counts key/value pairs, not distinct keys: {"k": 1, "k": 2} met minProperties 2
+    ("'minProperties' at # with keys beyond its required properties",
+     {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 2}),
+    ("'minProperties' at #/items",
+     {"type": "array", "items": {"type": "object", "patternProperties": {"^x": {"type": "integer"}},
+                                 "minProperties": 1}}),
 ]
 
 
@@ -142,6 +148,7 @@ def test_bad_choice():
     _bad("choice must be a list of strings, got str", choice="yes")
     _bad(r"choice\[1\] must be a str", choice=["a", 1])
     _bad(r"choice\[0\] is the empty string", choice=["", "b"])
+    _bad(r"choice\[1\] holds a NUL character", choice=["a", "a\x00b"])   # xgrammar drops it from a literal
 
 
 def test_bad_grammar():
@@ -201,7 +208,9 @@ def test_from_cli(tmp_path):
 def test_choice_escaping_walks_to_each_choice(backend):
     """Choices with quotes, backslashes, newlines and non-ASCII compile and yield exactly one of them."""
     tok = small_tokenizer()
-    choices = ['say "hi"', "back\\slash", "two\nlines", "tab\there", "é🙂", "a", "aa", "aaaa"]
+    # control characters before a hex digit: \x1b then "A1" was read as U+1BA1
+    choices = ['say "hi"', "back\\slash", "two\nlines", "tab\there", "é🙂", "a", "aa", "aaaa", "\x1bA1", "x\x7fE",
+               "a\x01b"]
     assert choice_to_ebnf(["a\"b"]) == 'root ::= "a\\"b"'
     compiled = backend.compile(StructuredOutputOptions(choice=choices))
     seen = set()
@@ -214,3 +223,8 @@ def test_choice_escaping_walks_to_each_choice(backend):
         assert text in choices, text
         seen.add(text)
     assert len(seen) >= 5  # the walk reaches many of them, prefixes ("a" vs "aa") included
+    from xgrammar.testing import _is_grammar_accept_string as is_grammar_accept_string
+    g = xgr.Grammar.from_ebnf(choice_to_ebnf(["\x1bA1", "x\x7fE"]))
+    for c in ("\x1bA1", "x\x7fE"):
+        assert is_grammar_accept_string(g, c), repr(c)
+    assert not is_grammar_accept_string(g, "\u1ba1")

@@ -242,8 +242,8 @@ def _check_half_enforced(s: dict, path: str) -> None:
     output could violate the schema: constraints beside $ref / allOf / anyOf / oneOf (dropped),
     enum / const values that their sibling constraints exclude (the values are produced as
     listed), pattern with minLength / maxLength (only the pattern is kept), multipleOf on
-    non-integers (ignored) and a required property that ``properties`` does not define (never
-    produced)."""
+    non-integers (ignored), a required property that ``properties`` does not define (never
+    produced) and minProperties met by extra keys (a repeated key counts twice)."""
     combinators = [kw for kw in _COMBINATORS if kw in s]
     if combinators:
         others = [kw for kw in s if kw not in _ANNOTATIONS and kw != combinators[0]]
@@ -267,6 +267,12 @@ def _check_half_enforced(s: dict, path: str) -> None:
         raise ValueError(f"json_schema has 'multipleOf' at {path} without \"type\": \"integer\": structured "
                          "output enforces it on integers only")
     required, props = s.get("required"), s.get("properties", {})
+    min_props = s.get("minProperties")
+    extra_keys = s.get("additionalProperties", False) is not False or "patternProperties" in s
+    if isinstance(min_props, int) and extra_keys and min_props > len(required if isinstance(required, list) else []):
+        raise ValueError(f"json_schema has 'minProperties' at {path} with keys beyond its required properties "
+                         "('additionalProperties' / 'patternProperties'): structured output counts a repeated key "
+                         "again, so the object could hold fewer distinct keys; require enough properties instead")
     if isinstance(required, list) and isinstance(props, dict):
         missing = [name for name in required if name not in props]
         if missing:
@@ -317,6 +323,8 @@ def check_choice(choice) -> None:
             raise TypeError(f"choice[{i}] must be a str, got {type(c).__name__}")
         if not c:
             raise ValueError(f"choice[{i}] is the empty string; every choice must be non-empty")
+        if "\x00" in c:
+            raise ValueError(f"choice[{i}] holds a NUL character, which structured output cannot produce")
     if sum(len(c) for c in choice) > MAX_SPEC_CHARS:
         raise ValueError(f"choice is too long (more than {MAX_SPEC_CHARS} characters in all)")
 
@@ -354,7 +362,8 @@ def _ebnf_literal(s: str) -> str:
         elif ch == "\t":
             out.append("\\t")
         elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\x{ord(ch):02x}")
+            # \u and exactly 4 digits: xgrammar reads every hex digit after \x ("\x1bA1" was U+1BA1)
+            out.append(f"\\u{ord(ch):04x}")
         else:
             out.append(ch)
     return '"' + "".join(out) + '"'
