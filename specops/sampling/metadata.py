@@ -25,6 +25,7 @@ Conventions (documented once, used by every backend):
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
@@ -57,14 +58,8 @@ def _as_list(name: str, values, n: int | None, default=None) -> list:
 
 def _check_real(name: str, v, lo: float | None = None, hi: float | None = None,
                 lo_open: bool = False) -> float:
-    if not isinstance(v, (bool, int, float)):
-        try:
-            import numpy as np
-            if isinstance(v, (np.floating, np.integer)):   # np.float32 is no Python float (np.float64 is)
-                v = float(v)
-        except ImportError:  # pragma: no cover
-            pass
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    # numbers.Real takes numpy scalars too (np.float32 is no Python float; np.float64 is)
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
     v = float(v)
     if not math.isfinite(v):
