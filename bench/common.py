@@ -94,13 +94,32 @@ def floor_us(min_bytes: int) -> float:
     return min_bytes / copy_bandwidth() * 1e6
 
 
+class Timing(float):
+    """A median in µs (a float) that knows whether it was timed eagerly (CUDA events on a
+    loop of calls, launch gaps included) instead of by CUDA-graph replay."""
+
+    eager: bool = False
+
+    @classmethod
+    def of(cls, us: float, eager: bool) -> "Timing":
+        t = cls(us)
+        t.eager = eager
+        return t
+
+
+def is_eager(us) -> bool:
+    """Was this time_us result measured eagerly (capture failed, or graph=False)?"""
+    return bool(getattr(us, "eager", False))
+
+
 def time_us(fn: Callable[[], object], graph: bool = True, warmup: int = 10, iters: int = 100,
-            replays_per_graph: int = 10) -> float:
+            replays_per_graph: int = 10) -> Timing:
     """Median device time of one call of `fn`, in µs.
 
     With graph=True, `replays_per_graph` calls are captured in one CUDA graph and the
     graph is replayed `iters` times (launch gaps shrink to what a serving engine sees);
-    if capture fails, times an eager loop with CUDA events instead.
+    if capture fails, times an eager loop with CUDA events instead, says so on stdout and
+    marks the result (`is_eager`): write_results flags such rows in the table.
     """
     for _ in range(warmup):
         fn()
@@ -118,10 +137,11 @@ def time_us(fn: Callable[[], object], graph: bool = True, warmup: int = 10, iter
             with torch.cuda.graph(g):
                 for _ in range(replays_per_graph):
                     fn()
-            return _median_events(g.replay, iters) / replays_per_graph
-        except Exception:  # noqa: BLE001 - not capturable: fall back to eager timing
+            return Timing.of(_median_events(g.replay, iters) / replays_per_graph, eager=False)
+        except Exception as exc:  # noqa: BLE001 - not capturable: fall back to eager timing
             torch.cuda.synchronize()
-    return _median_events(fn, iters)
+            print(f"time_us: CUDA-graph capture failed ({type(exc).__name__}: {exc}); timed eagerly", flush=True)
+    return Timing.of(_median_events(fn, iters), eager=True)
 
 
 def profiled(call: Callable[[], object], n: int, warmup: int = 1):
@@ -170,20 +190,24 @@ def write_results(name: str, rows: list[Row], notes: str = "", x_key: str = "bat
         header.append("")
     if notes:
         header += [notes, ""]
+    if any(is_eager(r.median_us) for r in rows):
+        header += ["A median marked (eager) was timed with CUDA events on an eager loop (graph capture "
+                   "failed or was not asked for): launch gaps included.", ""]
     shape_keys = sorted({k for r in rows for k in r.shape})
     extra_keys = sorted({k for r in rows for k in r.extra})
     cols = ["op", "impl", *shape_keys, "median µs", "GB/s", "floor µs", "x floor", *extra_keys]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         vals = [r.op, r.impl, *[str(r.shape.get(k, "")) for k in shape_keys],
-                f"{r.median_us:.2f}", f"{r.gbps:.0f}", f"{r.floor_us:.2f}", f"{r.floor_ratio:.2f}",
+                f"{r.median_us:.2f}" + (" (eager)" if is_eager(r.median_us) else ""), f"{r.gbps:.0f}", f"{r.floor_us:.2f}", f"{r.floor_ratio:.2f}",
                 *[_fmt(r.extra.get(k, "")) for k in extra_keys]]
         lines.append("| " + " | ".join(vals) + " |")
     md = RESULTS_DIR / f"{name}.md"
     md.write_text("\n".join(header + lines) + "\n")
     (RESULTS_DIR / f"{name}.json").write_text(json.dumps(
-        {"env": info, "copy_bandwidth": bw, "rows": [asdict(r) | {"gbps": r.gbps, "floor_ratio": r.floor_ratio}
-                                                     for r in rows]}, indent=1))
+        {"env": info, "copy_bandwidth": bw,
+         "rows": [asdict(r) | {"median_us": float(r.median_us), "eager": is_eager(r.median_us), "gbps": r.gbps,
+                               "floor_ratio": r.floor_ratio} for r in rows]}, indent=1))
     _plot(name, rows, x_key)
     return md
 
