@@ -1,6 +1,6 @@
 """Where the sampler's device time goes, per kernel, for one parameter mix at a time.
 
-    python bench/exp_sampling_kernels.py [--skip-ab] [B ...]   (GPU machine, repo root, after gpu_check.sh's build)
+    python bench/exp_sampling_kernels.py [B ...]   (GPU machine, repo root, after gpu_check.sh's build)
 
 bench_sampling's 'llm' logits at V = 128256, B = 128 (or the batch sizes given), fp32 and bf16; every row of a batch
 has the same (temperature, top_k, top_p, min_p), so each kernel's time belongs to one path
@@ -8,8 +8,8 @@ of pass 1: greedy rows (no histogram, no noise), plain rows (tile sums, then the
 top-k <= 128 rows (direct: no histogram, no noise), top-p / min-p / top-k > 128 rows (the
 level-1 histogram), and the bench's mixed batch. Prints each kernel's device µs (torch
 profiler, mean of 10 calls) and the whole sample's time from CUDA-graph replays.
---skip-ab: each mix twice, refine and collect reading only the tiles that reach their bounds
-(skip_tiles=True, the default) and every tile (skip_tiles=False), with the same tokens.
+(Session 29's --skip-ab, refine and collect reading only the tiles whose max reaches their
+bounds against every tile, ran on branch wip/tile-skip: logs/exp_tile_skip_2026-12-02.txt.)
 """
 import os
 import sys
@@ -36,13 +36,11 @@ MIXES = {
 
 
 def main() -> None:
-    args = sys.argv[1:]
-    ab = "--skip-ab" in args
-    for B in [int(b) for b in args if b != "--skip-ab"] or [128]:
-        run(128256, B, ab)
+    for B in [int(b) for b in sys.argv[1:]] or [128]:
+        run(128256, B)
 
 
-def run(V: int, B: int, ab: bool = False) -> None:
+def run(V: int, B: int) -> None:
     print(f"{torch.cuda.get_device_name()}, V={V}, B={B}, device us per kernel (mean of 10 calls)", flush=True)
     for dtype in (torch.float32, torch.bfloat16):
         logits = make_logits(B, V, dtype, "llm", seed=B * 7 + V)
@@ -50,20 +48,10 @@ def run(V: int, B: int, ab: bool = False) -> None:
             md = metadata(B, V, seeded=False, mix=mix)
             args = (logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions)
             opts = sample_options(md, md.min_p)   # as the Sampler calls it
-            tokens = None
-            for skip in ((True, False) if ab else (True,)):
-                o = dict(opts, skip_tiles=skip)
-                res = sample(*args, backend="triton", **o)
-                if tokens is None:
-                    tokens = res
-                else:   # the same results bit for bit
-                    for f in ("tokens", "threshold", "row_max", "log_norm"):
-                        assert torch.equal(getattr(res, f), getattr(tokens, f)), (name, f)
-                t = time_us(lambda: sample(*args, backend="triton", **o), warmup=3, iters=20, replays_per_graph=5)
-                per = kernel_us(lambda: sample(*args, backend="triton", **o))
-                parts = ", ".join(f"{k.split('(')[0][:24]} {v:.1f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1]))
-                tag = ("skip " if skip else "all  ") if ab else ""
-                print(f"{str(dtype)[6:]:8s} {tag}{name:22s} {t:7.1f} us | {parts}", flush=True)
+            t = time_us(lambda: sample(*args, backend="triton", **opts), warmup=3, iters=20, replays_per_graph=5)
+            per = kernel_us(lambda: sample(*args, backend="triton", **opts))
+            parts = ", ".join(f"{k.split('(')[0][:24]} {v:.1f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1]))
+            print(f"{str(dtype)[6:]:8s} {name:22s} {t:7.1f} us | {parts}", flush=True)
 
 
 if __name__ == "__main__":

@@ -718,56 +718,6 @@ def test_every_search_path_is_taken_and_exact():
     assert final.count(COLLECT) >= 10 and FALLBACK in final, final
 
 
-@pytest.mark.timeout(300)
-def test_refine_and_collect_skipping_low_tiles_changes_nothing():
-    # refine and collect leave out the tiles whose max (pass 1) is below every bound they count
-    # from: the same tokens, thresholds, sums and paths as reading every tile, bit for bit, and
-    # the reference's draws. The mix reaches collect (top-k above kmax, top-p), the draw above a
-    # min-p threshold and both refine rounds, with tiles below their bounds.
-    from specops.triton_kernels import sampling_select as sel
-    from specops.triton_kernels.sampling_topk_topp import tile_size
-    COLLECT, DRAW = int(sel.COLLECT.value), int(sel.DRAW.value)
-    V = 128256 if CUDA else 20000
-    device = "cuda" if CUDA else "cpu"
-    mix = [(1.0, 0, 0.9, 0.0), (1.0, 0, 1.0, 0.05), (1.0, 500, 0.95, 0.0), (1.0, 3000, 1.0, 0.0),
-           (0.7, 1000, 0.9, 0.02), (2.0, 0, 0.99, 0.0), (1.0, 0, 0.8, 0.1), (0.0, 0, 1.0, 0.0)]
-    g = fresh_gen()
-    R = len(mix)
-    x = torch.randn(R, V, generator=g) * 2
-    x.scatter_add_(1, torch.randint(0, V, (R, 32), generator=g), 6 + 6 * torch.rand(R, 32, generator=g))
-    x = x.to(device)
-    inv = torch.tensor([1 / t if t > 0 else -1.0 for t, *_ in mix], device=device)
-    k = torch.tensor([r[1] for r in mix], dtype=torch.int32, device=device)
-    p = torch.tensor([r[2] for r in mix], device=device)
-    mp = torch.tensor([r[3] for r in mix], device=device)
-    seeds, pos = torch.arange(R, device=device) + 5, torch.arange(R, device=device) * 3
-    runs = []
-    for skip in (True, False):
-        paths = {}
-        out = sample(x, inv, k, p, mp, seeds, pos, backend="triton", paths=paths, kmax=0, skip_tiles=skip)
-        runs.append((out, paths))
-    (a, pa), (b, pb) = runs
-    for f in ("tokens", "threshold", "row_max", "log_norm"):
-        assert torch.equal(getattr(a, f), getattr(b, f)), f
-    for key in ("planned", "refined", "mode"):
-        assert torch.equal(pa[key], pb[key]), key
-    assert torch.equal(pa["state"], pb["state"])
-    assert_same_draw(a, sample(x, inv, k, p, mp, seeds, pos, backend="torch"), x, inv, seeds, pos, p,
-                     top_k=k, min_p=mp)
-    # tiles were skipped: rows collected above a bound that some tiles' max does not reach (the
-    # min-p draw, top-k 500 / 1000, top-p 0.9 / 0.8 on these rows; not the top-p cuts deep in the body)
-    tile = tile_size(V)
-    xs = scale_logits(x, inv).cpu()
-    tmax = torch.nn.functional.pad(xs, (0, -V % tile), value=float("-inf")).view(R, -1, tile).amax(dim=2)
-    st = pa["state"].cpu()
-    lo, t1 = st[:, 2], st[:, 4]
-    floor = torch.where(t1 > -torch.inf, torch.minimum(lo, t1), lo)
-    floor = torch.where(pa["refined"].cpu() == DRAW, t1, floor)
-    collected = torch.isin(pa["refined"].cpu(), torch.tensor([COLLECT, DRAW]))
-    skipped = (tmax < floor[:, None]).sum(dim=1)
-    assert int((skipped[collected] > 0).sum()) >= 3, (pa["refined"], skipped)
-
-
 def test_search_false_skips_the_search_launches_and_stays_exact(monkeypatch):
     # search=False promises that every random row is unfiltered or a direct top-k: the refine
     # and collect kernels are not launched. Rows that keep the promise are decided in the plan

@@ -26,10 +26,6 @@ many programs per row, no host sync:
 3. collect (programs per row): stores every token of [lo, hi) as a sortable key, and the
    exact count, mass and best exponential-race score of the tokens >= hi (all kept).
 
-Refine and collect read only the tiles whose max (pass 1's tile_max) reaches the lowest
-bound they count from (lo, or the min-p threshold when it is lower): the other tiles hold
-no token they count, so their sums are the same bit for bit (`_load_live`).
-
 The finish sorts the candidates and decides the exact thresholds, checking every
 assumption the bounds made (a failed check falls back to the exact search), so the
 histograms only steer the search: its result never depends on them.
@@ -193,18 +189,16 @@ def merge_best(sc, idx, best, tok, NO_TOKEN: tl.constexpr):
     return tl.where(better, bs, best), tl.where(better, bi, tok)
 
 
-@triton.jit(do_not_specialize=["V", "NT", "S3", "BPP"])
+@triton.jit(do_not_specialize=["V", "S3", "BPP"])
 def _refine_kernel(
     logits_ptr, stride_row,          # [R, V]
     inv_temp_ptr,                    # [R] fp32
-    tile_max_ptr,                    # [R, NT] fp32 (pass 1): tiles below every bound are not read
     st_i_ptr, st_f_ptr,              # [R, 4] int32, [R, 6] fp32 row states
     h2_ptr,                          # [R, S3, _SB] int32 out
     n_ptr,                           # [R, S3] int32 out: tokens >= hi
     mass_ptr,                        # [R, S3, 3] fp32 out: mass >= hi, mass >= t1, mass in [lo, hi)
-    V, NT, S3, BPP,
-    BLOCK: tl.constexpr, TILE: tl.constexpr,
-    SKIP: tl.constexpr = True,                # read only the tiles whose max reaches the bounds
+    V, S3, BPP,
+    BLOCK: tl.constexpr,
     PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
 ):
     pdl_start(PDL)
@@ -213,8 +207,6 @@ def _refine_kernel(
     mode = tl.load(st_i_ptr + r * 4)
     if (mode == REFINE_COUNT) | (mode == REFINE_MASS):
         row, inv_t, m, lo, hi, t1 = _row_inputs(logits_ptr, stride_row, inv_temp_ptr, st_f_ptr, r)
-        tm_row = tile_max_ptr + r.to(tl.int64) * NT
-        floor = tl.where(t1 > float("-inf"), tl.minimum(lo, t1), lo)   # nothing below it counts
         inv_sw = (_SB - 1) / (hi - lo)
         h = tl.zeros([_SB], tl.int32)
         n_above = tl.zeros([BLOCK], tl.int32)
@@ -223,14 +215,13 @@ def _refine_kernel(
         m_in = tl.zeros([BLOCK], tl.float32)
         for it in range(0, BPP):
             offs = (c * BPP + it) * BLOCK + tl.arange(0, BLOCK)
-            x = _load_live(row, tm_row, offs, V, inv_t, floor, TILE, SKIP)
+            x = tl.load(row + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
             fin = x > float("-inf")
             e = tl.exp(x - m)
             above = fin & (x >= hi)
             n_above += above.to(tl.int32)
             m_above += tl.where(above, e, 0.0)
-            if t1 > float("-inf"):      # refine_combine reads it only then (else Z is the base)
-                m_t1 += tl.where(fin & (x >= t1), e, 0.0)
+            m_t1 += tl.where(fin & (x >= t1), e, 0.0)
             s = tl.minimum(tl.maximum((x - lo) * inv_sw, 0.0), _SB - 2.0).to(tl.int32)
             inb = fin & (x >= lo) & (x < hi)
             m_in += tl.where(inb, e, 0.0)
@@ -328,46 +319,31 @@ def _refine_combine_kernel(
         tl.store(st_i_ptr + r * 4, new_mode)
 
 
-@triton.jit(do_not_specialize=["V", "NT", "S3", "BPP", "stream"])
+@triton.jit(do_not_specialize=["V", "S3", "BPP", "stream"])
 def _collect_kernel(
     logits_ptr, stride_row,          # [R, V]
     inv_temp_ptr,                    # [R] fp32
     seed_ptr, pos_ptr,               # [R] int64
-    tile_max_ptr,                    # [R, NT] fp32 (pass 1): tiles below every bound are not read
     st_i_ptr, st_f_ptr,              # [R, 2] int32 (candidate count: atomic), [R, 6] fp32
     cand_ptr,                        # [R, CAP] int64 out: pack_key(x, token) of lo <= x < hi
     n_ptr,                           # [R, S3] int32 out: tokens >= hi
     f_ptr,                           # [R, S3, 3] fp32 out: their mass, best race score, mass >= t1
     i_ptr,                           # [R, S3] int32 out: token of the best score
-    V, NT, S3, BPP, stream,
-    BLOCK: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr,
-    SKIP: tl.constexpr = True,                # read only the tiles whose max reaches the bounds
+    V, S3, BPP, stream,
+    BLOCK: tl.constexpr, CAP: tl.constexpr,
     PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
 ):
     pdl_start(PDL)
     r = tl.program_id(0)
     c = tl.program_id(1)
-    collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, tile_max_ptr, st_i_ptr, st_f_ptr,
-                    cand_ptr, n_ptr, f_ptr, i_ptr, V, NT, S3, BPP, stream, r, c, tl.load(st_i_ptr + r * 4), BLOCK,
-                    CAP, TILE, SKIP)
+    collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, st_i_ptr, st_f_ptr, cand_ptr,
+                    n_ptr, f_ptr, i_ptr, V, S3, BPP, stream, r, c, tl.load(st_i_ptr + r * 4), BLOCK, CAP)
 
 
 @triton.jit
-def _load_live(row, tm_row, offs, V, inv_t, floor, TILE: tl.constexpr, SKIP: tl.constexpr):
-    """Scaled logits x of the tokens `offs` of a row ([N] fp32); with SKIP, -inf in the tiles
-    whose max (pass 1's tile_max, the same product) is below `floor`: those tiles hold no token
-    >= floor, so a caller that counts only tokens >= floor gets the same sums bit for bit (zeros
-    where they were zeros), and their bytes are not read."""
-    live = offs < V
-    if SKIP:
-        live = live & (tl.load(tm_row + offs // TILE, mask=live, other=float("-inf")) >= floor)
-    return tl.load(row + offs, mask=live, other=float("-inf")).to(tl.float32) * inv_t
-
-
-@triton.jit
-def collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, tile_max_ptr, st_i_ptr, st_f_ptr,
-                    cand_ptr, n_ptr, f_ptr, i_ptr, V, NT, S3, BPP, stream, r, c, mode,
-                    BLOCK: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr, SKIP: tl.constexpr = True):
+def collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, st_i_ptr, st_f_ptr, cand_ptr,
+                    n_ptr, f_ptr, i_ptr, V, S3, BPP, stream, r, c, mode,
+                    BLOCK: tl.constexpr, CAP: tl.constexpr):
     """Program c of row r of the collect launch (arguments as `_collect_kernel`'s); also
     called by sampling_topk_topp's collect launch that decides deferred direct rows."""
     if (mode == COLLECT) | (mode == DRAW):
@@ -377,9 +353,6 @@ def collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, til
         if mode == DRAW:
             lo = t1
             hi = t1
-        tm_row = tile_max_ptr + r.to(tl.int64) * NT
-        # tokens count from lo up (hi >= lo), and from t1 up for the min-p mass of COLLECT rows
-        floor = tl.where((mode == COLLECT) & (t1 > float("-inf")), tl.minimum(lo, t1), lo)
         n_above = mode * 0
         m_above = tl.zeros([BLOCK], tl.float32)
         m_t1 = tl.zeros([BLOCK], tl.float32)
@@ -388,7 +361,7 @@ def collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, til
         lane = tl.arange(0, BLOCK)
         for it in range(0, BPP):
             offs = (c * BPP + it) * BLOCK + lane
-            x = _load_live(row, tm_row, offs, V, inv_t, floor, TILE, SKIP)
+            x = tl.load(row + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
             fin = x > float("-inf")
             above = fin & (x >= hi)
             na = tl.sum(above.to(tl.int32), axis=0)

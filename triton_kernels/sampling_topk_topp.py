@@ -797,7 +797,6 @@ def _collect_direct_kernel(
     BLOCK: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr,
     SMALL: tl.constexpr, TOPT: tl.constexpr, GD: tl.constexpr, PIPE: tl.constexpr, DS: tl.constexpr,
     TPP: tl.constexpr = 8, DEFER: tl.constexpr = 1,
-    SKIP: tl.constexpr = True,                # collect: read only the tiles whose max reaches the bounds
     PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
 ):
     """The collect launch (sampling_select.collect_program) in which program 0 of each row
@@ -817,8 +816,8 @@ def _collect_direct_kernel(
                             st_i_ptr + r * 4 + 1, tl.load(st_i_ptr + r * 4 + 3), V, tl.load(inv_temp_ptr + r),
                             tl.load(st_f_ptr + r * 6 + 2), c, S3, TILE, TPP, CAP)
         else:
-            collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, tile_max_ptr, st_i_ptr, st_f_ptr,
-                            cand_ptr, n_ptr, f_ptr, i_ptr, V, NT, S3, BPP, stream, r, c, mode, BLOCK, CAP, TILE, SKIP)
+            collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, st_i_ptr, st_f_ptr, cand_ptr,
+                            n_ptr, f_ptr, i_ptr, V, S3, BPP, stream, r, c, mode, BLOCK, CAP)
     elif mode == DIRECT:
         if c == 0:
             r64 = r.to(tl.int64)
@@ -837,8 +836,8 @@ def _collect_direct_kernel(
             else:   # the plan's stores stand: token -1, tau -inf, log Z (the finish rewrites them)
                 tl.store(st_i_ptr + r * 4, r * 0 + FALLBACK)
     else:
-        collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, tile_max_ptr, st_i_ptr, st_f_ptr,
-                        cand_ptr, n_ptr, f_ptr, i_ptr, V, NT, S3, BPP, stream, r, c, mode, BLOCK, CAP, TILE, SKIP)
+        collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, st_i_ptr, st_f_ptr, cand_ptr,
+                        n_ptr, f_ptr, i_ptr, V, S3, BPP, stream, r, c, mode, BLOCK, CAP)
 
 
 @triton.jit
@@ -1143,7 +1142,6 @@ def sample_top_k_top_p_triton(
     direct_small: int = DIRECT_SMALL,
     direct_in: str = "auto",
     search: bool = True,
-    skip_tiles: bool = True,
 ):
     """Pass 1 (row statistics, tile maxima, histograms), plan, refine, collect and finish.
 
@@ -1162,9 +1160,6 @@ def sample_top_k_top_p_triton(
     draw, from the finish's single-program search (slow on a wide row, never wrong). It is
     False anyway when no filter tensor is given, and True with select=False or direct_in
     other than "plan" (whose rows need the collect launch).
-    `skip_tiles=False` makes refine and collect read every tile of a row; by default they
-    skip the tiles whose max (pass 1) is below every bound they count from (the bracket's
-    floor and the min-p threshold), with the same results bit for bit.
     `paths`, when a dict, receives "mode": [R] int32, the path each row took
     (sampling_select.DONE / DRAW / COLLECT / FALLBACK / DIRECT).
 
@@ -1269,8 +1264,8 @@ def sample_top_k_top_p_triton(
         paths["planned"] = st_i[:, 0].clone()
     if select and search:
         for last in (False, True):
-            _refine_kernel[(R, s3)](logits, logits.stride(0), inv_temperature, tile_max, st_i, st_f, h2, pn, pf,
-                                    V, NT, s3, bpp, BLOCK=2048, TILE=tile, SKIP=skip_tiles, num_warps=8, **pdl)
+            _refine_kernel[(R, s3)](logits, logits.stride(0), inv_temperature, st_i, st_f, h2, pn, pf,
+                                    V, s3, bpp, BLOCK=2048, num_warps=8, **pdl)
             _refine_combine_kernel[(R,)](top_k, top_p, st_i, st_f, h2, pn, pf, s3, CAP=cap, GS=32, LAST=last,
                                          num_warps=4, **pdl)
     if paths is not None:
@@ -1282,11 +1277,11 @@ def sample_top_k_top_p_triton(
             cand, pn, pf, pi, tile_list, tokens, thr, lnorm, V, NT, s3, bpp, stream, kmax,
             BLOCK=2048, CAP=cap, TILE=tile, G=G, NT_P2=NT_P2, SMALL=min(256, cap), TOPT=topt, GD=gd,
             PIPE=direct_pipe, DS=ds, TPP=min(16, _next_pow2(-(-2 * kmax // s3))),   # [TPP, TILE] a load
-            DEFER=defer, SKIP=skip_tiles, num_warps=8, **pdl)
+            DEFER=defer, num_warps=8, **pdl)
     elif search:
-        _collect_kernel[(R, s3)](logits, logits.stride(0), inv_temperature, seeds, positions, tile_max, st_i, st_f,
-                                 cand, pn, pf, pi, V, NT, s3, bpp, stream, BLOCK=2048, CAP=cap, TILE=tile,
-                                 SKIP=skip_tiles, num_warps=8, maxnreg=regs["collect"], **pdl)
+        _collect_kernel[(R, s3)](logits, logits.stride(0), inv_temperature, seeds, positions, st_i, st_f, cand,
+                                 pn, pf, pi, V, s3, bpp, stream, BLOCK=2048, CAP=cap, num_warps=8,
+                                 maxnreg=regs["collect"], **pdl)
     _finish_kernel[(R,)](
         logits, logits.stride(0), inv_temperature, top_k, top_p, seeds, positions, tile_max,
         st_i, st_f, pn, pf, pi, tile_list, cand, tokens, thr, lnorm,
