@@ -20,13 +20,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import copy_bandwidth, floor_us, time_us  # noqa: E402
 
 MIN_TOTAL = 256 << 20
+MIN_COPIES = 8     # calls per cold replay: the graph launch shared by at least as many calls as warm's 5-10
 MAX_COPIES = 512
 
 
 def time_cold(make_call, bytes_per_copy: int, iters: int = 20) -> float:
     """Median µs of one call when each call of a captured graph reads its own inputs.
     make_call(i) builds copy i's inputs and returns the call on them."""
-    n = max(2, min(MAX_COPIES, math.ceil(MIN_TOTAL / max(bytes_per_copy, 1))))
+    n = max(MIN_COPIES, min(MAX_COPIES, math.ceil(MIN_TOTAL / max(bytes_per_copy, 1))))
     calls = [make_call(i) for i in range(n)]
     for c in calls:
         c()
