@@ -601,6 +601,7 @@ def test_bad_inputs():
         (dict(is_greedy=1), TypeError, "is_greedy must be"),
         (dict(seeds=torch.ones(2, dtype=torch.int64)), ValueError, "seeds needs has_seed"),
         (dict(has_seed=torch.ones(2, dtype=torch.bool)), ValueError, "has_seed was given without seeds"),
+        (dict(positions=torch.zeros(2, dtype=torch.int64)), ValueError, "positions was given without seeds"),
         (dict(step=torch.zeros(2, dtype=torch.int64)), ValueError, "step must be"),
         (dict(engine_seed=2**64), ValueError, "engine_seed must be"),
         (dict(backend="cuda"), ValueError, "backend must be"),

@@ -117,7 +117,7 @@ def rejection_sample(
     seeds, has_seed, positions : torch.Tensor, optional
         Per-request seeds: rows with ``has_seed`` use (seed, position + i); the other rows
         use (engine_seed, lane, step) as in specops.rng.row_keys. ``seeds`` None: no row
-        is seeded.
+        is seeded, and has_seed / positions given without seeds are refused.
     step : torch.Tensor, optional
         The engine's step counter on the device (default 0).
     engine_seed : int
@@ -199,6 +199,8 @@ def rejection_sample(
         check_1d("positions", positions, num_reqs, (torch.int64,), device)
     elif has_seed is not None:
         raise ValueError("has_seed was given without seeds")
+    elif positions is not None:
+        raise ValueError("positions was given without seeds: they key seeded rows only (pass seeds and has_seed)")
     if step is not None:
         if not isinstance(step, torch.Tensor) or step.numel() != 1 or step.dtype != torch.int64:
             raise ValueError("step must be an int64 tensor with one element")
