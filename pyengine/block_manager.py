@@ -107,9 +107,14 @@ class BlockManager:
             if bid is None:
                 break
             hits.append(bid)
-        self.num_prefix_queries += req.num_tokens
-        self.num_prefix_hits += len(hits) * self.block_size
         return hits, len(hits) * self.block_size
+
+    def record_prefix_lookup(self, num_tokens: int, num_hit: int) -> None:
+        """Count an admitted request's prefix lookup (num_tokens looked up, num_hit from the
+        cache) in the hit-rate statistics: once per admission, not per attempt."""
+        if self.enable_prefix_caching:
+            self.num_prefix_queries += num_tokens
+            self.num_prefix_hits += num_hit
 
     def cache_blocks(self, req: Request, num_committed_tokens: int) -> None:
         """Register req's full blocks among its first num_committed_tokens tokens."""

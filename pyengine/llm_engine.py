@@ -176,6 +176,9 @@ class LLMEngine:
             except RecursionError:
                 copy_error = ValueError("sampling params are nested too deeply to copy (e.g. a JSON schema "
                                         "hundreds of levels deep)")
+            except Exception as exc:  # noqa: BLE001 - e.g. a lock or a generator in extra_args
+                copy_error = TypeError(f"sampling params cannot be copied ({type(exc).__name__}: {exc}): "
+                                       "extra_args, logit_bias and the other fields must hold plain values")
         # the ids the request will hold: its own and, for a valid n > 1, its samples' (an n past
         # MAX_N fails validation below, as one request, without listing that many ids)
         n = params.n if isinstance(params, SamplingParams) and isinstance(params.n, int) else 1
@@ -186,6 +189,11 @@ class LLMEngine:
             return next((c for c in [rid] + ([f"{rid}#{i}" for i in range(n)] if n > 1 else [])
                          if self._id_in_use(c)), None)
 
+        if request_id is not None:
+            try:
+                hash(request_id)
+            except TypeError:
+                raise TypeError(f"request_id must be a str (or None), got {type(request_id).__name__}") from None
         if request_id is None:
             rid = str(next(self._counter))
             while taken(rid) is not None:      # an explicit id took it or one of its samples': the next one
@@ -327,6 +335,10 @@ class LLMEngine:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt is empty")
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as exc:   # e.g. "\ud800" from a JSON line: the tokenizer refuses it
+                raise ValueError(f"prompt must be valid Unicode text (a lone surrogate at index {exc.start})") from None
             ids = self.tokenizer.encode(prompt)
         elif isinstance(prompt, (list, tuple)):
             for i, t in enumerate(prompt):   # ints, numpy ints included; never bools or floats

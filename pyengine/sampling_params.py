@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
-from specops.sampling.metadata import FP32_MAX
+from specops.sampling.metadata import FP32_MAX, FP32_TINY
 
 
 @dataclass
@@ -26,6 +26,7 @@ class SamplingParams:
         Drop tokens whose probability is below min_p times the largest one; 0 means off.
     repetition_penalty : float
         Divides positive (multiplies negative) logits of tokens seen in the prompt or output; 1 means off.
+        At least 1.18e-38 (the smallest normal float32) and at most float32's max.
     frequency_penalty, presence_penalty : float
         Subtract penalty * count(token in output) and penalty * [token in output]; 0 means off.
     logit_bias : dict[int, float] or None
@@ -119,9 +120,8 @@ class SamplingParams:
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         _num("min_p", self.min_p, lo=0.0, hi=1.0)
-        _num("repetition_penalty", self.repetition_penalty)
-        if not 0.0 < self.repetition_penalty <= FP32_MAX:
-            raise ValueError(f"repetition_penalty must be in (0, {FP32_MAX}], got {self.repetition_penalty}")
+        # below the smallest normal fp32 a penalty is 0 or subnormal on the device: logits / it overflow
+        _num("repetition_penalty", self.repetition_penalty, lo=FP32_TINY, hi=FP32_MAX)
         _num("frequency_penalty", self.frequency_penalty, lo=-2.0, hi=2.0)
         _num("presence_penalty", self.presence_penalty, lo=-2.0, hi=2.0)
         _int("min_tokens", self.min_tokens, lo=0)
@@ -153,6 +153,8 @@ class SamplingParams:
                 continue
             if not isinstance(value, (list, tuple)) or not all(isinstance(s, str) for s in value):
                 raise TypeError(f"{name} must be a list of strings, got {value!r}")
+            for s in value:   # the tokenizer encodes them: no lone surrogates
+                _unicode(name, s)
             if any(s == "" for s in value):
                 raise ValueError(f"{name} must not contain the empty string")
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
@@ -180,6 +182,12 @@ class SamplingParams:
 def _num(name: str, value, lo: float | None = None, hi: float | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {value!r}")
+    if isinstance(value, int):
+        try:
+            float(value)
+        except OverflowError:   # e.g. 10**400 from a JSON line: not a float at all
+            raise ValueError(f"{name} must be in [{lo if lo is not None else '-inf'}, "
+                             f"{hi if hi is not None else 'inf'}], got an int of {value.bit_length()} bits") from None
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value}")
     if lo is not None and value < lo or hi is not None and value > hi:
@@ -208,3 +216,12 @@ def _token_list(name: str, toks, vocab_size: int | None) -> None:
         raise TypeError(f"{name} must be a list of token ids, got {toks!r}")
     for tok in toks:
         _token(name, tok, vocab_size)
+
+
+def _unicode(name: str, text: str) -> None:
+    """`text` must encode as UTF-8 (a lone surrogate such as "\ud800", which JSON can carry, does not)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{name} must be valid Unicode text, got {text[:40]!r} (a lone surrogate at "
+                         f"index {exc.start})") from None

@@ -164,6 +164,7 @@ class Scheduler:
             n = min(n, budget)
             if not self.block_manager.allocate_slots(req, n, hits, self.num_lookahead_tokens):
                 break
+            self.block_manager.record_prefix_lookup(req.num_tokens, num_hit)
             self.waiting.popleft()
             if req.status == RequestStatus.WAITING:
                 req.num_cached_tokens = num_hit

@@ -4,6 +4,7 @@ aborts free every block, bad requests fail alone."""
 
 import itertools
 import random
+import threading
 
 import pytest
 import torch
@@ -228,6 +229,14 @@ def test_bad_requests_fail_alone(tiny_checkpoint):  # noqa: F811
         ("hello", SamplingParams(stop=[""]), "stop"),
         ("hello", SamplingParams(n=2, seed=2**63 - 1), "seed"),     # once wedged every step
         ("hello", "not params", "SamplingParams"),
+        # each of these once raised out of add_request (OverflowError, the copy's TypeError, the
+        # tokenizer's TypeError) instead of failing its request alone
+        ("hello", SamplingParams(temperature=10**400), "temperature must be in"),
+        ("hello", SamplingParams(top_p=10**400), "top_p"),
+        ("hello", SamplingParams(extra_args={"lock": threading.Lock()}), "sampling params cannot be copied"),
+        ("hello", SamplingParams(bad_words=["\ud800"]), "bad_words must be valid Unicode"),
+        ("ab\ud800c", GREEDY, "prompt must be valid Unicode"),
+        ("hello", SamplingParams(repetition_penalty=1e-300), "repetition_penalty"),
     ]
     prompts = [good[0]] + [b[0] for b in bad] + [good[1]]
     params = [GREEDY] + [b[1] for b in bad] + [GREEDY]
@@ -260,6 +269,8 @@ def test_request_ids_never_clash(tiny_checkpoint):  # noqa: F811
     # automatic ids step over explicit ones (generate() once raised halfway through its prompts)
     eng = engine(loaded_model(tiny_checkpoint, "cpu"), max_model_len=64)
     eng.add_request([5, 6, 7], GREEDY, request_id="a#0")
+    with pytest.raises(TypeError, match="request_id must be a str"):   # was a bare "unhashable type"
+        eng.add_request([5, 6, 7], GREEDY, request_id=["x"])
     with pytest.raises(ValueError, match="its sample 'a#0' would clash"):
         eng.add_request([5, 6, 7], SamplingParams(n=2, max_tokens=3), request_id="a")
     eng.add_request([5, 6, 7], SamplingParams(n=2, max_tokens=3), request_id="b")

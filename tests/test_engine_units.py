@@ -32,6 +32,11 @@ from specops.engine.sampling_params import SamplingParams
     (dict(seed=2**63 - 1, n=2), "seed"),                    # sample 1 would take seed 2**63
     (dict(temperature=1e39), "temperature"),                # inf in fp32: 1/T = 0 would be greedy
     (dict(repetition_penalty=1e39), "repetition_penalty"),
+    (dict(repetition_penalty=1e-40), "repetition_penalty"),         # subnormal in fp32: logits / it overflow
+    (dict(temperature=10**400), r"temperature must be in .* int of 1329 bits"),   # float() overflowed
+    (dict(logit_bias={5: 10**400}), r"logit_bias\[5\]"),
+    (dict(stop=["ok", "\ud800"]), "stop must be valid Unicode"),      # the tokenizer would refuse it
+    (dict(bad_words=["\udfff x"]), "bad_words must be valid Unicode"),
     (dict(logit_bias=[1, 2]), "logit_bias"),
     (dict(logit_bias={5: 1e9}), r"logit_bias\[5\]"),
     (dict(logit_bias={-1: 1.0}), "logit_bias"),

@@ -455,6 +455,24 @@ def test_loader_by_name_and_entry_point(tmp_path, monkeypatch):
     del sys.modules["my_procs_mod"]
 
 
+def test_a_built_in_named_as_custom_is_built_once():
+    # naming a built-in among the custom processors (or in the entry-point group) built it a
+    # second time: a request's logit_bias was added twice (found by a review)
+    name = "specops.sampling.logits_processors:LogitBiasLogitsProcessor"
+    procs = build_logits_processors(1, 5, custom=[name, "specops.sampling.logits_processors:MinPLogitsProcessor"],
+                                    use_entry_points=False)
+    assert sorted(type(p).__name__ for p in procs.all) == ["LogitBiasLogitsProcessor", "MinPLogitsProcessor",
+                                                           "MinTokensLogitsProcessor"]
+    procs.update_state(BatchUpdate(1, added=[(0, params(logit_bias={4: 3.0}), [1], [])]))
+    md = SamplingMetadata.from_params([0.0], vocab_size=5, logitsprocs=procs)
+    logits = torch.tensor([[9.0, 1, 2, 3, 4]])
+    out = Sampler(backend="torch").process(logits.clone(), md).logits
+    assert out[0].tolist() == [9.0, 1, 2, 3, 7.0]      # + 3 once
+    # without the built-ins a built-in named as custom is built, once however often it is named
+    procs = build_logits_processors(1, 5, custom=[name, name], use_entry_points=False, builtin=False)
+    assert [type(p).__name__ for p in procs.all] == ["LogitBiasLogitsProcessor"]
+
+
 # ---- logprobs ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mode", ["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"])

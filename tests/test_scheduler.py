@@ -212,3 +212,26 @@ def test_stop_conditions():
         sched.update_from_output(out, {"s": [tok]})
         assert r.is_finished == done
     assert r.status == RequestStatus.FINISHED_STOPPED and r.output_token_ids == [EOS, 5, EOS]
+
+
+def test_prefix_hit_rate_counts_a_request_once_when_admitted():
+    # a request left waiting (the pool is short) was counted in the hit-rate statistics at every
+    # step it was looked up; now once, when it is admitted (found by a review)
+    bm = BlockManager(num_blocks=4, block_size=4)
+    s = Scheduler(EngineConfig(max_num_seqs=4, max_num_batched_tokens=64), 64, bm)
+    sp = SamplingParams(temperature=0.0, max_tokens=100)
+    a = Request("a", list(range(3, 15)), sp)
+    s.add_request(a)
+    s.update_from_output(s.schedule(), {"a": [7]})
+    assert (bm.num_prefix_queries, bm.num_prefix_hits) == (12, 0)
+    b = Request("b", list(range(3, 11)) + [99] * 8, sp)   # its first 8 tokens are cached; no room for it
+    s.add_request(b)
+    for _ in range(5):
+        out = s.schedule()
+        s.update_from_output(out, {"a": [7]} if "a" in out.num_scheduled_tokens else {})
+    assert b.status == RequestStatus.WAITING
+    assert (bm.num_prefix_queries, bm.num_prefix_hits) == (12, 0)
+    s.abort_request("a")                                  # room: b is admitted, and counted once
+    out = s.schedule()
+    assert "b" in out.num_scheduled_tokens
+    assert (bm.num_prefix_queries, bm.num_prefix_hits) == (12 + 16, 8)

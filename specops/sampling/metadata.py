@@ -37,6 +37,7 @@ from .logits_processors.interface import LogitsRows, to_device
 
 GREEDY_EPS = 1e-5
 FP32_MAX = 3.4028234663852886e38   # a temperature or penalty above it is inf in fp32 (1/T = 0: greedy)
+FP32_TINY = 1.1754943508222875e-38  # the smallest normal fp32: a repetition penalty below it divides to inf
 LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -61,7 +62,10 @@ def _check_real(name: str, v, lo: float | None = None, hi: float | None = None,
     # numbers.Real takes numpy scalars too (np.float32 is no Python float; np.float64 is)
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
-    v = float(v)
+    try:
+        v = float(v)
+    except OverflowError:   # an int past the float range (e.g. 10**400 from JSON)
+        raise ValueError(f"{name} must be a finite float, got an int of {int(v).bit_length()} bits") from None
     if not math.isfinite(v):
         raise ValueError(f"{name} must be finite, got {v}")
     if lo is not None and (v <= lo if lo_open else v < lo):
@@ -151,8 +155,8 @@ class RowParams:
             temperature=0.0 if t < GREEDY_EPS else t, top_k=0 if (k <= 0 or k >= V) else k, top_p=top_p,
             min_p=_check_real("min_p", g("min_p", 0.0), lo=0.0, hi=1.0),
             seed=None if seed is None else _check_int("seed", seed, _INT64_MIN, _INT64_MAX),
-            repetition_penalty=_check_real("repetition_penalty", g("repetition_penalty", 1.0), lo=0.0, hi=FP32_MAX,
-                                           lo_open=True),
+            repetition_penalty=_check_real("repetition_penalty", g("repetition_penalty", 1.0), lo=FP32_TINY,
+                                           hi=FP32_MAX),
             frequency_penalty=_check_real("frequency_penalty", g("frequency_penalty", 0.0), -2.0, 2.0),
             presence_penalty=_check_real("presence_penalty", g("presence_penalty", 0.0), -2.0, 2.0),
             allowed_token_ids=None if allowed is None else _check_allowed("allowed_token_ids", allowed, V),
@@ -364,7 +368,7 @@ class SamplingMetadata:
 
         rep = freq = pres = None
         if any(x is not None for x in (repetition_penalties, frequency_penalties, presence_penalties)):
-            rep = [_check_real(f"repetition_penalties[{i}]", r, lo=0.0, hi=FP32_MAX, lo_open=True)
+            rep = [_check_real(f"repetition_penalties[{i}]", r, lo=FP32_TINY, hi=FP32_MAX)
                    for i, r in enumerate(_as_list("repetition_penalties", repetition_penalties, n, 1.0))]
             freq = [_check_real(f"frequency_penalties[{i}]", f, -2.0, 2.0)
                     for i, f in enumerate(_as_list("frequency_penalties", frequency_penalties, n, 0.0))]

@@ -106,17 +106,20 @@ def build_logits_processors(
 
     Custom classes come from `custom` ("module:Class" names or classes) and, with
     `use_entry_points`, from the "specops.logits_processors" entry-point group; each is
-    constructed as `cls(max_num_reqs, vocab_size, device)`.
+    constructed as `cls(max_num_reqs, vocab_size, device)`. Each class is built once: a
+    class named twice, or a built-in named among the custom ones while the built-ins are on
+    (it would add a request's logit_bias twice), is not built again.
     """
     procs: list[LogitsProcessor] = []
+    seen = set()
     if builtin:
         procs += [MinTokensLogitsProcessor(max_num_reqs, vocab_size, device, eos_token_ids),
                   LogitBiasLogitsProcessor(max_num_reqs, vocab_size, device),
                   MinPLogitsProcessor(max_num_reqs, vocab_size, device)]
+        seen = {type(p) for p in procs}
     classes = [load_processor_class(c) for c in custom]
     if use_entry_points:
         classes += load_entry_point_classes()
-    seen = set()
     for cls in classes:
         if cls in seen:
             continue
