@@ -29,11 +29,14 @@ class LLM:
 
     Examples
     --------
-    >>> llm = LLM()
-    >>> out = llm.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=8))
-    >>> print(out[0].text)
-    >>> fast = LLM(spec_method="ngram", num_spec_tokens=4)  # prompt-lookup speculative decoding
-    >>> fast.stats()["spec_decoding"]["mean_acceptance_length"]  # after some generate() calls
+    >>> llm = LLM()                        # loads the default model  # doctest: +SKIP
+    >>> out = llm.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=8))  # doctest: +SKIP
+    >>> print(out[0].text)  # doctest: +SKIP
+     Paris.
+    <BLANKLINE>
+    The answer is:
+    >>> fast = LLM(spec_method="ngram", num_spec_tokens=4)  # prompt-lookup speculation  # doctest: +SKIP
+    >>> fast.stats()["spec_decoding"]["mean_acceptance_length"]  # after some generate() calls  # doctest: +SKIP
     """
 
     def __init__(self, model: str | None = None, loaded=None, draft_loaded=None, **kwargs):
