@@ -219,7 +219,7 @@ def _token_list(name: str, toks, vocab_size: int | None) -> None:
 
 
 def _unicode(name: str, text: str) -> None:
-    """`text` must encode as UTF-8 (a lone surrogate such as "\ud800", which JSON can carry, does not)."""
+    """`text` must encode as UTF-8 (a lone surrogate such as "\\ud800", which JSON can carry, does not)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
