@@ -21,9 +21,12 @@ def test_parse_batch_schedule_forms():
     assert parse_batch_schedule({16: 2, 1: 4, 64: 0}) == want
     assert parse_batch_schedule([(64, 0), (1, 4), (16, 2)]) == want
     assert parse_batch_schedule(None) is None and parse_batch_schedule("") is None
-    for bad in ("1-4", "1:4,1:2", "0:4", "1:-1", [(1, 2, 3)], "a:b"):
+    for bad in ("1-4", "1:4,1:2", "0:4", "1:-1", [(1, 2, 3)], "a:b",
+                # int() took these as other values (found by a review): 16, 4, truncations, a bool
+                "1_6:2", "1:\u0664", "1:", {1.9: 4}, [(1, 2.7)], {True: 3}, [(1, None)], 5):
         with pytest.raises(ValueError):
             parse_batch_schedule(bad)
+    assert parse_batch_schedule({np.int64(16): np.int32(2)}) == [(16, 2)]
 
 
 def test_k_for_batch_falls_to_zero():

@@ -77,6 +77,12 @@ def test_edge_cases():
     # padding past num_tokens is ignored, even when it equals the last token
     d, n = ngram_propose(np.array([[3, 8, 3, 3, 3, 3]]), np.array([3]), 2, min_n=1, max_n=1)
     assert d[0, :n[0]].tolist() == [8, 3]
+    # max_n far above the context (>= 2 L + 1) and no wider row to pad it: an IndexError that took
+    # the engine down (found by a review); now the naive rule's drafts
+    assert ngram_propose_naive([7, 7], 4, 1, 5) == [7, 7, 7, 7]
+    d, n = ngram_propose(np.array([[7, 7]]), np.array([2]), 4, min_n=1, max_n=5)
+    assert d[0, :n[0]].tolist() == [7, 7, 7, 7]
+    batch_vs_naive([[7, 7], [1, 2, 1]], 4, 1, 9, True)
 
 
 def test_bad_arguments():

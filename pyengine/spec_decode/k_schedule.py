@@ -10,6 +10,7 @@ bonus token needs a position too) nor produce drafts beyond ``max_tokens``.
 
 from __future__ import annotations
 
+import numbers
 import zlib
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -33,16 +34,23 @@ def parse_batch_schedule(spec: str | dict | Sequence | None) -> list[tuple[int, 
     if spec is None or spec == "":
         return None
     if isinstance(spec, str):
-        try:
-            pairs = [tuple(int(x) for x in part.split(":")) for part in spec.split(",") if part.strip()]
-        except ValueError:
-            raise ValueError(f"batch schedule must look like '1:4,16:2,64:0', got {spec!r}") from None
+        pairs = [tuple(x.strip() for x in part.split(":")) for part in spec.split(",") if part.strip()]
+        # plain ASCII digits only (int() would also take "1_6" as 16, or other scripts' digits)
+        if not all(x.isascii() and x.isdigit() for p in pairs for x in p):
+            raise ValueError(f"batch schedule must look like '1:4,16:2,64:0', got {spec!r}")
+        pairs = [tuple(int(x) for x in p) for p in pairs]
     elif isinstance(spec, dict):
         pairs = list(spec.items())
     else:
-        pairs = [tuple(p) for p in spec]
+        try:
+            pairs = [tuple(p) for p in spec]
+        except TypeError:
+            raise ValueError(f"batch schedule must be (min_batch_size, K) pairs, got {spec!r}") from None
     if not pairs or any(len(p) != 2 for p in pairs):
         raise ValueError(f"batch schedule must be (min_batch_size, K) pairs, got {spec!r}")
+    for p in pairs:   # ints only: a float or bool would be truncated or read as 1 silently
+        if any(isinstance(x, bool) or not isinstance(x, numbers.Integral) for x in p):
+            raise ValueError(f"batch schedule pairs must hold ints, got {p!r} in {spec!r}")
     out = sorted((int(b), int(k)) for b, k in pairs)
     for b, k in out:
         if b < 1 or k < 0:

@@ -102,7 +102,8 @@ def ngram_propose(
     for t in range(1, max_n):
         j = cols - t
         ok = alive & (j >= 0)
-        same = tok[rows, np.maximum(j, 0)] == tok[rows, row_lens - 1 - t]
+        # both indices clamped: where j < 0 (so also where row_lens - 1 - t < 0) ok is False anyway
+        same = tok[rows, np.maximum(j, 0)] == tok[rows, np.maximum(row_lens - 1 - t, 0)]
         alive = ok & same
         length += alive
     keep = length >= min_n
