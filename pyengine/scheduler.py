@@ -126,7 +126,8 @@ class Scheduler:
             assert n > 0, req
             n_plain = min(n, req.num_tokens - req.num_computed_tokens)   # without the drafts
             n_want = n
-            while not self.block_manager.allocate_slots(req, n, num_lookahead_tokens=self.num_lookahead_tokens):
+            while not self.block_manager.allocate_slots(req, n, num_lookahead_tokens=self._lookahead(
+                    req.num_computed_tokens, n)):
                 if n > n_plain > 0:   # drafts are optional: drop them before preempting anyone for them
                     n = n_plain
                     continue
@@ -162,7 +163,7 @@ class Scheduler:
             if n > budget and not self.chunked_prefill and req.status != RequestStatus.PREEMPTED:
                 break
             n = min(n, budget)
-            if not self.block_manager.allocate_slots(req, n, hits, self.num_lookahead_tokens):
+            if not self.block_manager.allocate_slots(req, n, hits, self._lookahead(num_hit, n)):
                 break
             self.block_manager.record_prefix_lookup(req.num_tokens, num_hit)
             self.waiting.popleft()
@@ -177,6 +178,12 @@ class Scheduler:
         self.waiting.extendleft(reversed(skipped))  # back in their places, ahead of the rest
 
         return SchedulerOutput(scheduled, num_tokens, self.max_num_batched_tokens - budget, preempted, spec_tokens)
+
+    def _lookahead(self, num_computed: int, n: int) -> int:
+        """Lookahead slots for a request with num_computed tokens in the cache and n scheduled:
+        none past max_model_len, where no token can ever go (reserving them could preempt the
+        request itself for good when the pool holds exactly max_model_len tokens)."""
+        return max(0, min(self.num_lookahead_tokens, self.max_model_len - num_computed - n))
 
     def _preempt(self, req: Request) -> None:
         self.block_manager.free(req)

@@ -235,3 +235,18 @@ def test_prefix_hit_rate_counts_a_request_once_when_admitted():
     out = s.schedule()
     assert "b" in out.num_scheduled_tokens
     assert (bm.num_prefix_queries, bm.num_prefix_hits) == (12 + 16, 8)
+
+
+def test_lookahead_slots_stop_at_max_model_len():
+    # lookahead slots past max_model_len were reserved too: with a pool of exactly max_model_len
+    # tokens, a request one token from the end needed one block more than the pool and preempted
+    # itself at every step (found by a review; no proposer uses lookahead today)
+    bm = BlockManager(num_blocks=4, block_size=4)
+    s = Scheduler(EngineConfig(max_num_seqs=1, max_num_batched_tokens=64), 16, bm, num_lookahead_tokens=2)
+    r = Request("a", list(range(3, 17)), SamplingParams(temperature=0.0, max_tokens=100))   # 14 tokens
+    s.add_request(r)
+    s.update_from_output(s.schedule(), {"a": [5]})       # 15 tokens: one more reaches max_model_len
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {"a": 1} and not out.preempted
+    s.update_from_output(out, {"a": [6]})
+    assert r.is_finished and r.finish_reason == "length" and bm.num_free_blocks == bm.num_blocks
