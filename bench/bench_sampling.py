@@ -203,29 +203,38 @@ def bench_top_p(rows, fs, V, B, dname):
     from specops.sampling.topk_topp import sample_options
     logits = make_logits(B, V, DTYPES[dname], "llm", seed=B * 5 + V)
     md = metadata(B, V, seeded=False, mix=TOP_P_MIX)
-    tag = f"top-p V={V} B={B} {dname}"
-    _progress(tag, "check")
-    status = check(logits, md, tag)
+    _progress(f"top-p V={V} B={B} {dname}", "check")
+    opts = sample_options(md, md.min_p)
+    p = None if fs is None else md.top_p.contiguous()
+    _one_peer(rows, "top-p sample", "top-p", logits, md, dname,
+              lambda: sample(logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions,
+                             backend="triton", **opts),
+              "softmax + top_p_sampling_from_probs",
+              None if fs is None else lambda: fs.top_p_sampling_from_probs(fs.softmax(logits), p))
+
+
+def _one_peer(rows, op, tag, logits, md, dname, ours, peer_name, peer):
+    """Check `ours` (all rows), time it and `peer` (FlashInfer, None when absent) on the same
+    'llm' logits, and add their rows to `rows`."""
+    V, B = logits.shape[1], logits.shape[0]
+    status = check(logits, md, f"{tag} V={V} B={B} {dname}")
     min_bytes = logits.numel() * logits.element_size()
     shape = dict(V=V, batch=B, dtype=dname, logits="llm")
     flo = floor_us(min_bytes)
-    opts = sample_options(md, md.min_p)
-    t = time_us(lambda: sample(logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions,
-                               backend="triton", **opts), **FAST)
+    t = time_us(ours, **FAST)
     extra = {"check": status}
     t_fi = None
-    if fs is not None:
-        p = md.top_p.contiguous()
+    if peer is not None:
         try:
-            fs.top_p_sampling_from_probs(fs.softmax(logits), p)
-            t_fi = time_us(lambda: fs.top_p_sampling_from_probs(fs.softmax(logits), p), **FAST)
+            peer()
+            t_fi = time_us(peer, **FAST)
             extra["x flashinfer"] = t_fi / t
         except Exception as exc:  # noqa: BLE001
-            print(f"flashinfer softmax + top_p_sampling_from_probs failed: {type(exc).__name__}: {exc}", flush=True)
-    rows.append(Row("top-p sample", "specops", shape, t, min_bytes, flo, extra))
+            print(f"flashinfer {peer_name} failed: {type(exc).__name__}: {exc}", flush=True)
+    rows.append(Row(op, "specops", shape, t, min_bytes, flo, extra))
     if t_fi is not None:
-        rows.append(Row("top-p sample", "flashinfer", shape, t_fi, min_bytes, flo, {}))
-    print(f"top-p V={V:6d} B={B:3d} {dname}: specops {t:7.1f} us" + (f" flashinfer {t_fi:7.1f}" if t_fi else ""),
+        rows.append(Row(op, "flashinfer", shape, t_fi, min_bytes, flo, {}))
+    print(f"{tag} V={V:6d} B={B:3d} {dname}: specops {t:7.1f} us" + (f" flashinfer {t_fi:7.1f}" if t_fi else ""),
           flush=True)
 
 
@@ -237,29 +246,11 @@ def _progress(case: str, phase: str) -> None:
 
 def bench_plain(rows, fs, V, B, dname):
     from specops.sampling import sample
-    dtype = DTYPES[dname]
-    logits = make_logits(B, V, dtype, "llm", seed=B + 1)
+    logits = make_logits(B, V, DTYPES[dname], "llm", seed=B + 1)
     md = metadata(B, V, seeded=False, mix=[(1.0, 0, 1.0, 0.0)])
-    status = check(logits, md, f"plain V={V} B={B} {dname}")
-    min_bytes = logits.numel() * logits.element_size()
-    shape = dict(V=V, batch=B, dtype=dname, logits="llm")
-    flo = floor_us(min_bytes)
-    t = time_us(lambda: sample(logits, md.inv_temperature, None, None, None, md.seeds, md.positions,
-                               backend="triton"), **FAST)
-    extra = {"check": status}
-    t_fi = None
-    if fs is not None:
-        try:
-            fs.sampling_from_logits(logits)
-            t_fi = time_us(lambda: fs.sampling_from_logits(logits), **FAST)
-            extra["x flashinfer"] = t_fi / t
-        except Exception as exc:  # noqa: BLE001
-            print(f"flashinfer sampling_from_logits failed: {type(exc).__name__}: {exc}", flush=True)
-    rows.append(Row("sample (no filter)", "specops", shape, t, min_bytes, flo, extra))
-    if t_fi is not None:
-        rows.append(Row("sample (no filter)", "flashinfer", shape, t_fi, min_bytes, flo, {}))
-    print(f"plain V={V:6d} B={B:3d} {dname}: specops {t:7.1f} us" + (f" flashinfer {t_fi:7.1f}" if t_fi else ""),
-          flush=True)
+    _one_peer(rows, "sample (no filter)", "plain", logits, md, dname,
+              lambda: sample(logits, md.inv_temperature, None, None, None, md.seeds, md.positions, backend="triton"),
+              "sampling_from_logits", None if fs is None else lambda: fs.sampling_from_logits(logits))
 
 
 NOTES = ("Per-row parameters cycle through (temperature, top_k, top_p, min_p) = " + ", ".join(map(str, MIX))

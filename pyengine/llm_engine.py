@@ -16,7 +16,7 @@ from .detokenizer import IncrementalDetokenizer
 from .model_runner import ModelRunner
 from .outputs import CompletionOutput, RequestOutput
 from .request import Request, RequestStatus
-from .sampling_params import SamplingParams
+from .sampling_params import SamplingParams, check_unicode
 from .scheduler import Scheduler
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -335,10 +335,7 @@ class LLMEngine:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt is empty")
-            try:
-                prompt.encode("utf-8")
-            except UnicodeEncodeError as exc:   # e.g. "\ud800" from a JSON line: the tokenizer refuses it
-                raise ValueError(f"prompt must be valid Unicode text (a lone surrogate at index {exc.start})") from None
+            check_unicode("prompt", prompt)   # the tokenizer refuses a lone surrogate (JSON can carry one)
             ids = self.tokenizer.encode(prompt)
         elif isinstance(prompt, (list, tuple)):
             for i, t in enumerate(prompt):   # ints, numpy ints included; never bools or floats

@@ -154,7 +154,7 @@ class SamplingParams:
             if not isinstance(value, (list, tuple)) or not all(isinstance(s, str) for s in value):
                 raise TypeError(f"{name} must be a list of strings, got {value!r}")
             for s in value:   # the tokenizer encodes them: no lone surrogates
-                _unicode(name, s)
+                check_unicode(name, s)
             if any(s == "" for s in value):
                 raise ValueError(f"{name} must not contain the empty string")
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
@@ -218,7 +218,7 @@ def _token_list(name: str, toks, vocab_size: int | None) -> None:
         _token(name, tok, vocab_size)
 
 
-def _unicode(name: str, text: str) -> None:
+def check_unicode(name: str, text: str) -> None:
     """`text` must encode as UTF-8 (a lone surrogate such as "\\ud800", which JSON can carry, does not)."""
     try:
         text.encode("utf-8")
