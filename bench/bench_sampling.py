@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -108,34 +109,56 @@ def flashinfer_sampling():
         return None
 
 
-def check(logits, md, name: str) -> str:
+def check(logits, md, name: str, distribution: bool = False) -> str:
     """specops against the reference (same noise) on every row of the batch, through the
     launch path the timed call takes: "ok", else CheckFailed (the shape gets no row).
 
     Top-p boundaries are decided in fp32 by the kernel and in fp64 by the reference, so
     thresholds may differ where the kept masses agree to 2e-5; tokens may differ in float
-    near-ties of the noise argmax (at most one row in 64 here).
+    near-ties of the noise argmax or of a pivot acceptance (at most one row in 64 here).
+    `distribution=False` (the Sampler's call without processed logprobs): tokens only.
     """
     from specops.sampling import sample, sample_torch
     from specops.sampling.sampler_torch import scale_logits
     from specops.sampling.topk_topp import sample_options
     n = logits.shape[0]
     args = (logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions)
-    a = sample(*args, backend="triton", **sample_options(md, md.min_p))
-    b = sample_torch(*args)
+    a = sample(*args, backend="triton", distribution=distribution, **sample_options(md, md.min_p, None, distribution))
+    b = sample_torch(*args, distribution=distribution)
+    if not distribution:
+        mismatches = int((a.tokens != b.tokens).sum())
+        if mismatches > max(1, n // 64):
+            raise CheckFailed(f"{name}: specops disagrees with the reference: {mismatches}/{n} tokens differ")
+        return "ok"
     bad_mass = 0
     for r0 in range(0, n, 64):     # fp64 copies of 64 rows at a time
         x = scale_logits(logits[r0:r0 + 64], md.inv_temperature[r0:r0 + 64]).double()
         w = torch.exp(x - x.max(dim=-1, keepdim=True).values)
         ma = torch.where(x >= a.threshold[r0:r0 + 64].double().unsqueeze(1), w, 0).sum(-1)
         mb = torch.where(x >= b.threshold[r0:r0 + 64].double().unsqueeze(1), w, 0).sum(-1)
-        bad_mass += int(((ma - mb).abs() > 2e-5 * w.sum(-1)).sum())
+        for i in ((ma - mb).abs() > 2e-5 * w.sum(-1)).nonzero().flatten().tolist():
+            bad_mass += not _near_tie(x[i], w[i], md, r0 + i, a.threshold[r0 + i], b.threshold[r0 + i])
     same_invalid = torch.equal(torch.isnan(a.threshold), torch.isnan(b.threshold))
     mismatches = int((a.tokens != b.tokens).sum())
     if bad_mass or not same_invalid or mismatches > max(1, n // 64):
         raise CheckFailed(f"{name}: specops disagrees with the reference: {bad_mass} threshold(s) off, "
                           f"{mismatches}/{n} tokens differ")
     return "ok"
+
+
+def _near_tie(x, w, md, r: int, ta, tb) -> bool:
+    """Row r's two thresholds differ only by float near-ties of the top-p rule (the tests'
+    `top_p_near_tie`: every token between them has a mass above within 2e-5 of the target;
+    bf16 ties make such a band hold many tokens)."""
+    tests = str(Path(__file__).resolve().parent.parent / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    from test_sampling_topk_topp import top_p_near_tie
+    x, w = x.cpu(), w.cpu()
+    lo, hi = sorted((float(ta), float(tb)))
+    k = None if md.top_k is None else int(md.top_k[r])
+    mp = None if md.min_p is None else float(md.min_p[r])
+    return md.top_p is not None and top_p_near_tie(x, w, w.sum(), lo, hi, float(md.top_p[r]), k, mp, 2e-5)
 
 
 class CheckFailed(RuntimeError):
@@ -151,15 +174,15 @@ def bench_case(rows, fs, V, B, dname, kind, do_torch=True):
     md_s = metadata(B, V, seeded=True)
     tag = f"{kind} V={V} B={B} {dname}"
     _progress(tag, "check")
-    status = check(logits, md_u, tag)
+    status = check(logits, md_u, tag, distribution=False)
     min_bytes = logits.numel() * logits.element_size()
     shape = dict(V=V, batch=B, dtype=dname, logits=kind)
     flo = floor_us(min_bytes)
 
-    def ours(md):   # as the Sampler calls it: with the host's knowledge of the batch's filters
-        opts = sample_options(md, md.min_p)
+    def ours(md):   # as the Sampler calls it: with the host's knowledge of the batch's filters, tokens only
+        opts = sample_options(md, md.min_p, None, distribution=False)
         return lambda: sample(logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions,
-                              backend="triton", **opts)
+                              backend="triton", distribution=False, **opts)
 
     _progress(tag, "specops")
     t_u = time_us(ours(md_u), **FAST)
@@ -198,24 +221,30 @@ TOP_P_MIX = [(1.0, 0, 0.9, 0.0), (1.0, 0, 0.95, 0.0)]
 
 def bench_top_p(rows, fs, V, B, dname):
     """Top-p alone (0.9 / 0.95 on alternate rows, T = 1), the commonest request: specops
-    against FlashInfer's softmax + top_p_sampling_from_probs (both timed)."""
+    tokens only (the Sampler without processed logprobs: pivot rejection) and with the
+    thresholds (`distribution=True`), against FlashInfer's softmax + top_p_sampling_from_probs
+    (all timed)."""
     from specops.sampling import sample
     from specops.sampling.topk_topp import sample_options
     logits = make_logits(B, V, DTYPES[dname], "llm", seed=B * 5 + V)
     md = metadata(B, V, seeded=False, mix=TOP_P_MIX)
     _progress(f"top-p V={V} B={B} {dname}", "check")
-    opts = sample_options(md, md.min_p)
+
+    def ours(distribution):
+        opts = sample_options(md, md.min_p, None, distribution)
+        return lambda: sample(logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions,
+                              backend="triton", distribution=distribution, **opts)
     p = None if fs is None else md.top_p.contiguous()
-    _one_peer(rows, "top-p sample", "top-p", logits, md, dname,
-              lambda: sample(logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions,
-                             backend="triton", **opts),
+    _one_peer(rows, "top-p sample", "top-p", logits, md, dname, ours(False),
               "softmax + top_p_sampling_from_probs",
-              None if fs is None else lambda: fs.top_p_sampling_from_probs(fs.softmax(logits), p))
+              None if fs is None else lambda: fs.top_p_sampling_from_probs(fs.softmax(logits), p),
+              with_thresholds=ours(True))
 
 
-def _one_peer(rows, op, tag, logits, md, dname, ours, peer_name, peer):
-    """Check `ours` (all rows), time it and `peer` (FlashInfer, None when absent) on the same
-    'llm' logits, and add their rows to `rows`."""
+def _one_peer(rows, op, tag, logits, md, dname, ours, peer_name, peer, with_thresholds=None):
+    """Check `ours` (all rows; tokens only), time it and `peer` (FlashInfer, None when absent)
+    on the same 'llm' logits, and add their rows to `rows`; `with_thresholds`, the same call
+    with distribution=True, is checked and timed too (row "specops thresholds")."""
     V, B = logits.shape[1], logits.shape[0]
     status = check(logits, md, f"{tag} V={V} B={B} {dname}")
     min_bytes = logits.numel() * logits.element_size()
@@ -223,6 +252,10 @@ def _one_peer(rows, op, tag, logits, md, dname, ours, peer_name, peer):
     flo = floor_us(min_bytes)
     t = time_us(ours, **FAST)
     extra = {"check": status}
+    if with_thresholds is not None:
+        st = check(logits, md, f"{tag} thresholds V={V} B={B} {dname}", distribution=True)
+        t_thr = time_us(with_thresholds, **FAST)
+        extra["thresholds/tokens"] = t_thr / t
     t_fi = None
     if peer is not None:
         try:
@@ -232,9 +265,13 @@ def _one_peer(rows, op, tag, logits, md, dname, ours, peer_name, peer):
         except Exception as exc:  # noqa: BLE001
             print(f"flashinfer {peer_name} failed: {type(exc).__name__}: {exc}", flush=True)
     rows.append(Row(op, "specops", shape, t, min_bytes, flo, extra))
+    if with_thresholds is not None:
+        rows.append(Row(op, "specops thresholds", shape, t_thr, min_bytes, flo,
+                        {"check": st} | ({"x flashinfer": t_fi / t_thr} if t_fi is not None else {})))
     if t_fi is not None:
         rows.append(Row(op, "flashinfer", shape, t_fi, min_bytes, flo, {}))
-    print(f"{tag} V={V:6d} B={B:3d} {dname}: specops {t:7.1f} us" + (f" flashinfer {t_fi:7.1f}" if t_fi else ""),
+    thr = f" (thresholds {t_thr:7.1f})" if with_thresholds is not None else ""
+    print(f"{tag} V={V:6d} B={B:3d} {dname}: specops {t:7.1f} us{thr}" + (f" flashinfer {t_fi:7.1f}" if t_fi else ""),
           flush=True)
 
 
@@ -258,8 +295,11 @@ NOTES = ("Per-row parameters cycle through (temperature, top_k, top_p, min_p) = 
          "top_k_top_p_sampling_from_logits on pre-scaled logits (temperature not timed, no min_p, greedy rows "
          "sampled); x <peer> = peer time / specops time. specops seeded = every row with its own seed. "
          "'top-p sample' rows: top_p 0.9 / 0.95 alone at T = 1; FlashInfer runs softmax + "
-         "top_p_sampling_from_probs. Every specops row is checked against the torch reference on all "
-         "its rows first.")
+         "top_p_sampling_from_probs. specops rows are the Sampler's call without processed logprobs "
+         "(sample(..., distribution=False): tokens only, top-p alone by pivot rejection); 'specops "
+         "thresholds' = with the exact thresholds (distribution=True, as for processed logprobs and "
+         "rejection targets). Every specops row is checked against the torch reference on all its rows "
+         "first.")
 
 
 def main() -> int:
@@ -291,6 +331,13 @@ def main() -> int:
                                                      md.seeds, md.positions, backend="triton", cap=cap), **SLOW))
                 print(f"diag {kind} V={V} B=8 {prm}: cap1024 {ts[0]:.1f} us, cap4096 {ts[1]:.1f} us", flush=True)
         return 0
+    if os.environ.get("SAMPLING_TOP_P"):   # the top-p-alone rows only, separate results file
+        for dname, V in (("fp32", 128256), ("bf16", 151936)):
+            for B in (1, 8, 32, 128, 512):
+                guarded(bench_top_p, rows, fs, V, B, dname)
+        path = write_results("sampling_top_p", rows, notes=NOTES)
+        print(f"wrote {path} in {time.time() - t0:.0f} s")
+        return 1 if failed else 0
     if os.environ.get("SAMPLING_QUICK"):   # a few shapes, no torch-sort rows, separate results file
         for V in VOCABS:   # (written after each vocabulary: a run cut short keeps what it measured)
             for B in (1, 8, 32, 512):

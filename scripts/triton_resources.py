@@ -65,13 +65,15 @@ def resource_usage(cubin: bytes) -> str:
     return " ".join(line.split()[:5])
 
 
-def compile_sample(R: int, V: int, dtype: torch.dtype, cap: int) -> None:
-    """Every launch of one sample() call on [R, V] logits with mixed top-k / top-p / min-p rows."""
+def compile_sample(R: int, V: int, dtype: torch.dtype, cap: int, pivot: bool = False) -> None:
+    """Every launch of one sample() call on [R, V] logits with mixed top-k / top-p / min-p rows
+    (`pivot`: the tokens-only call, whose rows of top-p alone take the pivot rounds)."""
     from specops.triton_kernels.sampling_topk_topp import sample_top_k_top_p_triton
 
     rows = torch.arange(R)
     sample_top_k_top_p_triton(torch.zeros(R, V, dtype=dtype), torch.ones(R), (rows % 3 * 20).to(torch.int32),
-                              torch.full((R,), 0.9), torch.full((R,), 0.02), rows.long(), rows.long(), cap=cap)
+                              torch.full((R,), 0.9), torch.full((R,), 0.02), rows.long(), rows.long(), cap=cap,
+                              pivot=pivot)
 
 
 def compile_rejection(num_reqs: int, V: int, dtype: torch.dtype, K: int = 4) -> None:
@@ -107,6 +109,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
+    ap.add_argument("--pivot", action="store_true", help="sample: the tokens-only call (pivot rounds)")
     a = ap.parse_args()
 
     triton_driver.set_active(Sm90Driver())
@@ -121,8 +124,9 @@ def main() -> None:
     JITFunction.run = compile_only
     dtype = torch.float32 if a.dtype == "fp32" else torch.bfloat16
     if a.op == "sample":
-        compile_sample(a.batch, a.vocab, dtype, a.cap)
-        print(f"triton {triton.__version__}, sm_90, sample, cap={a.cap}, R={a.batch}, V={a.vocab}, {a.dtype}")
+        compile_sample(a.batch, a.vocab, dtype, a.cap, a.pivot)
+        print(f"triton {triton.__version__}, sm_90, sample, cap={a.cap}, R={a.batch}, V={a.vocab}, {a.dtype}"
+              + (", pivot" if a.pivot else ""))
     else:
         compile_rejection(a.batch, a.vocab, dtype)
         print(f"triton {triton.__version__}, sm_90, rejection, K=4, requests={a.batch}, V={a.vocab}, {a.dtype}")

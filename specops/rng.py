@@ -17,6 +17,9 @@ STREAM_ACCEPT = 1
 STREAM_RECOVER = 2
 STREAM_RECOVER_CHUNK = 5   # sub-chunk noise of the recovered-token draw (3, 4: pyengine's draft / synthetic streams)
 SUB_STREAM = 1 << 16       # the Sampler's sub-chunk noise of a draw on stream s is on stream s + SUB_STREAM
+# top-p by pivot rejection (specops.triton_kernels.sampling_pivot): the redraw of round i >= 1
+# of a draw on stream s is on stream s + i * PIVOT_STREAM (its sub-chunk noise + SUB_STREAM)
+PIVOT_STREAM = 1 << 17
 
 _M32 = 0xFFFFFFFF
 _KEY_A, _KEY_B = 0x9E3779B9, 0xBB67AE85

@@ -126,6 +126,34 @@ def test_sampling_chain_is_the_same_with_and_without_pdl(monkeypatch, B, dtype):
         assert torch.equal(getattr(captured, field), getattr(without, field)), field
 
 
+@needs_hopper
+@pytest.mark.parametrize("B", [1, 37])
+def test_pivot_chain_is_the_same_with_and_without_pdl(monkeypatch, B):
+    # the tokens-only draw (top-p alone by pivot rejection): its round kernels launch with PDL
+    # like the rest of the chain, and give the same tokens eagerly and replayed from a graph
+    from specops.triton_kernels import sampling_pivot as sp
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    args = _mixed_rows(B, 128256, torch.float32, seed=B + 1)
+    log = _record(monkeypatch, SAMPLING_KERNELS + [(sp, "_pivot_mass_kernel"), (sp, "_pivot_draw_kernel")])
+    monkeypatch.setenv("SPECOPS_PDL", "1")
+    with_pdl = sample(*args, backend="triton", distribution=False)
+    assert {"_pivot_mass_kernel", "_pivot_draw_kernel"} <= {name for name, _, _ in log}
+    assert all(launch is True and pdl is True for _, launch, pdl in log), log
+    monkeypatch.setenv("SPECOPS_PDL", "0")
+    without = sample(*args, backend="triton", distribution=False)
+    assert torch.equal(with_pdl.tokens, without.tokens)
+    monkeypatch.setenv("SPECOPS_PDL", "1")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        captured = sample(*args, backend="triton", distribution=False)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured.tokens, without.tokens)
+
+
 def _rejection_case(num_reqs: int, K: int, V: int, draft_probs: bool, seed: int):
     g = torch.Generator(device="cuda").manual_seed(seed)
     dev = dict(device="cuda", generator=g)

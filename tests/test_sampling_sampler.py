@@ -30,12 +30,14 @@ EOS = 2
 
 
 def same_draw(a, b, sampler, logits, md):
-    """Sampler outputs a (fused) and b (reference) agree (see test_sampling_topk_topp)."""
-    from test_sampling_topk_topp import assert_same_draw
+    """Sampler outputs a (fused) and b (reference) agree (see test_sampling_topk_topp; without processed
+    logprobs the Sampler draws tokens only: rows of top-p alone by pivot rejection)."""
+    from test_sampling_topk_topp import assert_same_draw, assert_same_tokens_only
     proc = sampler.process(logits.clone(), md)
     top_p = md.top_p if md.top_p is not None else torch.ones(md.num_rows)
-    assert_same_draw(a.result, b.result, proc.logits, proc.inv_temperature, md.seeds, md.positions, top_p,
-                     top_k=md.top_k, min_p=proc.min_p)
+    same = assert_same_draw if a.result.threshold is not None else assert_same_tokens_only
+    same(a.result, b.result, proc.logits, proc.inv_temperature, md.seeds, md.positions, top_p,
+         top_k=md.top_k, min_p=proc.min_p)
 
 
 def params(**kw):
@@ -132,8 +134,9 @@ def test_pipeline_order_matches_hand_reference():
     sampler = Sampler(backend="torch")
     proc = sampler.process(logits.clone(), md)
     torch.testing.assert_close(proc.logits, want)
-    out = sampler(logits.clone(), md)
-    ref = sample_torch(want, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions)
+    out = sampler(logits.clone(), md)   # no processed logprobs: tokens only (top-p alone by pivot rejection)
+    ref = sample_torch(want, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions,
+                       distribution=False)
     assert torch.equal(out.sampled_token_ids, ref.tokens)
     greedy = md.temperature == 0
     assert torch.equal(out.sampled_token_ids[greedy], want[greedy].argmax(dim=-1))
@@ -193,8 +196,8 @@ def test_sampler_does_not_touch_untouched_logits_and_reads_half_precision():
     V = 50
     md = SamplingMetadata.from_params([0.8, 0.0], vocab_size=V, top_p=[0.9, 1.0], seeds=[1, 2], max_num_logprobs=3)
     logits = (torch.randn(2, V, generator=g) * 2).bfloat16()
-    out = Sampler(backend="torch")(logits, md)
-    ref = sample_torch(logits, md.inv_temperature, None, md.top_p, None, md.seeds, md.positions)
+    out = Sampler(backend="torch")(logits, md)   # raw logprobs: a tokens-only draw
+    ref = sample_torch(logits, md.inv_temperature, None, md.top_p, None, md.seeds, md.positions, distribution=False)
     assert torch.equal(out.sampled_token_ids, ref.tokens)
     lp = torch.log_softmax(logits.float(), dim=-1)
     torch.testing.assert_close(out.logprobs.logprobs[:, 0], lp.gather(1, ref.tokens.unsqueeze(1)).squeeze(1))
@@ -269,8 +272,9 @@ def triton_against_reference(V, plist, g, kernel_options, min_p_from_processor=F
 def test_sampler_leaves_out_the_search_kernels_when_no_row_needs_them(wide, monkeypatch):
     # greedy, plain and top_k <= 128 rows are all decided in the plan: the Sampler tells the
     # kernels so (sample_options) and the refine / collect kernels are not launched. One row
-    # with a wider filter (top-p alone; min-p, in the metadata or, as the engine passes it,
-    # through its processor only; top_k > 128) brings them back. The draws are the
+    # with a wider filter (min-p, in the metadata or, as the engine passes it, through its
+    # processor only; top_k > 128) brings them back; top-p alone does not (without processed
+    # logprobs the Sampler draws it by pivot rejection, with no search). The draws are the
     # reference's either way.
     from test_sampling_topk_topp import _CountingKernel
     from specops.triton_kernels import sampling_topk_topp as tk
@@ -286,7 +290,8 @@ def test_sampler_leaves_out_the_search_kernels_when_no_row_needs_them(wide, monk
     md2 = triton_against_reference(V, plist, g, {} if CUDA else dict(tile=16, cap=64), wide == "min_p_proc")
     if wide == "min_p_proc":
         assert md2.max_filtered_top_k == math.inf
-    assert launched == ([] if wide is None else ["_refine_kernel", "_refine_kernel", "_collect_kernel"]), launched
+    search = ["_refine_kernel", "_refine_kernel", "_collect_kernel"]
+    assert launched == ([] if wide in (None, "top_p") else search), launched
 
 
 @pytest.mark.parametrize("wide", ["top_p", "top_p_min_p_proc", "top_k_alone"])

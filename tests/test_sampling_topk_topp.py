@@ -147,6 +147,34 @@ def assert_same_draw(a, b, logits, inv, seeds, positions, top_p=None, mass_rtol=
     assert len(diff) <= max(1, len(a.tokens) // 50)
 
 
+def assert_same_tokens_only(a, b, logits, inv, seeds, positions, top_p=None, *, top_k=None, min_p=None):
+    """Results of `sample(..., distribution=False)` (no thresholds): kernel `a`, reference `b`.
+
+    Rows of top-p alone (pivot rejection) have equal tokens, or the kernel's is the
+    reference's pivot draw with top_p moved by 1e-5 relative (a float near-tie of an
+    acceptance, which the kernel decides in fp32 and the reference in fp64). The other rows
+    are the reference's draw with thresholds (b's tokens there, checked) and go through
+    `assert_same_draw` against the reference's thresholds.
+    """
+    from specops.sampling.sampler_torch import SampleResult, pivot_draw, pivot_rows
+    assert a.threshold is None and b.threshold is None and a.log_norm is None and b.log_norm is None
+    cpu = [None if t is None else t.cpu() for t in (logits, inv, top_k, top_p, min_p, seeds, positions)]
+    logits, inv, top_k, top_p, min_p, seeds, positions = cpu
+    R, V = logits.shape
+    ref = sample_torch(logits, inv, top_k, top_p, min_p, seeds, positions)
+    piv = pivot_rows(R, V, top_k, top_p, min_p, "cpu") & (inv > 0) & ~torch.isnan(ref.threshold)
+    ta, tb = a.tokens.cpu().clone(), b.tokens.cpu().clone()
+    assert torch.equal(tb[~piv], ref.tokens[~piv])
+    x = scale_logits(logits, inv)
+    for r in (piv & (ta != tb)).nonzero().flatten().tolist():
+        alts = [int(pivot_draw(x[r:r + 1], top_p[r:r + 1] * f, seeds[r:r + 1], positions[r:r + 1])[0])
+                for f in (1 - 1e-5, 1 + 1e-5)]
+        assert int(ta[r]) in alts, f"pivot row {r}: kernel {int(ta[r])}, reference {int(tb[r])} (near-tie draws {alts})"
+    tb[piv] = ta[piv]
+    full = lambda res, tok: SampleResult(tok, ref.threshold, res.row_max.cpu(), ref.log_norm)  # noqa: E731
+    assert_same_draw(full(a, ta), full(b, tb), logits, inv, seeds, positions, top_p, top_k=top_k, min_p=min_p)
+
+
 def top_p_near_tie(x, w, z, lo, hi, p, k, mp, rtol) -> bool:
     """Do the two thresholds lo < hi of a row (x [V] fp64 scaled logits, w = exp(x - max), z
     their sum) differ only by near-ties of the top-p rule? True when every token in [lo, hi) has

@@ -35,12 +35,15 @@ def _have_nvidia_backend() -> bool:
                            "_collect_direct_kernel", "_finish_kernel"}),
     ("sample", 512, "bf16", {"_row_stats_kernel", "_plan_kernel", "_refine_kernel", "_refine_combine_kernel",
                              "_collect_kernel", "_finish_kernel"}),
+    ("sample --pivot", 8, "fp32", {"_row_stats_kernel", "_plan_kernel", "_pivot_mass_kernel", "_pivot_draw_kernel",
+                                   "_finish_kernel"}),
     ("rejection", 8, "bf16", {"_expand_kernel", "_rejection_sample_kernel", "_rejection_finalize_kernel",
                               "_residual_mass_kernel", "_recover_race_kernel"}),
 ])
 def test_kernels_compile_for_sm90(op, batch, dtype, kernels):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, SCRIPT, "--op", op, "--batch", str(batch), "--dtype", dtype],
+    op, *flags = op.split()
+    run = subprocess.run([sys.executable, SCRIPT, "--op", op, "--batch", str(batch), "--dtype", dtype, *flags],
                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     regs = {m.group(1): int(m.group(2)) for m in re.finditer(r"^\s+(\w+)\s+warps\s+\d+\s+REG:(\d+)", run.stdout, re.M)}

@@ -31,6 +31,10 @@ STREAM_RECOVER_CHUNK = tl.constexpr(5)
 # the sampler's draw on stream s picks a sub-chunk of the row with the noise of stream
 # s + SUB_STREAM (sub-chunk k: word k % 4 of index k // 4), then a token inside it (stream s)
 SUB_STREAM = tl.constexpr(1 << 16)
+# top-p by pivot rejection (sampling_pivot.py): round i >= 1 of a draw on stream s redraws on
+# stream s + i * PIVOT_STREAM (its sub-chunk noise on that + SUB_STREAM); a row still rejected
+# after the last round takes the exact search on stream s + PIVOT_ROUNDS * PIVOT_STREAM
+PIVOT_STREAM = tl.constexpr(1 << 17)
 
 
 @triton.jit

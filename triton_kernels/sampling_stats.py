@@ -71,6 +71,7 @@ def _row_stats_kernel(
     TILE: tl.constexpr, TPB: tl.constexpr,
     PREFETCH: tl.constexpr = False,           # load block b + 1 before reducing block b
     PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
+    PIVOT: tl.constexpr = False,              # rows with top-p alone are drawn by pivot rejection: tile sums
 ):
     pdl_start(PDL)
     # A block is [TPB tiles, TILE]: a tile row lies inside one warp, so the per-tile
@@ -84,9 +85,14 @@ def _row_stats_kernel(
     k = tl.load(top_k_ptr + r)
     # the plan's tests, negated as written there (a NaN parameter counts as off in both)
     unfiltered = (inv_t > 0) & ((k <= 0) | (k >= V)) & ~(tl.load(top_p_ptr + r) < 1.0)
-    unfiltered = unfiltered & ~(tl.load(log_min_p_ptr + r) > float("-inf"))
+    no_min_p = ~(tl.load(log_min_p_ptr + r) > float("-inf"))
+    unfiltered = unfiltered & no_min_p
     direct = (k >= 1) & (k <= KMAX) & (k < V)
-    filtered = (inv_t > 0) & ~unfiltered & ~direct
+    # top-p alone under PIVOT (sampling_pivot.py): the plan draws a first candidate as for a row
+    # without a filter, so the row gets tile sums and no histogram
+    pivot = PIVOT & (inv_t > 0) & ((k <= 0) | (k >= V)) & (tl.load(top_p_ptr + r) < 1.0) & no_min_p
+    filtered = (inv_t > 0) & ~unfiltered & ~direct & ~pivot
+    sums = unfiltered | pivot
 
     tt = tl.arange(0, TPB)
     cols = tl.arange(0, TILE)[None, :]
@@ -109,7 +115,7 @@ def _row_stats_kernel(
         t_sum = tl.sum(tl.exp(x - t_ref[:, None]), axis=1)    # [TPB] sum exp(x - tile max)
         row_t = r.to(tl.int64) * NT + tid
         tl.store(tile_max_ptr + row_t, tmax, mask=tid < NT)
-        if unfiltered:
+        if sums:
             tl.store(tile_sum_ptr + row_t, t_sum, mask=tid < NT)
         m = tl.max(tmax, axis=0)
         z = tl.sum(t_sum * tl.exp(tmax - tl.where(m == float("-inf"), 0.0, m)), axis=0)
@@ -188,6 +194,7 @@ def row_stats_pass(
     kmax: int = 0,
     maxnreg: int | None = None,
     histograms: bool = True,
+    pivot: bool = False,
 ):
     """Launch pass 1 (see module docstring); rows with 1 <= top_k <= kmax get no histogram.
     `blocks_per_program` (default: 1, or BLOCKS_PER_PROGRAM from MANY_BLOCKS blocks in the
@@ -196,7 +203,8 @@ def row_stats_pass(
     invariance). `maxnreg` (registers per thread; default: `pass1_maxnreg(histograms)`) caps
     the registers of the same code, so it changes speed only (the tests check every buffer bit
     for bit); `histograms=False` promises that no row needs a histogram (a row that does still
-    gets it, only more slowly)."""
+    gets it, only more slowly). `pivot=True`: rows with top-p alone get tile sums instead of a
+    histogram (their draw is sampling_pivot.py's)."""
     R, V = logits.shape
     NT = tile_max.shape[1]
     nblk = part_f.shape[1]
@@ -207,6 +215,6 @@ def row_stats_pass(
         logits, logits.stride(0), inv_temperature, top_k, top_p, log_min_p,
         tile_max, tile_sum, part_f, hist, hist_top,
         V, NT, nblk, bpp, kmax,
-        TILE=tile, TPB=tpb, PREFETCH=bpp > 1, num_warps=num_warps,
+        TILE=tile, TPB=tpb, PREFETCH=bpp > 1, PIVOT=pivot, num_warps=num_warps,
         maxnreg=maxnreg or pass1_maxnreg(histograms), **pdl_kwargs(logits), **NO_FP_FUSION,
     )

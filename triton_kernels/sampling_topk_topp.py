@@ -41,11 +41,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .rng import SUB_STREAM, exponential, random_words
+from .rng import PIVOT_STREAM, SUB_STREAM, exponential, random_words
 from .sampling_common import (float_key, key_float, pack_key, pdl_kwargs, pdl_start, select_word, token_noise,
                              unpack_key)
-from .sampling_select import (COLLECT, DIRECT, DONE, DRAW, FALLBACK, SPREAD, STATE_F, STATE_I, SUB_BINS,
-                              _collect_kernel, _refine_combine_kernel, _refine_kernel, collect_program, merge_best,
+from .sampling_pivot import PIVOT_ROUNDS, pivot_rounds
+from .sampling_select import (COLLECT, DIRECT, DONE, DRAW, FALLBACK, PIVOT_PENDING, PIVOTED, SPREAD, STATE_F, STATE_I,
+                              SUB_BINS, _collect_kernel, _refine_combine_kernel, _refine_kernel, collect_program, merge_best,
                               plan_filtered, refine_geometry)
 from .sampling_stats import HIST_BINS, _next_pow2, pass1_blocks, row_stats_pass, tile_size
 
@@ -53,6 +54,7 @@ _BIG = tl.constexpr(2147483647)
 _PAD_KEY = tl.constexpr(-9187343241974906880)  # pack_key(-inf, 0): sorts after every candidate
 _MAX_SEARCH = tl.constexpr(64)
 NPROBE = tl.constexpr(8)   # thresholds counted per pass of the exact search (a power of 2)
+PIVOT_FALLBACK_STREAM = tl.constexpr(PIVOT_ROUNDS * PIVOT_STREAM)   # a pivot row's exact search: fresh noise
 BOUND_SLACK = 16           # `_tile_bound`: a second round only while more than k + BOUND_SLACK tiles reach lo
 
 
@@ -694,6 +696,7 @@ def _plan_kernel(
     TOPT: tl.constexpr = 0, GD: tl.constexpr = 16, PIPE: tl.constexpr = False, DS: tl.constexpr = 0,
     DEFER: tl.constexpr = 0, SEARCH: tl.constexpr = True,
     PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
+    PIVOT: tl.constexpr = False,              # top-p alone: first candidate of the pivot rejection
 ):
     """Rows without a threshold get their token here, and so do rows with 1 <= top_k <= KMAX
     (`_direct_top_k`, mode DIRECT; FALLBACK when it cannot decide: pass 1 gave them no
@@ -704,7 +707,9 @@ def _plan_kernel(
     state's 4th int); the collect launch reads them, many programs per row, and the finish
     decides the row with the same `_finish_collected` call as `_direct_top_k`. SEARCH = False
     (no refine or collect launch follows): the rows that would need the bracket search take
-    the finish's exact single-program search (FALLBACK) instead."""
+    the finish's exact single-program search (FALLBACK) instead. PIVOT: rows with top-p
+    alone draw a first candidate as a row without a filter does, and wait in mode PIVOT_PENDING
+    for sampling_pivot.py's rounds."""
     pdl_start(PDL)
     r = tl.program_id(0)
     r64 = r.to(tl.int64)
@@ -727,6 +732,7 @@ def _plan_kernel(
     tau_min = tl.where(has_mp, m + lmp, float("-inf"))
     t1_exact = has_mp & ~has_k
     n_top = r * 0
+    cand = r * 0
     if ~invalid:
         tau = tl.full([], float("-inf"), tl.float32)
         lnorm = tl.log(z)
@@ -736,6 +742,15 @@ def _plan_kernel(
             tok = _draw_unfiltered(logits_ptr + r64 * stride_row, tile_max_ptr + r64 * NT, tile_sum_ptr + r64 * NT,
                                    NT, V, inv_t, m, tl.load(seed_ptr + r), tl.load(pos_ptr + r), stream,
                                    TILE, NT_P2, SUB)
+        elif PIVOT & has_p & (~has_k) & (~has_mp):
+            cand = _draw_unfiltered(logits_ptr + r64 * stride_row, tile_max_ptr + r64 * NT, tile_sum_ptr + r64 * NT,
+                                    NT, V, inv_t, m, tl.load(seed_ptr + r), tl.load(pos_ptr + r), stream,
+                                    TILE, NT_P2, SUB)
+            lo = tl.load(logits_ptr + r64 * stride_row + cand).to(tl.float32) * inv_t   # the candidate's value
+            mode = r * 0 + PIVOT_PENDING
+            n_top = r * 0 - 1           # a pivot row: its fallback draws on the fallback stream
+            tau = tl.full([], float("nan"), tl.float32)     # no threshold (unless the row falls back)
+            lnorm = tau
         elif SELECT:
             if has_k & (k <= KMAX):
                 mode = r * 0 + DIRECT
@@ -770,7 +785,7 @@ def _plan_kernel(
     tl.store(rmax_ptr + r, tl.where(invalid, float("nan"), m))
     tl.store(lnorm_ptr + r, lnorm)
     tl.store(st_i_ptr + r * 4, mode)
-    tl.store(st_i_ptr + r * 4 + 1, 0)
+    tl.store(st_i_ptr + r * 4 + 1, cand)
     tl.store(st_i_ptr + r * 4 + 2, t1_exact.to(tl.int32))
     tl.store(st_i_ptr + r * 4 + 3, n_top)
     tl.store(st_f_ptr + r * 6 + 0, m)
@@ -940,7 +955,7 @@ def _finish_kernel(
     pdl_start(PDL)
     r = tl.program_id(0)
     mode = tl.load(st_i_ptr + r * 4)
-    if (mode != DONE) & (mode != DIRECT):
+    if (mode != DONE) & (mode != DIRECT) & (mode != PIVOTED):
         r64 = r.to(tl.int64)
         row = logits_ptr + r64 * stride_row
         tm_row = tile_max_ptr + r64 * NT
@@ -954,6 +969,8 @@ def _finish_kernel(
         has_p = p < 1.0
         seed = tl.load(seed_ptr + r)
         pos = tl.load(pos_ptr + r)
+        if tl.load(st_i_ptr + r * 4 + 3) < 0:     # a pivot row that no round accepted (sampling_pivot.py)
+            stream = stream + PIVOT_FALLBACK_STREAM
         m = tl.load(st_f_ptr + r * 6 + 0)
         z = tl.load(st_f_ptr + r * 6 + 1)
         lo = tl.load(st_f_ptr + r * 6 + 2)
@@ -1142,6 +1159,7 @@ def sample_top_k_top_p_triton(
     direct_small: int = DIRECT_SMALL,
     direct_in: str = "auto",
     search: bool = True,
+    pivot: bool = False,
 ):
     """Pass 1 (row statistics, tile maxima, histograms), plan, refine, collect and finish.
 
@@ -1160,8 +1178,12 @@ def sample_top_k_top_p_triton(
     draw, from the finish's single-program search (slow on a wide row, never wrong). It is
     False anyway when no filter tensor is given, and True with select=False or direct_in
     other than "plan" (whose rows need the collect launch).
+    `pivot=True` draws the rows with top-p alone (no top-k, no min-p) by pivot rejection
+    (sampling_pivot.py): the same law, another token, and no threshold: their threshold and
+    log_norm outputs are left unset (NaN) unless the row fell back to the exact search.
+    Such rows need no search (`search=False` holds with them).
     `paths`, when a dict, receives "mode": [R] int32, the path each row took
-    (sampling_select.DONE / DRAW / COLLECT / FALLBACK / DIRECT).
+    (sampling_select.DONE / DRAW / COLLECT / FALLBACK / DIRECT / PIVOTED).
 
     Latency knobs of the direct path (each gives the same tokens, thresholds, log_norm and
     paths["mode"] as the default, except where said; see bench/exp_plan_direct.py):
@@ -1250,7 +1272,8 @@ def sample_top_k_top_p_triton(
     regs = later_maxnreg(R)
     # rows that need the search are the rows with a histogram: without them pass 1 runs lighter
     row_stats_pass(logits, inv_temperature, top_k, top_p, log_min_p, tile, tpb,
-                   tile_max, tile_sum, part_f, hist, hist_top, blocks_per_program, kmax=kmax, histograms=search)
+                   tile_max, tile_sum, part_f, hist, hist_top, blocks_per_program, kmax=kmax, histograms=search,
+                   pivot=pivot)
     _plan_kernel[(R,)](
         logits, logits.stride(0), inv_temperature, top_k, top_p, log_min_p,
         tile_max, tile_sum, part_f, hist, hist_top, seeds, positions, tile_list, cand,
@@ -1258,7 +1281,7 @@ def sample_top_k_top_p_triton(
         V, NT, nblk, stream, kmax,
         TILE=tile, NT_P2=NT_P2, S_P2=max(16, _next_pow2(nblk)), CAP=cap, GB=32, SELECT=select, HB=HIST_BINS, G=G, SUB=sub,
         SMALL=min(256, cap), TOPT=topt, GD=gd, PIPE=direct_pipe, DS=ds, DEFER=defer, SEARCH=search,
-        num_warps=plan_warps, maxnreg=regs["plan"], **pdl,
+        PIVOT=pivot, num_warps=plan_warps, maxnreg=regs["plan"], **pdl,
     )
     if paths is not None:
         paths["planned"] = st_i[:, 0].clone()
@@ -1282,6 +1305,9 @@ def sample_top_k_top_p_triton(
         _collect_kernel[(R, s3)](logits, logits.stride(0), inv_temperature, seeds, positions, st_i, st_f, cand,
                                  pn, pf, pi, V, s3, bpp, stream, BLOCK=2048, CAP=cap, num_warps=8,
                                  maxnreg=regs["collect"], **pdl)
+    if pivot:
+        pivot_rounds(logits, inv_temperature, top_p, seeds, positions, st_i, st_f,
+                     torch.empty(R, -(-V // sub), dtype=f32, device=dev), tokens, stream, sub, pdl=pdl)
     _finish_kernel[(R,)](
         logits, logits.stride(0), inv_temperature, top_k, top_p, seeds, positions, tile_max,
         st_i, st_f, pn, pf, pi, tile_list, cand, tokens, thr, lnorm,

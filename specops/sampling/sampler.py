@@ -70,7 +70,9 @@ class SamplerOutput:
     ----------
     sampled_token_ids : torch.Tensor   [R] int64, -1 for invalid rows
     logprobs : LogprobsTensors or None
-    result : SampleResult              the processed distribution of every row
+    result : SampleResult              the processed distribution of every row; its threshold
+                                       and log_norm are None unless processed logprobs were
+                                       asked for (`Sampler.target_distribution` always has them)
     """
 
     sampled_token_ids: torch.Tensor
@@ -125,7 +127,9 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         """Sample one token per row of `logits` ([R, V] fp32/bf16/fp16)."""
         processed = self.process(logits, metadata)
-        result = self.sample_processed(processed, metadata)
+        # the threshold is read only by processed logprobs: without them, top-p alone needs none
+        need = metadata.max_num_logprobs is not None and self.logprobs_mode.startswith("processed")
+        result = self.sample_processed(processed, metadata, distribution=need)
         logprobs = None
         if metadata.max_num_logprobs is not None:
             logprobs = compute_logprobs(self.logprobs_mode, metadata.max_num_logprobs, result.tokens,
@@ -217,14 +221,15 @@ class Sampler:
     # ---- thresholds and draw ------------------------------------------------------------
 
     def sample_processed(self, processed: ProcessedLogits, metadata: SamplingMetadata,
-                         stream: int | None = None) -> SampleResult:
-        """Temperature, min-p, top-k, top-p and the draw on processed logits."""
+                         stream: int | None = None, distribution: bool = True) -> SampleResult:
+        """Temperature, min-p, top-k, top-p and the draw on processed logits;
+        `distribution=False`: tokens only (see `specops.sampling.sample`)."""
         md = metadata
         filters = (None, None, None) if md.all_greedy else (md.top_k, md.top_p, processed.min_p)
         backend = resolve_backend(self.backend, processed.logits.device)
+        opts = sample_options(md, filters[2], self.kernel_options, distribution) if backend == "triton" else {}
         return sample(processed.logits, processed.inv_temperature, *filters, md.seeds, md.positions,
-                      self.stream if stream is None else stream, backend,
-                      **(sample_options(md, filters[2], self.kernel_options) if backend == "triton" else {}))
+                      self.stream if stream is None else stream, backend, distribution, **opts)
 
 
 def processed_probs(processed: ProcessedLogits, result: SampleResult) -> torch.Tensor:

@@ -34,15 +34,16 @@ class SampleResult:
     Attributes
     ----------
     tokens : torch.Tensor      [R] int64, -1 for invalid rows
-    threshold : torch.Tensor   [R] fp32
+    threshold : torch.Tensor   [R] fp32 (None when the draw was asked for tokens only:
+                               `sample(..., distribution=False)`)
     row_max : torch.Tensor     [R] fp32
-    log_norm : torch.Tensor    [R] fp32
+    log_norm : torch.Tensor    [R] fp32 (None as threshold)
     """
 
     tokens: torch.Tensor
-    threshold: torch.Tensor
+    threshold: torch.Tensor | None
     row_max: torch.Tensor
-    log_norm: torch.Tensor
+    log_norm: torch.Tensor | None
 
 
 # ---- processing steps (shared by the reference and the fast Sampler) ------------------------
@@ -242,6 +243,56 @@ def sub_chunk_draw(
     return out
 
 
+def pivot_draw(
+    x: torch.Tensor,          # [R, V] fp32 scaled logits of valid rows with top-p alone
+    top_p: torch.Tensor,      # [R] fp32, < 1
+    seeds: torch.Tensor,      # [R] int64
+    positions: torch.Tensor,  # [R] int64
+    stream: int = rng.STREAM_SAMPLE,
+) -> torch.Tensor:            # [R] int64
+    """Top-p by pivot rejection, as specops.triton_kernels.sampling_pivot draws it: the
+    two-level draw of a row without a filter gives a candidate t; while the mass strictly
+    above x_t reaches top_p * Z, t is drawn again from the tokens above x_t (round i on
+    stream + i * PIVOT_STREAM); after PIVOT_ROUNDS rejections, one race over the top-p set
+    on stream + PIVOT_ROUNDS * PIVOT_STREAM."""
+    from specops.triton_kernels.sampling_pivot import PIVOT_ROUNDS
+    from specops.triton_kernels.sampling_topk_topp import draw_sub_chunk
+    R, V = x.shape
+    sub = draw_sub_chunk(V)
+    num_subs = -(-V // sub)
+    tokens = sub_chunk_draw(x, seeds, positions, stream)
+    xd = x.double()
+    w = torch.exp(xd - xd.max(dim=-1, keepdim=True).values)
+    target = top_p.to(x.device).double() * w.sum(dim=-1)
+    live = torch.ones(R, dtype=torch.bool, device=x.device)
+    for i in range(1, PIVOT_ROUNDS + 1):
+        above = x > x.gather(1, tokens.unsqueeze(1))            # strictly above the candidate
+        mass = torch.where(above, w, 0.0)
+        live &= ~(mass.sum(dim=-1) < target)
+        if not bool(live.any()):
+            return tokens
+        keys = live.to(seeds.device)
+        s, p = seeds[keys], positions[keys]
+        if i < PIVOT_ROUNDS:
+            st = stream + i * rng.PIVOT_STREAM
+            noise = rng.vocab_noise(s, p, st, V).to(x.device).double()
+            sub_noise = rng.vocab_noise(s, p, st + rng.SUB_STREAM, num_subs).to(x.device).double()
+            tokens[live] = two_level_race(mass[live], mass[live] / noise, sub, sub_noise)
+        else:
+            xl = x[live]
+            tau = row_thresholds_torch(xl, None, top_p.to(x.device)[live], None)
+            xm = torch.where(xl >= tau.unsqueeze(1), xl, torch.full_like(xl, float("-inf")))
+            tokens[live] = noise_argmax(xm, s, p, stream + PIVOT_ROUNDS * rng.PIVOT_STREAM).to(tokens.device)
+    return tokens
+
+
+def pivot_rows(rows: int, vocab: int, top_k, top_p, min_p, device) -> torch.Tensor:
+    """[rows] bool: rows with top-p (< 1) and neither top-k (0 < k < vocab) nor min-p (> 0)."""
+    if top_p is None:
+        return torch.zeros(rows, dtype=torch.bool, device=device)
+    return (top_p.to(device) < 1.0) & ~filtered_rows(rows, vocab, top_k, None, min_p, device)
+
+
 def sample_torch(
     logits: torch.Tensor,             # [R, V] fp32/bf16/fp16 processed logits (before temperature)
     inv_temperature: torch.Tensor,    # [R] fp32, 1/T on random rows, -1 on greedy rows
@@ -251,9 +302,11 @@ def sample_torch(
     seeds: torch.Tensor,              # [R] int64
     positions: torch.Tensor,          # [R] int64
     stream: int = rng.STREAM_SAMPLE,
+    distribution: bool = True,
 ) -> SampleResult:
     """Temperature, min-p, top-k, top-p and the exponential-noise draw; greedy rows take
-    the argmax of the unscaled logits. The reference of `specops.sampling.sample`."""
+    the argmax of the unscaled logits. The reference of `specops.sampling.sample`
+    (`distribution=False`: rows with top-p alone by `pivot_draw`; threshold and log_norm None)."""
     R, V = logits.shape
     x = scale_logits(logits, inv_temperature)
     random = inv_temperature.to(x.device) > 0
@@ -264,7 +317,14 @@ def sample_torch(
     xm = torch.where(xs >= tau.unsqueeze(1), xs, torch.full_like(xs, float("-inf")))
     tokens = xs.argmax(dim=-1)                                      # greedy rows
     filtered = filtered_rows(R, V, top_k, top_p, min_p, x.device)
+    pivoted = random & ~bad & pivot_rows(R, V, top_k, top_p, min_p, x.device) if not distribution else None
     raced = random & filtered        # one race over the kept tokens
+    if pivoted is not None:
+        raced &= ~pivoted
+        if bool(pivoted.any()):
+            keys = pivoted.to(seeds.device)
+            tokens[pivoted] = pivot_draw(xs[pivoted], top_p.to(x.device)[pivoted], seeds[keys], positions[keys],
+                                         stream).to(tokens.device)
     if bool(raced.any()):
         keys = raced.to(seeds.device)
         tokens[raced] = noise_argmax(xm[raced], seeds[keys], positions[keys], stream).to(tokens.device)
@@ -275,6 +335,9 @@ def sample_torch(
     m = xs.max(dim=-1).values
     log_norm = torch.log(torch.exp(xm.double() - m.double().unsqueeze(1)).sum(dim=-1)).float()
     nan = torch.full_like(tau, float("nan"))
+    if not distribution:
+        return SampleResult(tokens=torch.where(bad, torch.full_like(tokens, -1), tokens), threshold=None,
+                            row_max=torch.where(bad, nan, m), log_norm=None)
     return SampleResult(
         tokens=torch.where(bad, torch.full_like(tokens, -1), tokens),
         threshold=torch.where(bad, nan, tau), row_max=torch.where(bad, nan, m),

@@ -84,6 +84,7 @@ def sample(
     positions: torch.Tensor | None = None,  # [R] int64
     stream: int = rng.STREAM_SAMPLE,
     backend: str = "auto",
+    distribution: bool = True,
     **kernel_options,
 ) -> SampleResult:
     """Temperature, min-p, top-k, top-p and the exponential-noise draw in one call.
@@ -96,6 +97,13 @@ def sample(
     (noise on stream + rng.SUB_STREAM), then the token inside it by the race above; only
     one sub-chunk's token noise is computed. Greedy rows take the argmax of the logits. Rows
     with a NaN or +inf logit, or with all logits -inf, get token -1.
+
+    `distribution=False` asks for the tokens only: `threshold` and `log_norm` are None, and
+    rows with top-p alone (no top-k, no min-p) are drawn without a threshold, by pivot
+    rejection (specops.triton_kernels.sampling_pivot: a candidate from the two-level draw,
+    kept when the mass above it is below top_p * Z, else drawn again above it; fresh noise
+    each round, on streams from rng.PIVOT_STREAM up). The law is the same, the token
+    another one, and it costs a read of the row or two instead of the threshold search.
 
     Returns
     -------
@@ -116,27 +124,37 @@ def sample(
     if seeds is None or positions is None:
         raise TypeError("seeds and positions ([rows] int64) are required: every draw is keyed")
     check_sample_args(logits, inv_temperature, top_k, top_p, min_p, seeds, positions, stream)
+    if not isinstance(distribution, bool):
+        raise TypeError(f"distribution must be a bool, got {type(distribution).__name__}")
     if R == 0:
         empty = torch.empty(0, dtype=torch.float32, device=logits.device)
-        return SampleResult(torch.empty(0, dtype=torch.int64, device=logits.device), empty, empty, empty)
+        return SampleResult(torch.empty(0, dtype=torch.int64, device=logits.device), empty if distribution else None,
+                            empty, empty if distribution else None)
     if backend == "torch" or resolve_backend(backend, logits.device) == "torch":
-        return sample_torch(logits, inv_temperature, top_k, top_p, min_p, seeds, positions, stream)
+        return sample_torch(logits, inv_temperature, top_k, top_p, min_p, seeds, positions, stream, distribution)
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     from specops.triton_kernels.sampling_topk_topp import sample_top_k_top_p_triton
 
+    # pivot rounds only for a tokens-only draw, and only when a row may have top-p alone
+    pivot = kernel_options.pop("pivot", top_p is not None) and not distribution
     tokens, thr, rmax, lnorm = sample_top_k_top_p_triton(
         logits, dense(inv_temperature), dense(top_k), dense(top_p), dense(min_p), dense(seeds), dense(positions),
-        stream, **kernel_options)
+        stream, pivot=pivot, **kernel_options)
+    if not distribution:
+        return SampleResult(tokens=tokens, threshold=None, row_max=rmax, log_norm=None)
     return SampleResult(tokens=tokens, threshold=thr, row_max=rmax, log_norm=lnorm)
 
 
-def sample_options(metadata, min_p: torch.Tensor | None, kernel_options: dict | None = None) -> dict:
+def sample_options(metadata, min_p: torch.Tensor | None, kernel_options: dict | None = None,
+                   distribution: bool = True) -> dict:
     """Triton kernel options for `sample` on the rows of `metadata` (a SamplingMetadata):
     `kernel_options`, plus search=False when the host knows that no row needs the bracket
     search (every random row unfiltered, or with top_k <= the plan's direct limit): 5 of
     the 9 kernels are then left out. `min_p` is the one `sample` gets; one that is not the
     metadata's own (a processor added it) counts as unknown (`SamplingMetadata.filter_bound`).
+    `distribution=False` (the `sample` call's): rows with top-p alone need no search either,
+    and "pivot" is False when no random row has top-p alone (the pivot rounds are left out).
     An explicit "search" in `kernel_options` stands. When a random row with top-p has a top_k
     wider than the default candidate capacity holds, "cap" is raised to hold it
     (`cap_for_top_k`); an explicit "cap" stands.
@@ -144,7 +162,9 @@ def sample_options(metadata, min_p: torch.Tensor | None, kernel_options: dict | 
     from specops.triton_kernels.sampling_topk_topp import DEFAULT_CAP, DIRECT_TOP_K, cap_for_top_k
 
     opts = dict(kernel_options or {})
-    widest = metadata.filter_bound(min_p)
+    widest = metadata.filter_bound(min_p, pivot=not distribution)
+    if "pivot" not in opts and not distribution and metadata.top_p_alone_hint(min_p) is False:
+        opts["pivot"] = False   # no row of top-p alone: no pivot rounds to launch
     if "search" not in opts and widest is not None:
         kmax = opts.get("kmax", DIRECT_TOP_K) if opts.get("select", True) else 0
         if widest <= kmax:

@@ -1,0 +1,131 @@
+"""Top-p alone by pivot rejection: an exact draw that needs no threshold.
+
+A row with top-p and no top-k or min-p, when the caller does not need the threshold
+(`sample_top_k_top_p_triton(..., pivot=True)`), is drawn by rejection instead of by the
+threshold search (sampling_select.py):
+
+    candidate t = the plan's two-level draw from the whole row (as a row without a filter);
+    repeat: M = the mass exp(x - m) of the tokens with x > x_t (strictly above t);
+            if M < top_p * Z, t is in the top-p set: accept it;
+            else draw t again from the row restricted to x > x_t (the old x_t is the pivot).
+
+The top-p set is {x >= tau}, upward closed, and a rejected t lies below tau: every draw is
+from the target distribution conditioned on a superset of the top-p set, so an accepted
+token follows the top-p distribution exactly. Each round is one read of the row: the
+mass kernel sums, per sub-chunk of `draw_sub_chunk(V)` tokens, the mass above the
+candidate, which both decides the candidate and is the next draw's level-1 masses. The
+draw kernel accepts, or redraws in two levels (a sub-chunk by the race of its restricted
+mass, then a token of it by the race of exp(x - m) / E over x > pivot) with the noise of
+round i on stream + i * PIVOT_STREAM (its sub-chunk noise + SUB_STREAM): fresh noise per
+round, so each round's acceptance is independent of the earlier rounds' noise. A row
+still rejected after the last round takes the finish's exact search (FALLBACK) with the
+noise of stream + PIVOT_ROUNDS * PIVOT_STREAM, which is exact whatever happened before.
+
+The per-sub-chunk sums and their total are added in a fixed order over a geometry set by
+the vocabulary only, so a seeded row's token does not depend on its batch.
+specops.sampling.sampler_torch.pivot_draw mirrors this draw.
+"""
+
+import triton
+import triton.language as tl
+
+from .rng import PIVOT_STREAM, SUB_STREAM, exponential, random_words
+from .sampling_common import pdl_start, select_word, token_noise
+from .sampling_select import FALLBACK, PIVOT_PENDING, PIVOTED
+
+PIVOT_ROUNDS = 3
+"""Rounds of verification (each a mass and a draw launch) before the exact search. On the
+benchmark's logits (bench/exp_topp_rejection_cpu.py, top_p 0.8-0.99) a draw took 1.02-1.20
+rounds on average and at most 3."""
+
+_BIG = tl.constexpr(2147483647)
+
+
+@triton.jit(do_not_specialize=["V"])
+def _pivot_mass_kernel(
+    logits_ptr, stride_row,            # [R, V] fp32/bf16/fp16, unit column stride
+    inv_temp_ptr,                      # [R] fp32: 1/T
+    st_i_ptr, st_f_ptr,                # [R, 4] int32, [R, 6] fp32 row states (sampling_select.STATE_I / _F)
+    mass_ptr,                          # [R, NC] fp32 out: per sub-chunk, the mass above the candidate
+    V,
+    NC: tl.constexpr, SUB: tl.constexpr,
+    PDL: tl.constexpr = False,         # programmatic dependent launch (sampling_common.pdl_start)
+):
+    """Program (r, c): the mass sum exp(x - m) over the tokens of sub-chunk c of row r with x
+    above the row's candidate value (rows in mode PIVOT_PENDING only)."""
+    pdl_start(PDL)
+    r = tl.program_id(0)
+    c = tl.program_id(1)
+    if tl.load(st_i_ptr + r * 4) == PIVOT_PENDING:
+        inv_t = tl.load(inv_temp_ptr + r)
+        m = tl.load(st_f_ptr + r * 6 + 0)
+        x_cand = tl.load(st_f_ptr + r * 6 + 2)
+        offs = c * SUB + tl.arange(0, SUB)
+        x = tl.load(logits_ptr + r.to(tl.int64) * stride_row + offs, mask=offs < V,
+                    other=float("-inf")).to(tl.float32) * inv_t
+        e = tl.where(x > x_cand, tl.exp(x - m), 0.0)
+        tl.store(mass_ptr + r.to(tl.int64) * NC + c, tl.sum(e, axis=0))
+
+
+@triton.jit(do_not_specialize=["V", "stream"])
+def _pivot_draw_kernel(
+    logits_ptr, stride_row,            # [R, V] fp32/bf16/fp16, unit column stride
+    inv_temp_ptr, top_p_ptr,           # [R] fp32: 1/T, top_p
+    seed_ptr, pos_ptr,                 # [R] int64
+    st_i_ptr, st_f_ptr,                # [R, 4] int32, [R, 6] fp32 row states (updated)
+    mass_ptr,                          # [R, NC] fp32 (the mass launch of this round)
+    tok_ptr,                           # [R] int64 out (accepted rows)
+    V, stream,
+    NC: tl.constexpr, NC_P2: tl.constexpr, SUB: tl.constexpr,
+    ROUND: tl.constexpr,               # 1 .. PIVOT_ROUNDS: the redraw's noise is on stream + ROUND * PIVOT_STREAM
+    LAST: tl.constexpr,                # no redraw: a rejected row goes to the finish's exact search
+    PDL: tl.constexpr = False,
+):
+    """Row r in mode PIVOT_PENDING: accept its candidate (mode PIVOTED, token stored) when the mass
+    above it is below top_p * Z, else draw a new candidate above it (or, LAST, FALLBACK)."""
+    pdl_start(PDL)
+    r = tl.program_id(0)
+    if tl.load(st_i_ptr + r * 4) == PIVOT_PENDING:
+        r64 = r.to(tl.int64)
+        c = tl.arange(0, NC_P2)
+        mass = tl.load(mass_ptr + r64 * NC + c, mask=c < NC, other=0.0)
+        above = tl.sum(mass, axis=0)
+        z = tl.load(st_f_ptr + r * 6 + 1)
+        if above < tl.load(top_p_ptr + r) * z:
+            tl.store(tok_ptr + r, tl.load(st_i_ptr + r * 4 + 1).to(tl.int64))
+            tl.store(st_i_ptr + r * 4, PIVOTED)
+        elif LAST:
+            tl.store(st_i_ptr + r * 4, FALLBACK)
+        else:
+            seed = tl.load(seed_ptr + r)
+            pos = tl.load(pos_ptr + r)
+            s = stream + ROUND * PIVOT_STREAM
+            w0, w1, w2, w3 = random_words(seed, pos, s + SUB_STREAM, c >> 2)
+            score = tl.where(mass > 0.0, mass / exponential(select_word(w0, w1, w2, w3, c & 3)), -1.0)
+            best = tl.max(score, axis=0)
+            c_win = tl.min(tl.where(score == best, c, NC_P2), axis=0)
+            inv_t = tl.load(inv_temp_ptr + r)
+            m = tl.load(st_f_ptr + r * 6 + 0)
+            pivot = tl.load(st_f_ptr + r * 6 + 2)
+            offs = c_win * SUB + tl.arange(0, SUB)
+            x = tl.load(logits_ptr + r64 * stride_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
+            sc = tl.where(x > pivot, tl.exp(x - m) / token_noise(seed, pos, s, offs), -1.0)
+            bs = tl.max(sc, axis=0)
+            t = tl.min(tl.where(sc == bs, offs, _BIG), axis=0)
+            tl.store(st_i_ptr + r * 4 + 1, t)
+            tl.store(st_f_ptr + r * 6 + 2, tl.max(tl.where(offs == t, x, float("-inf")), axis=0))
+
+
+def pivot_rounds(logits, inv_temperature, top_p, seeds, positions, st_i, st_f, mass, tokens, stream: int,
+                 sub: int, rounds: int = PIVOT_ROUNDS, pdl: dict | None = None) -> None:
+    """Launch the verification rounds (module docstring) on the rows in mode PIVOT_PENDING.
+    `mass` is [R, ceil(V / sub)] fp32 scratch."""
+    R, V = logits.shape
+    nc = mass.shape[1]
+    pdl = pdl or {}
+    for i in range(1, rounds + 1):
+        _pivot_mass_kernel[(R, nc)](logits, logits.stride(0), inv_temperature, st_i, st_f, mass, V,
+                                    NC=nc, SUB=sub, num_warps=8, **pdl)
+        _pivot_draw_kernel[(R,)](logits, logits.stride(0), inv_temperature, top_p, seeds, positions, st_i, st_f,
+                                 mass, tokens, V, stream, NC=nc, NC_P2=max(16, triton.next_power_of_2(nc)), SUB=sub,
+                                 ROUND=i, LAST=i == rounds, num_warps=8, **pdl)
