@@ -134,6 +134,22 @@ def test_triton_pivot_matches_reference_small(V, R, dtype, kw):
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter test")
+def test_triton_pivot_follows_the_stream():
+    # the rounds' noise is on the caller's stream (+ i * PIVOT_STREAM): another stream, other
+    # tokens, the reference's again
+    g = torch.Generator().manual_seed(11)
+    logits, md = mixed_pivot_batch(g, 10, 1000)
+    a = sample(*_args(logits, md), stream=7, backend="triton", distribution=False)
+    b = sample(*_args(logits, md), stream=7, backend="torch", distribution=False)
+    assert torch.equal(a.tokens, b.tokens)
+    assert_same_tokens_only(a, b, logits, md.inv_temperature, md.seeds, md.positions, md.top_p, top_k=md.top_k,
+                            min_p=md.min_p, stream=7)
+    zero = sample(*_args(logits, md), backend="triton", distribution=False)
+    top_p_alone = (md.top_p < 1) & (md.top_k == 0) & (md.min_p == 0) & (md.inv_temperature > 0)
+    assert bool((zero.tokens != a.tokens)[top_p_alone].any())
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter test")
 def test_triton_pivot_rows_are_batch_invariant():
     g = torch.Generator().manual_seed(5)
     V, R = 1000, 10
@@ -160,8 +176,11 @@ def test_sampler_asks_for_the_distribution_only_with_processed_logprobs():
         ref = sample_torch(logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions,
                            distribution=has)
         assert torch.equal(out.sampled_token_ids.cpu(), ref.tokens.cpu())
-    _, res = Sampler().target_distribution(logits, md)
+    proc, res = Sampler().target_distribution(logits, md)
     assert res.threshold is not None and res.log_norm is not None
+    from specops.sampling import processed_probs
+    with pytest.raises(ValueError, match="tokens only"):
+        processed_probs(proc, out.result)      # the last Sampler call above drew tokens only
 
 
 def test_search_hint_leaves_out_the_search_for_top_p_alone():
@@ -185,6 +204,8 @@ def test_search_hint_leaves_out_the_search_for_top_p_alone():
     assert md3.any_top_p_alone is False and sample_options(md3, md3.min_p, distribution=False)["pivot"] is False
     assert "pivot" not in sample_options(md3, md3.min_p)          # with thresholds there are none anyway
     assert "pivot" not in sample_options(md3, None, distribution=False)   # another min_p: unknown
+    # a caller that turns the pivot rounds off keeps the search for rows of top-p alone
+    assert "search" not in sample_options(md, md.min_p, {"pivot": False}, distribution=False)
 
 
 def test_distribution_must_be_a_bool():
@@ -230,7 +251,6 @@ def test_cuda_pivot_statistics_full_vocab(p):
     counts = np.bincount(res.tokens.cpu().numpy(), minlength=V)
     assert counts[probs == 0].sum() == 0
     assert chi2_ok(counts, probs)[0]
-    assert PIVOT_ROUNDS >= 2
 
 
 @pytest.mark.parametrize("top_p_alone", [False, True])

@@ -147,7 +147,7 @@ def assert_same_draw(a, b, logits, inv, seeds, positions, top_p=None, mass_rtol=
     assert len(diff) <= max(1, len(a.tokens) // 50)
 
 
-def assert_same_tokens_only(a, b, logits, inv, seeds, positions, top_p=None, *, top_k=None, min_p=None):
+def assert_same_tokens_only(a, b, logits, inv, seeds, positions, top_p=None, *, top_k=None, min_p=None, stream=0):
     """Results of `sample(..., distribution=False)` (no thresholds): kernel `a`, reference `b`.
 
     Rows of top-p alone (pivot rejection) have equal tokens, or the kernel's is the
@@ -161,13 +161,13 @@ def assert_same_tokens_only(a, b, logits, inv, seeds, positions, top_p=None, *, 
     cpu = [None if t is None else t.cpu() for t in (logits, inv, top_k, top_p, min_p, seeds, positions)]
     logits, inv, top_k, top_p, min_p, seeds, positions = cpu
     R, V = logits.shape
-    ref = sample_torch(logits, inv, top_k, top_p, min_p, seeds, positions)
+    ref = sample_torch(logits, inv, top_k, top_p, min_p, seeds, positions, stream)
     piv = pivot_rows(R, V, top_k, top_p, min_p, "cpu") & (inv > 0) & ~torch.isnan(ref.threshold)
     ta, tb = a.tokens.cpu().clone(), b.tokens.cpu().clone()
     assert torch.equal(tb[~piv], ref.tokens[~piv])
     x = scale_logits(logits, inv)
     for r in (piv & (ta != tb)).nonzero().flatten().tolist():
-        alts = [int(pivot_draw(x[r:r + 1], top_p[r:r + 1] * f, seeds[r:r + 1], positions[r:r + 1])[0])
+        alts = [int(pivot_draw(x[r:r + 1], top_p[r:r + 1] * f, seeds[r:r + 1], positions[r:r + 1], stream)[0])
                 for f in (1 - 1e-5, 1 + 1e-5)]
         assert int(ta[r]) in alts, f"pivot row {r}: kernel {int(ta[r])}, reference {int(tb[r])} (near-tie draws {alts})"
     tb[piv] = ta[piv]

@@ -344,13 +344,21 @@ def sample_torch(
         log_norm=torch.where(bad, nan, log_norm))
 
 
+def _need_distribution(res: SampleResult) -> None:
+    if res.threshold is None or res.log_norm is None:
+        raise ValueError("this SampleResult holds tokens only (drawn with distribution=False): get the "
+                         "distribution from Sampler.target_distribution or sample(..., distribution=True)")
+
+
 def processed_logits_from_result(x: torch.Tensor, res: SampleResult) -> torch.Tensor:
     """[R, V] fp32: scaled logits with tokens below the row threshold set to -inf."""
+    _need_distribution(res)
     return torch.where(x >= res.threshold.unsqueeze(1), x, torch.full_like(x, float("-inf")))
 
 
 def target_probs_torch(x: torch.Tensor, res: SampleResult) -> torch.Tensor:
     """[R, V] fp32 probabilities of the processed distribution (zeros on invalid rows)."""
+    _need_distribution(res)
     p = torch.exp(x - res.row_max.unsqueeze(1) - res.log_norm.unsqueeze(1))
     p = torch.where(x >= res.threshold.unsqueeze(1), p, torch.zeros_like(p))
     return torch.nan_to_num(p, nan=0.0)

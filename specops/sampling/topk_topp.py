@@ -162,7 +162,9 @@ def sample_options(metadata, min_p: torch.Tensor | None, kernel_options: dict | 
     from specops.triton_kernels.sampling_topk_topp import DEFAULT_CAP, DIRECT_TOP_K, cap_for_top_k
 
     opts = dict(kernel_options or {})
-    widest = metadata.filter_bound(min_p, pivot=not distribution)
+    # rows of top-p alone need no search only when they take the pivot rounds
+    pivot = not distribution and opts.get("pivot", True) is not False
+    widest = metadata.filter_bound(min_p, pivot=pivot)
     if "pivot" not in opts and not distribution and metadata.top_p_alone_hint(min_p) is False:
         opts["pivot"] = False   # no row of top-p alone: no pivot rounds to launch
     if "search" not in opts and widest is not None:
