@@ -5,9 +5,11 @@
 Implementations, same logits, same per-row parameters:
 
 - specops: `specops.sampling.sample` (two fused Triton passes, counter-based noise), with
-  unseeded rows (engine seed + step) and with every row seeded ("seeded"), given the
-  kernel options the Sampler derives from the metadata (`sample_options`: at batch 1 and 2
-  every filtered row of MIX is a top_k <= 128, so the search kernels are left out);
+  unseeded rows (engine seed + step) and with every row seeded ("seeded"), as the Sampler
+  calls it without processed logprobs (`distribution=False`: tokens only, rows of top-p
+  alone by pivot rejection), given the kernel options it derives from the metadata
+  (`sample_options`: at batch 1 and 2 every filtered row of MIX is a top_k <= 128, so the
+  search kernels are left out);
 - torch-sort: vLLM's sort-based recipe in plain torch (sort, top-k gather, top-p cumsum,
   softmax, exponential noise, argmax);
 - flashinfer: `flashinfer.sampling.top_k_top_p_sampling_from_logits` with per-row top_k /
@@ -15,8 +17,10 @@ Implementations, same logits, same per-row parameters:
   division is not timed; min_p rows run without min_p, greedy rows sample at T = 1);
 - plain sampling (no filter, T = 1 on every row): specops vs
   `flashinfer.sampling.sampling_from_logits`;
-- top-p alone (0.9 / 0.95, T = 1, fp32 V = 128256): specops vs FlashInfer's
-  `softmax` + `top_p_sampling_from_probs`.
+- top-p alone (0.9 / 0.95, T = 1, fp32 V = 128256 and bf16 V = 151936): specops tokens
+  only, and with the thresholds ("specops thresholds", `distribution=True`), vs FlashInfer's
+  `softmax` + `top_p_sampling_from_probs` (SAMPLING_TOP_P=1: these rows alone, written to
+  sampling_top_p.*).
 
 Logits: "llm" rows are randn * 2 with 32 tokens per row raised by 6..12 (a peaked,
 LLM-like distribution: top-p keeps a few tokens); "flat" rows are randn (top-p keeps most
@@ -217,6 +221,7 @@ def bench_case(rows, fs, V, B, dname, kind, do_torch=True):
 
 
 TOP_P_MIX = [(1.0, 0, 0.9, 0.0), (1.0, 0, 0.95, 0.0)]
+TOP_P_SHAPES = (("fp32", 128256), ("bf16", 151936))   # (dtype, V) of the top-p-alone rows
 
 
 def bench_top_p(rows, fs, V, B, dname):
@@ -332,8 +337,8 @@ def main() -> int:
                 print(f"diag {kind} V={V} B=8 {prm}: cap1024 {ts[0]:.1f} us, cap4096 {ts[1]:.1f} us", flush=True)
         return 0
     if os.environ.get("SAMPLING_TOP_P"):   # the top-p-alone rows only, separate results file
-        for dname, V in (("fp32", 128256), ("bf16", 151936)):
-            for B in (1, 8, 32, 128, 512):
+        for dname, V in TOP_P_SHAPES:
+            for B in BATCHES:
                 guarded(bench_top_p, rows, fs, V, B, dname)
         path = write_results("sampling_top_p", rows, notes=NOTES)
         print(f"wrote {path} in {time.time() - t0:.0f} s")
@@ -363,8 +368,9 @@ def main() -> int:
     for dname in DTYPES:
         for B in (1, 32, 512):
             guarded(bench_plain, rows, fs, 128256, B, dname)
-    for B in (1, 8, 32, 128, 512):
-        guarded(bench_top_p, rows, fs, 128256, B, "fp32")
+    for dname, V in TOP_P_SHAPES:
+        for B in BATCHES:
+            guarded(bench_top_p, rows, fs, V, B, dname)
     path = write_results("sampling", rows, notes=NOTES)
     print(f"wrote {path} in {time.time() - t0:.0f} s")
     if failed:

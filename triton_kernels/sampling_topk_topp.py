@@ -35,6 +35,11 @@ exponential-noise draw. The launcher `sample_top_k_top_p_triton` runs, with no h
 
 Outputs per row: token (int64, -1 when invalid), threshold tau (-inf when nothing is
 cut), m and log(sum over kept of exp(x - m)): the processed distribution.
+
+With `pivot=True` (a caller that needs the tokens only) rows of top-p alone skip steps 3-4:
+pass 1 gives them tile sums, the plan draws a first candidate as for a row without a filter
+(mode PIVOT_PENDING), and sampling_pivot.py's rounds accept it or draw again above it
+before the finish; their threshold and log_norm are not computed.
 """
 
 import torch
