@@ -102,8 +102,9 @@ def sample(
     rows with top-p alone (no top-k, no min-p) are drawn without a threshold, by pivot
     rejection (specops.triton_kernels.sampling_pivot: a candidate from the two-level draw,
     kept when the mass above it is below top_p * Z, else drawn again above it; fresh noise
-    each round, on streams from rng.PIVOT_STREAM up). The law is the same, the token
-    another one, and it costs a read of the row or two instead of the threshold search.
+    each round, on streams from rng.PIVOT_STREAM up). The law is the same but the token may
+    differ from the threshold path's, and it costs a read of the row or two instead of the
+    threshold search.
 
     Returns
     -------
