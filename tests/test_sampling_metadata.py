@@ -134,7 +134,7 @@ def test_sample_options_leave_out_the_search_only_when_no_row_needs_it():
     # the bound describes the tensors it was computed for: expand keeps it, a replaced filter drops it
     rows = direct.expand([1, 1, 0])
     assert rows.filter_bound(rows.min_p) == DIRECT_TOP_K and sample_options(rows, rows.min_p) == {"search": False}
-    for name in ("temperature", "top_k", "top_p", "min_p"):
+    for name in ("temperature", "inv_temperature", "top_k", "top_p", "min_p"):
         changed = replace(direct, **{name: getattr(direct, name).clone()})
         assert changed.filter_bound(changed.min_p) is None and sample_options(changed, changed.min_p) == {}, name
         expanded = changed.expand([0])
@@ -142,6 +142,31 @@ def test_sample_options_leave_out_the_search_only_when_no_row_needs_it():
     unknown = build(1)
     unknown.max_filtered_top_k = None
     assert sample_options(unknown, None) == {}
+
+
+def test_greedy_short_cuts_describe_their_temperatures_only():
+    # all_greedy / all_random hold for the temperature tensors they were computed from: a
+    # replaced temperature (or inv_temperature, which the kernels read) turns them off, so
+    # the Sampler no longer drops the filters of rows that became random
+    from specops.sampling import Sampler
+    n = 300
+    md = build(n, vocab_size=8, temperature=[0.0] * n, top_p=[0.5] * n, seeds=list(range(n)))
+    assert md.greedy_rows_hint() is True and build(2).greedy_rows_hint() is False
+    assert build(2, temperature=[0.0, 1.0]).greedy_rows_hint() is None
+    assert md.expand([0, 1]).greedy_rows_hint() is True
+    ones = torch.ones(n)
+    for changed in (replace(md, temperature=ones, inv_temperature=ones), replace(md, inv_temperature=ones)):
+        assert changed.greedy_rows_hint() is None and changed.expand([0]).greedy_rows_hint() is None
+    logits = torch.tensor([[3.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]]).expand(n, 8)   # top-p 0.5 keeps token 0
+    changed = replace(md, temperature=ones, inv_temperature=ones)
+    assert bool((Sampler(backend="torch")(logits, changed).sampled_token_ids == 0).all())
+
+
+@pytest.mark.parametrize("index,exc", [([0, 1.5], TypeError), ([0, True], TypeError), ([0, 3], ValueError),
+                                       (torch.tensor([0.0, 1.0]), TypeError), (torch.tensor([[0, 1]]), TypeError)])
+def test_expand_refuses_bad_row_indices(index, exc):
+    with pytest.raises(exc, match="row_req_index"):
+        build(3).expand(index)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8])

@@ -174,7 +174,7 @@ def test_sampler_asks_for_the_distribution_only_with_processed_logprobs():
         out = Sampler(logprobs_mode=mode)(logits, md)
         assert (out.result.threshold is not None) == has and (out.result.log_norm is not None) == has
         ref = sample_torch(logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions,
-                           distribution=has)
+                           distribution=False)   # the tokens are the tokens-only draw's in every mode
         assert torch.equal(out.sampled_token_ids.cpu(), ref.tokens.cpu())
     proc, res = Sampler().target_distribution(logits, md)
     assert res.threshold is not None and res.log_norm is not None
@@ -271,3 +271,28 @@ def test_pivot_rounds_launch_only_for_a_row_of_top_p_alone(top_p_alone, monkeypa
     b = sample_torch(logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions,
                      distribution=False)
     assert torch.equal(a.sampled_token_ids.cpu(), b.tokens.cpu())
+
+
+def test_sampler_tokens_do_not_depend_on_the_logprobs_asked_for():
+    # a seeded row's token depends on its seed, logits and position only: not on whether its
+    # batch asked for logprobs, nor on the mode (processed modes also compute the exact
+    # distribution, whose support holds the token)
+    from specops.sampling import compute_logprobs
+    V, R = 300, 8
+    g = torch.Generator().manual_seed(21)
+    logits = (torch.randn(R, V, generator=g) * 2).to(DEVICE)
+    kw = dict(vocab_size=V, top_k=[0, 0, 5, 0, 0, 0, 0, 0], top_p=[0.5, 0.9, 0.9, 1.0, 0.7, 0.95, 0.3, 0.8],
+              seeds=list(range(100, 100 + R)), positions=[9] * R, device=DEVICE)
+    temps = [1.0, 0.7, 1.0, 1.0, 0.0, 1.3, 1.0, 1.0]
+    opts = {} if CUDA else {"tile": 16}
+    backend = "auto" if CUDA else "torch"
+    base = Sampler(backend=backend, kernel_options=opts)(logits, SamplingMetadata.from_params(temps, **kw))
+    for mode in ("raw_logprobs", "processed_logprobs", "processed_logits"):
+        md = SamplingMetadata.from_params(temps, max_num_logprobs=2, **kw)
+        out = Sampler(logprobs_mode=mode, backend=backend, kernel_options=opts)(logits, md)
+        assert torch.equal(out.sampled_token_ids, base.sampled_token_ids), mode
+        if mode == "processed_logprobs":
+            assert bool((out.logprobs.logprobs[:, 0] > -torch.inf).all())
+    with pytest.raises(ValueError, match="tokens only"):
+        compute_logprobs("processed_logprobs", 1, base.sampled_token_ids, processed_logits=logits,
+                         inv_temperature=torch.ones(R, device=DEVICE), result=base.result)

@@ -156,6 +156,9 @@ def compute_logprobs(
         return gather_logprobs(scores, tokens, num_logprobs, offset)
     if processed_logits is None or inv_temperature is None or result is None:
         raise ValueError(f"{mode} needs processed_logits, inv_temperature and the draw's result")
+    if result.threshold is None or result.log_norm is None:
+        raise ValueError(f"{mode} needs the draw's distribution: this result holds tokens only (drawn with "
+                         "distribution=False; see Sampler.target_distribution)")
     x = scale_logits(processed_logits, inv_temperature)
     offset = result.row_max + result.log_norm if mode == "processed_logprobs" else None
     return gather_logprobs(x, tokens, num_logprobs, offset, result.threshold)

@@ -200,7 +200,9 @@ class SamplingMetadata:
         Request index and history of each row for the logits processors (None: row i is
         batch index i).
     all_greedy, all_random, no_penalties : bool
-        Host short cuts.
+        Host short cuts. all_greedy / all_random describe the temperature tensors they were
+        computed for: read them through `greedy_rows_hint` (a `dataclasses.replace` of
+        temperature or inv_temperature turns them off).
     max_filtered_top_k : int, float or None
         Host: a bound on the top_k of the random rows with a filter (top-k, top-p or
         min-p): their largest top_k (after `expand`, of the rows expanded from), inf when
@@ -285,9 +287,24 @@ class SamplingMetadata:
         return self._top_k_top_p_hold() and min_p is self.filters_of_hint[3]
 
     def _top_k_top_p_hold(self) -> bool:
-        """`_hints_hold` for temperature, top_k and top_p alone."""
+        """`_hints_hold` for temperature (and inv_temperature, which the kernels read), top_k
+        and top_p alone."""
         filters = (self.temperature, self.top_k, self.top_p)
-        return len(self.filters_of_hint) == 4 and all(a is b for a, b in zip(filters, self.filters_of_hint))
+        return self._temperature_holds() and all(a is b for a, b in zip(filters, self.filters_of_hint))
+
+    def _temperature_holds(self) -> bool:
+        """Whether temperature and inv_temperature are the tensors the host hints (and
+        `all_greedy` / `all_random`) were computed for."""
+        fh = self.filters_of_hint
+        return len(fh) == 5 and self.temperature is fh[0] and self.inv_temperature is fh[4]
+
+    def greedy_rows_hint(self) -> bool | None:
+        """True when every row is greedy, False when none is, None when mixed or unknown:
+        `all_greedy` / `all_random` while they still describe these rows (a
+        `dataclasses.replace` of temperature or inv_temperature turns them off)."""
+        if not self._temperature_holds():
+            return None
+        return True if self.all_greedy else (False if self.all_random else None)
 
     def filter_bound(self, min_p: torch.Tensor | None, pivot: bool = False) -> int | float | None:
         """`max_filtered_top_k` (`pivot`: `max_search_top_k`) while it still describes these
@@ -511,7 +528,7 @@ class SamplingMetadata:
                                 and (mps is None or mps[i] <= 0.0) for i, t in enumerate(temps)),
             vocab_size=V,
         )
-        md.filters_of_hint = (md.temperature, md.top_k, md.top_p, md.min_p)
+        md.filters_of_hint = (md.temperature, md.top_k, md.top_p, md.min_p, md.inv_temperature)
         return md
 
     @classmethod
@@ -548,7 +565,8 @@ class SamplingMetadata:
 
         Parameters
         ----------
-        row_req_index : [num_rows] ints (host list or device int64 tensor)
+        row_req_index : [num_rows] ints (host list, checked; or an int32/int64 tensor, whose
+            values are trusted: a device tensor is not read back)
         position_offsets : [num_rows] ints, optional (default 0)
         rows : LogitsRows, optional
             Request index and history of every new row for the logits processors.
@@ -558,9 +576,12 @@ class SamplingMetadata:
         dev = self.device
         host_idx = None
         if isinstance(row_req_index, torch.Tensor):
-            idx = row_req_index.to(dev, torch.int64)
+            if row_req_index.dtype not in (torch.int32, torch.int64) or row_req_index.dim() != 1:
+                raise TypeError(f"row_req_index must be a 1-D int32/int64 tensor, got {row_req_index.dtype} "
+                                f"of shape {tuple(row_req_index.shape)}")
+            idx = row_req_index.to(dev, torch.int64)   # not range-checked: that would sync the host
         else:
-            host_idx = [int(i) for i in row_req_index]
+            host_idx = [_check_int(f"row_req_index[{j}]", i) for j, i in enumerate(row_req_index)]
             if any(not 0 <= i < self.num_rows for i in host_idx):
                 raise ValueError(f"row_req_index values must be in [0, {self.num_rows})")
             idx = to_device(host_idx, torch.int64, dev)
@@ -585,17 +606,20 @@ class SamplingMetadata:
         bad = {}
         if self.bad_words_token_ids:
             bad = {j: self.bad_words_token_ids[i] for j, i in enumerate(host_idx) if i in self.bad_words_token_ids}
-        temp, top_k, top_p, min_p = (take(t) for t in (self.temperature, self.top_k, self.top_p, self.min_p))
+        temp, top_k, top_p, min_p, inv_temp = (take(t) for t in (self.temperature, self.top_k, self.top_p,
+                                                                 self.min_p, self.inv_temperature))
+        greedy = self.greedy_rows_hint()   # the new rows are some of these: it still holds
         bound = self.filter_bound(self.min_p)   # the new rows are some of these: it still bounds them
         search_bound = self.filter_bound(self.min_p, pivot=True)
         top_p_alone = self.top_p_alone_hint(self.min_p)
         k_bound = self.top_k_with_top_p_bound()
         return replace(
-            self, temperature=temp, inv_temperature=take(self.inv_temperature), seeds=row_seeds,
+            self, temperature=temp, inv_temperature=inv_temp, seeds=row_seeds,
+            all_greedy=greedy is True, all_random=greedy is False,
             positions=row_pos, request_seeds=req_seeds, has_seed=has, token_positions=tok_pos,
             top_k=top_k, top_p=top_p, min_p=min_p, max_filtered_top_k=bound,
             max_top_k_with_top_p=k_bound, max_search_top_k=search_bound, any_top_p_alone=top_p_alone,
-            filters_of_hint=(temp, top_k, top_p, min_p) if bound is not None or k_bound is not None else (),
+            filters_of_hint=(temp, top_k, top_p, min_p, inv_temp),
             repetition_penalties=take(self.repetition_penalties), frequency_penalties=take(self.frequency_penalties),
             presence_penalties=take(self.presence_penalties), prompt_mask=take(self.prompt_mask),
             output_counts=take(self.output_counts), allowed_token_mask=take(self.allowed_token_mask),

@@ -24,7 +24,7 @@ The Sampler may modify fp32 `logits` in place (like vLLM); pass a copy to keep t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -95,6 +95,10 @@ class Sampler:
     ----------
     logprobs_mode : str
         "raw_logprobs" (default), "raw_logits", "processed_logprobs" or "processed_logits".
+        The tokens never depend on it: they are the tokens-only draw's (rows of top-p alone
+        by pivot rejection, see `specops.sampling.sample`); a processed mode with logprobs
+        asked for also computes the exact distribution, in a second call when a row may
+        have top-p alone.
     backend : str
         "auto" (fused Triton kernels on CUDA, torch elsewhere), "triton" or "torch" (the
         sort-based reference for thresholds and draw, torch penalties).
@@ -130,6 +134,11 @@ class Sampler:
         # the threshold is read only by processed logprobs: without them, top-p alone needs none
         need = metadata.max_num_logprobs is not None and self.logprobs_mode.startswith("processed")
         result = self.sample_processed(processed, metadata, distribution=need)
+        if need and metadata.greedy_rows_hint() is not True and metadata.top_p_alone_hint(processed.min_p) is not False:
+            # the tokens are the tokens-only draw's whatever the logprobs asked for, so that a
+            # seeded row's token does not depend on its batch's logprobs (rows of top-p alone:
+            # pivot rejection); the distribution comes from the call above
+            result = replace(result, tokens=self.sample_processed(processed, metadata, distribution=False).tokens)
         logprobs = None
         if metadata.max_num_logprobs is not None:
             logprobs = compute_logprobs(self.logprobs_mode, metadata.max_num_logprobs, result.tokens,
@@ -225,7 +234,7 @@ class Sampler:
         """Temperature, min-p, top-k, top-p and the draw on processed logits;
         `distribution=False`: tokens only (see `specops.sampling.sample`)."""
         md = metadata
-        filters = (None, None, None) if md.all_greedy else (md.top_k, md.top_p, processed.min_p)
+        filters = (None, None, None) if md.greedy_rows_hint() is True else (md.top_k, md.top_p, processed.min_p)
         backend = resolve_backend(self.backend, processed.logits.device)
         opts = sample_options(md, filters[2], self.kernel_options, distribution) if backend == "triton" else {}
         return sample(processed.logits, processed.inv_temperature, *filters, md.seeds, md.positions,

@@ -153,7 +153,8 @@ class RejectionSampler:
         min_p_proc = procs.get(MinPLogitsProcessor) if procs is not None else None
         min_p_proc_active = min_p_proc is not None and min_p_proc.num_active > 0
         uses_min_p = md.min_p is not None or min_p_proc_active
-        filters = not md.all_greedy and (md.top_k is not None or md.top_p is not None or uses_min_p)
+        all_greedy = md.greedy_rows_hint() is True
+        filters = not all_greedy and (md.top_k is not None or md.top_p is not None or uses_min_p)
         needs_drafts_on_host = bool(md.bad_words_token_ids) or bool(history_procs)
         # processors keep state by persistent row (min_p given as a metadata tensor needs no rows)
         if (history_procs or min_p_proc_active) and md.rows is None:
@@ -188,7 +189,8 @@ class RejectionSampler:
             bonus_logits = logits[spec.bonus_logits_indices.to(device).long()]
         bonus = self.sampler(bonus_logits, b_md)
 
-        greedy = True if md.all_greedy else (False if md.all_random else md.temperature == 0)
+        hint = md.greedy_rows_hint()
+        greedy = md.temperature == 0 if hint is None else hint   # a host bool when the batch is uniform
         keys = dict(seeds=md.request_seeds, has_seed=md.has_seed, positions=md.token_positions, step=md.step,
                     engine_seed=md.engine_seed)
         target_idx = spec.target_logits_indices.to(device).long()
@@ -197,7 +199,7 @@ class RejectionSampler:
             out = rejection_sample(
                 logits, draft_token_ids, cu, spec.max_spec_len, bonus.sampled_token_ids,
                 target_rows=target_idx, draft_probs=draft_probs,
-                temperature=None if md.all_greedy else md.temperature, is_greedy=greedy,
+                temperature=None if all_greedy else md.temperature, is_greedy=greedy,
                 backend=self.backend, **keys)
             return RejectionSamplerOutput(out, bonus)
 
