@@ -131,6 +131,9 @@ BAD = [
     (dict(frequency_penalties=lambda d: torch.ones(3, device=d)), ValueError, r"frequency_penalties must have shape \(2,\)"),
     (dict(presence_penalties=lambda d: torch.ones(4, device=d)[::2]), ValueError, "presence_penalties must have a contiguous"),
     (dict(presence_penalties=lambda d: [0.0, 0.0]), TypeError, "presence_penalties must be a torch.Tensor"),
+    (dict(logits=lambda d: torch.zeros(2, 8, device=d).to_sparse()), TypeError, "logits must be a dense"),
+    (dict(prompt_mask=lambda d: torch.zeros(2, 8, dtype=torch.bool, device=d).to_sparse()), TypeError,
+     "prompt_mask must be a dense"),
     # written in place: rows sharing memory (they would add up their writes) or tracked by autograd
     (dict(logits=lambda d: torch.zeros(1, 8, device=d).expand(2, 8)), ValueError, "logits is written in place, so its"),
     (dict(logits=lambda d: torch.zeros(2, 8, device=d, requires_grad=True) * 1.0), ValueError,
@@ -189,3 +192,18 @@ def test_device_mismatch():
     a = _args("cuda", prompt_mask=lambda d: torch.zeros(2, 8, dtype=torch.bool))
     with pytest.raises(ValueError, match="prompt_mask must be on cuda"):
         apply_penalties_(**a)
+
+
+def test_the_samplers_reference_is_the_ops_reference(device):
+    # specops.sampling.apply_penalties_torch (the Sampler's torch path) is the op's reference:
+    # an infinite presence penalty leaves unseen tokens untouched in both (inf * 0 was NaN)
+    from specops.sampling import apply_penalties_torch as sampling_reference
+    logits = torch.tensor([[1.0, 2.0, -1.0]], device=device)
+    args = (torch.zeros(1, 3, dtype=torch.bool, device=device), torch.tensor([[1, 0, 0]], dtype=torch.int32, device=device),
+            torch.ones(1, device=device), torch.zeros(1, device=device), torch.full((1,), float("inf"), device=device))
+    a, b, c = logits.clone(), logits.clone(), logits.clone()
+    sampling_reference(a, *args)
+    apply_penalties_torch(b, *args)
+    apply_penalties_(c, *args)
+    want = torch.tensor([[float("-inf"), 2.0, -1.0]], device=device)
+    assert torch.equal(a, want) and torch.equal(b, want) and torch.equal(c, want)

@@ -27,6 +27,8 @@ def check_tensor(op: str, name: str, t: object, dtypes: Sequence[torch.dtype], n
     device of `like` (if given)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        raise TypeError(f"{op}: {name} must be a dense (strided) tensor, got layout {t.layout}; call .to_dense()")
     if t.dtype not in dtypes:
         raise TypeError(f"{op}: {name} must be {_names(dtypes)}, got {t.dtype}")
     if t.dim() != ndim:

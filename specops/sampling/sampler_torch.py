@@ -100,12 +100,11 @@ def apply_penalties_torch(
     presence: torch.Tensor,        # [R] fp32, 0 = off
 ) -> torch.Tensor:
     """vLLM's penalties: repetition on tokens seen in prompt or output (divide positive,
-    multiply non-positive logits), then - frequency * count - presence * [count > 0]."""
-    seen_out = output_counts > 0
-    rep = torch.where(prompt_mask | seen_out, repetition.unsqueeze(1), torch.ones_like(logits))
-    logits.copy_(torch.where(logits > 0, logits / rep, logits * rep))
-    logits -= frequency.unsqueeze(1) * output_counts.to(logits.dtype)
-    logits -= presence.unsqueeze(1) * seen_out.to(logits.dtype)
+    multiply non-positive logits), then - frequency * count - presence on tokens with
+    count > 0 (unseen tokens untouched, an infinite presence penalty too). The reference of
+    the compiled op, `specops.ops.apply_penalties_torch`, returning `logits`."""
+    from specops.ops.penalties import apply_penalties_torch as op_reference
+    op_reference(logits, prompt_mask, output_counts, repetition, frequency, presence)
     return logits
 
 
