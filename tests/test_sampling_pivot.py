@@ -49,7 +49,8 @@ def test_reference_pivot_draw_matches_exact_target(dist, temp, p):
            "peaked": lambda: torch.randn(V, generator=g) * 3.0,
            "llm_like": lambda: torch.randn(V, generator=g) * 1.5 + 8.0 * (torch.rand(V, generator=g) < 0.02),
            "ties": lambda: torch.randint(0, 4, (V,), generator=g).float()}[dist]()
-    md = SamplingMetadata.from_params([temp] * N, vocab_size=V, top_p=[p] * N, seeds=[int(torch.randint(0, 2**40, ()))] * N,
+    seed = int(torch.randint(0, 2**40, ()))
+    md = SamplingMetadata.from_params([temp] * N, vocab_size=V, top_p=[p] * N, seeds=[seed] * N,
                                       positions=list(range(N)))
     x = scale_logits(row.expand(N, V), md.inv_temperature)
     tokens = pivot_draw(x, md.top_p, md.seeds, md.positions)
@@ -191,8 +192,8 @@ def test_search_hint_leaves_out_the_search_for_top_p_alone():
     assert sample_options(md, md.min_p, distribution=False)["search"] is False
     # min-p or a wide top-k with top-p still needs it
     for kw in (dict(min_p=[0.1, 0.0, 0.0]), dict(top_k=[500, 0, 40])):
-        md2 = SamplingMetadata.from_params([1.0, 0.0, 1.0], vocab_size=V, **{"top_p": [0.9, 0.5, 1.0], "top_k": [0, 0, 40],
-                                                                            **kw})
+        filters = {"top_p": [0.9, 0.5, 1.0], "top_k": [0, 0, 40], **kw}
+        md2 = SamplingMetadata.from_params([1.0, 0.0, 1.0], vocab_size=V, **filters)
         assert "search" not in sample_options(md2, md2.min_p, distribution=False)
     # the hint follows an expand (spec-decode rows)
     rows = md.expand([0, 0, 2])

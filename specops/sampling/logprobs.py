@@ -32,7 +32,7 @@ import torch
 from specops._arg_checks import check_1d
 
 from .metadata import LOGPROBS_MODES
-from .sampler_torch import SampleResult, scale_logits
+from .sampler_torch import SampleResult, need_distribution, scale_logits
 from .topk_topp import resolve_backend
 
 
@@ -156,9 +156,7 @@ def compute_logprobs(
         return gather_logprobs(scores, tokens, num_logprobs, offset)
     if processed_logits is None or inv_temperature is None or result is None:
         raise ValueError(f"{mode} needs processed_logits, inv_temperature and the draw's result")
-    if result.threshold is None or result.log_norm is None:
-        raise ValueError(f"{mode} needs the draw's distribution: this result holds tokens only (drawn with "
-                         "distribution=False; see Sampler.target_distribution)")
+    need_distribution(result)
     x = scale_logits(processed_logits, inv_temperature)
     offset = result.row_max + result.log_norm if mode == "processed_logprobs" else None
     return gather_logprobs(x, tokens, num_logprobs, offset, result.threshold)

@@ -524,8 +524,7 @@ class SamplingMetadata:
             logitsprocs=logitsprocs, rows=rows, max_filtered_top_k=_max_filtered_top_k(temps, ks, ps, mps),
             max_top_k_with_top_p=_max_top_k_with_top_p(temps, ks, ps),
             max_search_top_k=_max_filtered_top_k(temps, ks, ps, mps, top_p_alone=False),
-            any_top_p_alone=any(t > 0.0 and (ks is None or ks[i] == 0) and ps is not None and ps[i] < 1.0
-                                and (mps is None or mps[i] <= 0.0) for i, t in enumerate(temps)),
+            any_top_p_alone=_any_top_p_alone(temps, ks, ps, mps),
             vocab_size=V,
         )
         md.filters_of_hint = (md.temperature, md.top_k, md.top_p, md.min_p, md.inv_temperature)
@@ -638,6 +637,13 @@ def _max_filtered_top_k(temps: list, ks: list | None, ps: list | None, mps: list
         if t > 0.0 and (k > 0 or has_mp or (has_p and top_p_alone)):
             widest = max(widest, k if k > 0 else math.inf)
     return widest
+
+
+def _any_top_p_alone(temps: list, ks: list | None, ps: list | None, mps: list | None) -> bool:
+    """SamplingMetadata.any_top_p_alone of normalised host lists: a random row with top-p and
+    neither top-k nor min-p."""
+    return ps is not None and any(t > 0.0 and p < 1.0 and (ks is None or ks[i] == 0) and (mps is None or mps[i] <= 0.0)
+                                  for i, (t, p) in enumerate(zip(temps, ps)))
 
 
 def _max_top_k_with_top_p(temps: list, ks: list | None, ps: list | None) -> int:

@@ -332,18 +332,19 @@ def sample_torch(
         keys = two_level.to(seeds.device)
         tokens[two_level] = sub_chunk_draw(xs[two_level], seeds[keys], positions[keys], stream).to(tokens.device)
     m = xs.max(dim=-1).values
-    log_norm = torch.log(torch.exp(xm.double() - m.double().unsqueeze(1)).sum(dim=-1)).float()
     nan = torch.full_like(tau, float("nan"))
     if not distribution:
         return SampleResult(tokens=torch.where(bad, torch.full_like(tokens, -1), tokens), threshold=None,
                             row_max=torch.where(bad, nan, m), log_norm=None)
+    log_norm = torch.log(torch.exp(xm.double() - m.double().unsqueeze(1)).sum(dim=-1)).float()
     return SampleResult(
         tokens=torch.where(bad, torch.full_like(tokens, -1), tokens),
         threshold=torch.where(bad, nan, tau), row_max=torch.where(bad, nan, m),
         log_norm=torch.where(bad, nan, log_norm))
 
 
-def _need_distribution(res: SampleResult) -> None:
+def need_distribution(res: SampleResult) -> None:
+    """Raise ValueError when `res` holds tokens only (threshold / log_norm None)."""
     if res.threshold is None or res.log_norm is None:
         raise ValueError("this SampleResult holds tokens only (drawn with distribution=False): get the "
                          "distribution from Sampler.target_distribution or sample(..., distribution=True)")
@@ -351,13 +352,13 @@ def _need_distribution(res: SampleResult) -> None:
 
 def processed_logits_from_result(x: torch.Tensor, res: SampleResult) -> torch.Tensor:
     """[R, V] fp32: scaled logits with tokens below the row threshold set to -inf."""
-    _need_distribution(res)
+    need_distribution(res)
     return torch.where(x >= res.threshold.unsqueeze(1), x, torch.full_like(x, float("-inf")))
 
 
 def target_probs_torch(x: torch.Tensor, res: SampleResult) -> torch.Tensor:
     """[R, V] fp32 probabilities of the processed distribution (zeros on invalid rows)."""
-    _need_distribution(res)
+    need_distribution(res)
     p = torch.exp(x - res.row_max.unsqueeze(1) - res.log_norm.unsqueeze(1))
     p = torch.where(x >= res.threshold.unsqueeze(1), p, torch.zeros_like(p))
     return torch.nan_to_num(p, nan=0.0)
