@@ -7,7 +7,7 @@ Implementations, same logits, same per-row parameters:
 - specops: `specops.sampling.sample` (two fused Triton passes, counter-based noise), with
   unseeded rows (engine seed + step) and with every row seeded ("seeded"), as the Sampler
   calls it without processed logprobs (`distribution=False`: tokens only, rows of top-p
-  alone by pivot rejection), given the kernel options it derives from the metadata
+  and / or min-p without top-k by pivot rejection), given the kernel options it derives from the metadata
   (`sample_options`: at batch 1 and 2 every filtered row of MIX is a top_k <= 128, so the
   search kernels are left out);
 - torch-sort: vLLM's sort-based recipe in plain torch (sort, top-k gather, top-p cumsum,
@@ -19,8 +19,9 @@ Implementations, same logits, same per-row parameters:
   `flashinfer.sampling.sampling_from_logits`;
 - top-p alone (0.9 / 0.95, T = 1, fp32 V = 128256 and bf16 V = 151936): specops tokens
   only, and with the thresholds ("specops thresholds", `distribution=True`), vs FlashInfer's
-  `softmax` + `top_p_sampling_from_probs` (SAMPLING_TOP_P=1: these rows alone, written to
-  sampling_top_p.*).
+  `softmax` + `top_p_sampling_from_probs`; min-p alone (0.05 / 0.1) the same way vs
+  `softmax` + `min_p_sampling_from_probs` (SAMPLING_TOP_P=1: these rows alone, written to
+  sampling_top_p.* and sampling_min_p.*).
 
 Logits: "llm" rows are randn * 2 with 32 tokens per row raised by 6..12 (a peaked,
 LLM-like distribution: top-p keeps a few tokens); "flat" rows are randn (top-p keeps most
@@ -246,6 +247,30 @@ def bench_top_p(rows, fs, V, B, dname):
               with_thresholds=ours(True))
 
 
+MIN_P_MIX = [(1.0, 0, 1.0, 0.05), (1.0, 0, 1.0, 0.1)]
+
+
+def bench_min_p(rows, fs, V, B, dname):
+    """Min-p alone (0.05 / 0.1 on alternate rows, T = 1): specops tokens only (pivot rejection:
+    the plan keeps a first candidate that reaches the threshold, one round draws the others)
+    and with the thresholds, against FlashInfer's softmax + min_p_sampling_from_probs (all timed)."""
+    from specops.sampling import sample
+    from specops.sampling.topk_topp import sample_options
+    logits = make_logits(B, V, DTYPES[dname], "llm", seed=B * 3 + V)
+    md = metadata(B, V, seeded=False, mix=MIN_P_MIX)
+    _progress(f"min-p V={V} B={B} {dname}", "check")
+
+    def ours(distribution):
+        opts = sample_options(md, md.min_p, None, distribution)
+        return lambda: sample(logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions,
+                              backend="triton", distribution=distribution, **opts)
+    mp = None if fs is None else md.min_p.contiguous()
+    _one_peer(rows, "min-p sample", "min-p", logits, md, dname, ours(False),
+              "softmax + min_p_sampling_from_probs",
+              None if fs is None else lambda: fs.min_p_sampling_from_probs(fs.softmax(logits), mp),
+              with_thresholds=ours(True))
+
+
 def _one_peer(rows, op, tag, logits, md, dname, ours, peer_name, peer, with_thresholds=None):
     """Check `ours` (all rows; tokens only), time it and `peer` (FlashInfer, None when absent)
     on the same 'llm' logits, and add their rows to `rows`; `with_thresholds`, the same call
@@ -300,8 +325,9 @@ NOTES = ("Per-row parameters cycle through (temperature, top_k, top_p, min_p) = 
          "top_k_top_p_sampling_from_logits on pre-scaled logits (temperature not timed, no min_p, greedy rows "
          "sampled); x <peer> = peer time / specops time. specops seeded = every row with its own seed. "
          "'top-p sample' rows: top_p 0.9 / 0.95 alone at T = 1; FlashInfer runs softmax + "
-         "top_p_sampling_from_probs. specops rows are the Sampler's call without processed logprobs "
-         "(sample(..., distribution=False): tokens only, top-p alone by pivot rejection); 'specops "
+         "top_p_sampling_from_probs. 'min-p sample' rows: min_p 0.05 / 0.1 alone at T = 1; FlashInfer runs "
+         "softmax + min_p_sampling_from_probs. specops rows are the Sampler's call without processed logprobs "
+         "(sample(..., distribution=False): tokens only, top-p / min-p without top-k by pivot rejection); 'specops "
          "thresholds' = with the exact thresholds (distribution=True, as for processed logprobs and "
          "rejection targets). Every specops row is checked against the torch reference on all its rows "
          "first.")
@@ -336,12 +362,14 @@ def main() -> int:
                                                      md.seeds, md.positions, backend="triton", cap=cap), **SLOW))
                 print(f"diag {kind} V={V} B=8 {prm}: cap1024 {ts[0]:.1f} us, cap4096 {ts[1]:.1f} us", flush=True)
         return 0
-    if os.environ.get("SAMPLING_TOP_P"):   # the top-p-alone rows only, separate results file
-        for dname, V in TOP_P_SHAPES:
-            for B in BATCHES:
-                guarded(bench_top_p, rows, fs, V, B, dname)
-        path = write_results("sampling_top_p", rows, notes=NOTES)
-        print(f"wrote {path} in {time.time() - t0:.0f} s")
+    if os.environ.get("SAMPLING_TOP_P"):   # the top-p-alone and min-p-alone rows only, separate files
+        for bench, name in ((bench_top_p, "sampling_top_p"), (bench_min_p, "sampling_min_p")):
+            rows = []
+            for dname, V in TOP_P_SHAPES:
+                for B in BATCHES:
+                    guarded(bench, rows, fs, V, B, dname)
+            path = write_results(name, rows, notes=NOTES)
+            print(f"wrote {path} in {time.time() - t0:.0f} s")
         return 1 if failed else 0
     if os.environ.get("SAMPLING_QUICK"):   # a few shapes, no torch-sort rows, separate results file
         for V in VOCABS:   # (written after each vocabulary: a run cut short keeps what it measured)
@@ -371,6 +399,7 @@ def main() -> int:
     for dname, V in TOP_P_SHAPES:
         for B in BATCHES:
             guarded(bench_top_p, rows, fs, V, B, dname)
+            guarded(bench_min_p, rows, fs, V, B, dname)
     path = write_results("sampling", rows, notes=NOTES)
     print(f"wrote {path} in {time.time() - t0:.0f} s")
     if failed:

@@ -1,8 +1,9 @@
-"""Top-p alone by pivot rejection (`sample(..., distribution=False)`, sampling_pivot.py).
+"""Top-p and / or min-p without top-k by pivot rejection (`sample(..., distribution=False)`,
+sampling_pivot.py).
 
 - The reference's pivot draw (specops.sampling.sampler_torch.pivot_draw) against the exact
-  top-p target: chi-square over many draws, masked tokens never drawn, on distributions
-  where it takes one round, several rounds and the exact fallback.
+  target: chi-square over many draws, masked tokens never drawn, on distributions where it
+  takes one round, several rounds and the exact fallback, with top-p, min-p and both.
 - The kernel against the reference: the same tokens row for row (interpreter at small
   shapes, CUDA at full ones), every path taken (accepted in the first round, in a later
   one, the fallback), other rows of a mixed batch unchanged, batch invariance.
@@ -35,10 +36,16 @@ def rounds_taken(x: torch.Tensor, tokens: torch.Tensor, p: float) -> torch.Tenso
 
 # ---- the reference, statistically ----------------------------------------------------------
 
-@pytest.mark.parametrize("dist,temp,p", [
-    ("flat", 1.0, 0.9), ("peaked", 0.8, 0.6), ("llm_like", 1.0, 0.95), ("ties", 1.0, 0.5), ("flat", 1.0, 0.05),
+@pytest.mark.parametrize("dist,temp,p,mp", [
+    ("flat", 1.0, 0.9, 0.0), ("peaked", 0.8, 0.6, 0.0), ("llm_like", 1.0, 0.95, 0.0), ("ties", 1.0, 0.5, 0.0),
+    ("flat", 1.0, 0.05, 0.0),
+    # min-p alone (the plan keeps a first candidate that reaches the threshold, else round 1
+    # draws from the tokens above it), and min-p with top-p (no first candidate: two rounds of
+    # verification, then the fallback)
+    ("llm_like", 1.0, 1.0, 0.05), ("flat", 1.0, 1.0, 0.7), ("peaked", 0.8, 1.0, 0.02), ("ties", 1.0, 1.0, 0.3),
+    ("peaked", 1.0, 0.7, 0.01), ("llm_like", 0.9, 0.9, 0.001), ("flat", 1.0, 0.1, 0.6),
 ])
-def test_reference_pivot_draw_matches_exact_target(dist, temp, p):
+def test_reference_pivot_draw_matches_exact_target(dist, temp, p, mp):
     # V = 600: five sub-chunks, so the restricted two-level redraws cross sub-chunks; top_p
     # 0.05 on the flat row rejects most candidates for PIVOT_ROUNDS rounds: the fallback's
     # race is in the counts too
@@ -50,18 +57,22 @@ def test_reference_pivot_draw_matches_exact_target(dist, temp, p):
            "llm_like": lambda: torch.randn(V, generator=g) * 1.5 + 8.0 * (torch.rand(V, generator=g) < 0.02),
            "ties": lambda: torch.randint(0, 4, (V,), generator=g).float()}[dist]()
     seed = int(torch.randint(0, 2**40, ()))
-    md = SamplingMetadata.from_params([temp] * N, vocab_size=V, top_p=[p] * N, seeds=[seed] * N,
+    md = SamplingMetadata.from_params([temp] * N, vocab_size=V, top_p=[p] * N, min_p=[mp] * N, seeds=[seed] * N,
                                       positions=list(range(N)))
     x = scale_logits(row.expand(N, V), md.inv_temperature)
-    tokens = pivot_draw(x, md.top_p, md.seeds, md.positions)
-    target = exact_target(row.numpy(), float(md.inv_temperature[0]), 0, p, 0.0)
+    tokens = pivot_draw(x, md.top_p, md.seeds, md.positions, min_p=md.min_p)
+    target = exact_target(row.numpy(), float(md.inv_temperature[0]), 0, p, mp)
     counts = np.bincount(tokens.numpy(), minlength=V)
-    assert counts[target == 0].sum() == 0, "a token outside the top-p set was drawn"
+    assert counts[target == 0].sum() == 0, "a token outside the kept set was drawn"
     assert (counts[target * N >= 30] > 0).all(), "a kept token was never drawn"
     ok, stat, q = chi2_ok(counts, target)
-    assert ok, f"chi-square {stat:.1f} >= {q:.1f} ({dist}, top_p {p})"
+    assert ok, f"chi-square {stat:.1f} >= {q:.1f} ({dist}, top_p {p}, min_p {mp})"
     if dist == "flat" and p < 0.1:   # the case is there for the later rounds and the fallback
         assert float(rounds_taken(x[:2000], sub_chunk_first(x[:2000], md, 2000), p).float().mean()) > 0.5
+    if mp > 0 and p == 1.0:          # min-p alone: both ways of drawing are in the counts
+        first = sub_chunk_first(x[:2000], md, 2000)
+        kept_first = x[:2000].gather(1, first.unsqueeze(1)).squeeze(1) >= x.max() + torch.log(md.min_p[0])
+        assert 0.02 < float(kept_first.float().mean()) < 0.98 or dist == "ties"
 
 
 def sub_chunk_first(x, md, n):
@@ -84,15 +95,18 @@ def test_reference_detects_a_pivot_draw_without_rejection():
 # ---- the kernel against the reference ------------------------------------------------------
 
 def mixed_pivot_batch(g: torch.Generator, R: int, V: int, dtype=torch.float32):
-    """Rows of top-p alone (several top_p, temperatures, a flat row with top_p 0.02 for the
-    fallback: flat, top_p 0.02) among greedy rows, rows without a filter, top-k, min-p and top-k + top-p rows."""
+    """Pivot rows: top-p alone (several top_p, temperatures, a flat row with top_p 0.02 for the
+    fallback), min-p alone, min-p with top-p; among greedy rows (one with min-p), rows without
+    a filter, top-k, top-k + min-p and top-k + top-p rows. R = 14 holds every kind."""
     logits = torch.randn(R, V, generator=g) * 2.0
     logits[:, :7] += 6.0
-    logits[1::10] = torch.randn(len(range(1, R, 10)), V, generator=g) * 0.05   # flat: top_p 0.02 falls back
-    kinds = [(1.0, 0, 0.9, 0.0), (1.0, 0, 0.02, 0.0), (0.7, 0, 0.95, 0.0), (0.0, 0, 0.9, 0.0),
+    kinds = [(1.0, 0, 0.9, 0.0), (1.0, 0, 0.02, 0.0), (0.7, 0, 0.95, 0.0), (0.0, 0, 0.9, 0.1),
              (1.0, 0, 1.0, 0.0), (1.0, 20, 1.0, 0.0), (1.0, 0, 0.8, 0.05), (0.9, 10, 0.9, 0.0),
-             (1.3, 0, 0.5, 0.0), (1.0, 0, 0.99, 0.0)]
+             (1.3, 0, 0.5, 0.0), (1.0, 0, 0.99, 0.0), (1.0, 0, 1.0, 0.05), (0.8, 0, 1.0, 0.9),
+             (1.0, 30, 1.0, 0.02), (1.2, 0, 0.95, 0.001)]
     rows = [kinds[i % len(kinds)] for i in range(R)]
+    flat = [i for i in range(R) if i % len(kinds) in (1, 11)]    # top_p 0.02 falls back; min_p 0.9 redraws
+    logits[flat] = torch.randn(len(flat), V, generator=g) * 0.05
     md = SamplingMetadata.from_params([r[0] for r in rows], vocab_size=V, top_k=[r[1] for r in rows],
                                       top_p=[r[2] for r in rows], min_p=[r[3] for r in rows],
                                       seeds=[int(s) for s in torch.randint(0, 2**62, (R,), generator=g)],
@@ -105,10 +119,19 @@ def _args(logits, md):
     return (logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions)
 
 
+def _pivot_mask(md):
+    """[R] bool: the random rows drawn by pivot rejection (top-p and / or min-p, no top-k)."""
+    return ((md.top_p < 1) | (md.min_p > 0)) & (md.top_k == 0) & (md.inv_temperature > 0)
+
+
+def _min_p_alone(md):
+    return (md.min_p > 0) & (md.top_p == 1) & (md.top_k == 0) & (md.inv_temperature > 0)
+
+
 @pytest.mark.skipif(CUDA, reason="small shapes run under the interpreter; CUDA runs the full shapes")
 @pytest.mark.parametrize("V,R,dtype,kw", [
-    (3000, 20, torch.float32, {}),
-    (777, 20, torch.bfloat16, dict(tile=16, num_chunks=3)),
+    (3000, 28, torch.float32, {}),
+    (777, 28, torch.bfloat16, dict(tile=16, num_chunks=3)),
 ])
 def test_triton_pivot_matches_reference_small(V, R, dtype, kw):
     # fixed inputs (no float near-tie among these rows: every token is compared exactly)
@@ -120,18 +143,25 @@ def test_triton_pivot_matches_reference_small(V, R, dtype, kw):
     assert_same_tokens_only(a, b, logits, md.inv_temperature, md.seeds, md.positions, md.top_p, top_k=md.top_k,
                             min_p=md.min_p)
     assert torch.equal(a.tokens, b.tokens), (a.tokens, b.tokens)   # fixed inputs: no near-tie here
+    full_read = sample(*_args(logits, md), backend="triton", distribution=False, pivot_skip=False, **kw)
+    assert torch.equal(a.tokens, full_read.tokens)   # the skipped sub-chunks held no eligible token
     # the other rows draw as with the thresholds
     c = sample(*_args(logits, md), backend="triton", **kw)
-    top_p_alone = (md.top_p < 1) & (md.top_k == 0) & (md.min_p == 0) & (md.inv_temperature > 0)
-    assert torch.equal(a.tokens[~top_p_alone], c.tokens[~top_p_alone])
+    pivot = _pivot_mask(md)
+    assert torch.equal(a.tokens[~pivot], c.tokens[~pivot])
     mode = paths["mode"]
-    assert bool((mode[top_p_alone] == PIVOTED).any()) and bool((mode[top_p_alone] == FALLBACK).any())
-    assert bool((mode[~top_p_alone] != PIVOTED).all())
-    # some row was accepted after its first candidate was rejected
+    assert bool((mode[pivot] == PIVOTED).any()) and bool((mode[pivot] == FALLBACK).any())
+    assert bool((mode[~pivot] != PIVOTED).all())
+    assert bool((mode[_min_p_alone(md)] == PIVOTED).all())     # min-p alone never needs the search
+    # some top-p row was accepted after its first candidate was rejected, and some min-p row
+    # was kept by the plan, another drawn again above the threshold
     x = scale_logits(logits.float(), md.inv_temperature)
     first = sample(logits, md.inv_temperature, None, None, None, md.seeds, md.positions, backend="torch").tokens
-    later = top_p_alone & (mode == PIVOTED) & rounds_taken(x, first, md.top_p)
+    later = pivot & (md.min_p == 0) & (mode == PIVOTED) & rounds_taken(x, first, md.top_p)
     assert bool(later.any())
+    floor = x.max(dim=-1).values + torch.log(md.min_p)
+    first_kept = x.gather(1, first.unsqueeze(1)).squeeze(1) >= floor
+    assert bool((_min_p_alone(md) & first_kept).any()) and bool((_min_p_alone(md) & ~first_kept).any())
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter test")
@@ -146,8 +176,7 @@ def test_triton_pivot_follows_the_stream():
     assert_same_tokens_only(a, b, logits, md.inv_temperature, md.seeds, md.positions, md.top_p, top_k=md.top_k,
                             min_p=md.min_p, stream=7)
     zero = sample(*_args(logits, md), backend="triton", distribution=False)
-    top_p_alone = (md.top_p < 1) & (md.top_k == 0) & (md.min_p == 0) & (md.inv_temperature > 0)
-    assert bool((zero.tokens != a.tokens)[top_p_alone].any())
+    assert bool((zero.tokens != a.tokens)[_pivot_mask(md)].any())
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter test")
@@ -184,28 +213,33 @@ def test_sampler_asks_for_the_distribution_only_with_processed_logprobs():
         processed_probs(proc, out.result)      # the last Sampler call above drew tokens only
 
 
-def test_search_hint_leaves_out_the_search_for_top_p_alone():
+def test_search_hint_leaves_out_the_search_for_pivot_rows():
     V = 1000
-    md = SamplingMetadata.from_params([1.0, 0.0, 1.0], vocab_size=V, top_k=[0, 0, 40], top_p=[0.9, 0.5, 1.0])
+    md = SamplingMetadata.from_params([1.0, 0.0, 1.0, 1.0], vocab_size=V, top_k=[0, 0, 40, 0],
+                                      top_p=[0.9, 0.5, 1.0, 0.8], min_p=[0.0, 0.0, 0.0, 0.1])
     assert md.max_filtered_top_k == float("inf") and md.max_search_top_k == 40
     assert "search" not in sample_options(md, md.min_p)
     assert sample_options(md, md.min_p, distribution=False)["search"] is False
-    # min-p or a wide top-k with top-p still needs it
-    for kw in (dict(min_p=[0.1, 0.0, 0.0]), dict(top_k=[500, 0, 40])):
-        filters = {"top_p": [0.9, 0.5, 1.0], "top_k": [0, 0, 40], **kw}
-        md2 = SamplingMetadata.from_params([1.0, 0.0, 1.0], vocab_size=V, **filters)
+    # a min-p alone row needs no search either; a wide top-k (with or without min-p) still does
+    md_mp = SamplingMetadata.from_params([1.0, 1.0], vocab_size=V, min_p=[0.1, 0.0])
+    assert md_mp.max_search_top_k == 0 and md_mp.any_pivot_row
+    assert sample_options(md_mp, md_mp.min_p, distribution=False)["search"] is False
+    for kw in (dict(min_p=[0.1, 0.0, 0.0, 0.0], top_k=[500, 0, 40, 0]), dict(top_k=[500, 0, 40, 0])):
+        filters = {"top_p": [0.9, 0.5, 1.0, 1.0], **kw}
+        md2 = SamplingMetadata.from_params([1.0, 0.0, 1.0, 1.0], vocab_size=V, **filters)
         assert "search" not in sample_options(md2, md2.min_p, distribution=False)
     # the hint follows an expand (spec-decode rows)
     rows = md.expand([0, 0, 2])
     assert rows.max_search_top_k == 40 and rows.filter_bound(rows.min_p, pivot=True) == 40
-    # pivot rounds only when a random row has top-p alone (greedy rows and top-k + top-p do not count)
-    assert md.any_top_p_alone and "pivot" not in sample_options(md, md.min_p, distribution=False)
-    md3 = SamplingMetadata.from_params([0.0, 1.0, 1.0], vocab_size=V, top_k=[0, 20, 0], top_p=[0.5, 0.9, 1.0],
-                                       min_p=[0.0, 0.0, 0.1])
-    assert md3.any_top_p_alone is False and sample_options(md3, md3.min_p, distribution=False)["pivot"] is False
+    # pivot rounds only when a random row has top-p or min-p and no top-k (greedy rows and
+    # top-k + top-p / min-p do not count)
+    assert md.any_pivot_row and "pivot" not in sample_options(md, md.min_p, distribution=False)
+    md3 = SamplingMetadata.from_params([0.0, 1.0, 1.0, 0.0], vocab_size=V, top_k=[0, 20, 5, 0],
+                                       top_p=[0.5, 0.9, 1.0, 1.0], min_p=[0.0, 0.0, 0.1, 0.2])
+    assert md3.any_pivot_row is False and sample_options(md3, md3.min_p, distribution=False)["pivot"] is False
     assert "pivot" not in sample_options(md3, md3.min_p)          # with thresholds there are none anyway
     assert "pivot" not in sample_options(md3, None, distribution=False)   # another min_p: unknown
-    # a caller that turns the pivot rounds off keeps the search for rows of top-p alone
+    # a caller that turns the pivot rounds off keeps the search for the pivot rows
     assert "search" not in sample_options(md, md.min_p, {"pivot": False}, distribution=False)
 
 
@@ -229,8 +263,11 @@ def test_cuda_pivot_matches_reference(V, R, dtype):
     b = sample(*_args(logits, md), backend="torch", distribution=False)
     assert_same_tokens_only(a, b, logits, md.inv_temperature, md.seeds, md.positions, md.top_p, top_k=md.top_k,
                             min_p=md.min_p)
-    top_p_alone = (md.top_p < 1) & (md.top_k == 0) & (md.min_p == 0) & (md.inv_temperature > 0)
-    assert bool((paths["mode"][top_p_alone] == PIVOTED).any())
+    assert bool((paths["mode"][_pivot_mask(md)] == PIVOTED).any())
+    assert bool((paths["mode"][_min_p_alone(md)] == PIVOTED).all())
+    # a sub-chunk with no tile max above the pivot is skipped: the same tokens when every one is read
+    c = sample(*_args(logits, md), backend="triton", distribution=False, pivot_skip=False)
+    assert torch.equal(a.tokens, c.tokens)
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
@@ -255,7 +292,7 @@ def test_cuda_pivot_statistics_full_vocab(p):
 
 
 @pytest.mark.parametrize("top_p_alone", [False, True])
-def test_pivot_rounds_launch_only_for_a_row_of_top_p_alone(top_p_alone, monkeypatch):
+def test_pivot_rounds_launch_only_for_a_pivot_row(top_p_alone, monkeypatch):
     # the Sampler's tokens-only call: a batch whose rows of top-p also have top-k (or are
     # greedy) launches no pivot round; one row of top-p alone brings the PIVOT_ROUNDS rounds
     from test_sampling_topk_topp import _CountingKernel

@@ -150,11 +150,11 @@ def assert_same_draw(a, b, logits, inv, seeds, positions, top_p=None, mass_rtol=
 def assert_same_tokens_only(a, b, logits, inv, seeds, positions, top_p=None, *, top_k=None, min_p=None, stream=0):
     """Results of `sample(..., distribution=False)` (no thresholds): kernel `a`, reference `b`.
 
-    Rows of top-p alone (pivot rejection) have equal tokens, or the kernel's is the
-    reference's pivot draw with top_p moved by 1e-5 relative (a float near-tie of an
-    acceptance, which the kernel decides in fp32 and the reference in fp64). The other rows
-    are the reference's draw with thresholds (b's tokens there, checked) and go through
-    `assert_same_draw` against the reference's thresholds.
+    Rows of top-p and / or min-p without top-k (pivot rejection) have equal tokens, or the
+    kernel's is the reference's pivot draw with top_p moved by 1e-5 relative (a float
+    near-tie of an acceptance, which the kernel decides in fp32 and the reference in fp64).
+    The other rows are the reference's draw with thresholds (b's tokens there, checked) and
+    go through `assert_same_draw` against the reference's thresholds.
     """
     from specops.sampling.sampler_torch import SampleResult, pivot_draw, pivot_rows
     assert a.threshold is None and b.threshold is None and a.log_norm is None and b.log_norm is None
@@ -167,8 +167,10 @@ def assert_same_tokens_only(a, b, logits, inv, seeds, positions, top_p=None, *, 
     assert torch.equal(tb[~piv], ref.tokens[~piv])
     x = scale_logits(logits, inv)
     for r in (piv & (ta != tb)).nonzero().flatten().tolist():
-        alts = [int(pivot_draw(x[r:r + 1], top_p[r:r + 1] * f, seeds[r:r + 1], positions[r:r + 1], stream)[0])
-                for f in (1 - 1e-5, 1 + 1e-5)]
+        one = lambda t: None if t is None else t[r:r + 1]  # noqa: E731
+        alts = [int(pivot_draw(x[r:r + 1], top_p[r:r + 1] * f, seeds[r:r + 1], positions[r:r + 1], stream,
+                               one(min_p))[0])
+                for f in (1 - 1e-5, 1 + 1e-5) if top_p is not None and float(top_p[r]) < 1.0]
         assert int(ta[r]) in alts, f"pivot row {r}: kernel {int(ta[r])}, reference {int(tb[r])} (near-tie draws {alts})"
     tb[piv] = ta[piv]
     full = lambda res, tok: SampleResult(tok, ref.threshold, res.row_max.cpu(), ref.log_norm)  # noqa: E731

@@ -1,25 +1,37 @@
-"""Top-p alone by pivot rejection: an exact draw that needs no threshold.
+"""Top-p and min-p without top-k, by pivot rejection: an exact draw that needs no threshold.
 
-A row with top-p and no top-k or min-p, when the caller does not need the threshold
+A row with top-p and/or min-p and no top-k, when the caller does not need the threshold
 (`sample_top_k_top_p_triton(..., pivot=True)`), is drawn by rejection instead of by the
-threshold search (sampling_select.py):
+threshold search (sampling_select.py). Its kept set is {x >= tau}: min-p keeps
+x >= t = m + log(min_p) (t = -inf without min-p), then top-p keeps the tokens of that set
+whose mass strictly above them is below top_p * Z_t (Z_t: the mass of x >= t). So a token
+x is kept iff x >= t and M(> x) < top_p * Z_t.
 
-    candidate t = the plan's two-level draw from the whole row (as a row without a filter);
-    repeat: M = the mass exp(x - m) of the tokens with x > x_t (strictly above t);
-            if M < top_p * Z, t is in the top-p set: accept it;
-            else draw t again from the row restricted to x > x_t (the old x_t is the pivot).
+    top-p alone: candidate c = the plan's two-level draw from the whole row (as a row
+                 without a filter), Z_t = Z;
+    min-p alone: the plan draws c the same way and keeps it when x_c >= t (rejection from
+                 the whole row); otherwise round 1 draws from x >= t, and keeps that;
+    min-p and top-p: no candidate yet; round 1 sums Z_t and draws c from x >= t;
+    then, each round: M = the mass exp(x - m) of the tokens with x > x_c (and x >= t);
+                      if M < top_p * Z_t, c is kept: accept it;
+                      else draw c again from those tokens (the old x_c is the pivot).
 
-The top-p set is {x >= tau}, upward closed, and a rejected t lies below tau: every draw is
-from the target distribution conditioned on a superset of the top-p set, so an accepted
-token follows the top-p distribution exactly. Each round is one read of the row: the
-mass kernel sums, per sub-chunk of `draw_sub_chunk(V)` tokens, the mass above the
-candidate, which both decides the candidate and is the next draw's level-1 masses. The
-draw kernel accepts, or redraws in two levels (a sub-chunk by the race of its restricted
-mass, then a token of it by the race of exp(x - m) / E over x > pivot) with the noise of
-round i on stream + i * PIVOT_STREAM (its sub-chunk noise + SUB_STREAM): fresh noise per
-round, so each round's acceptance is independent of the earlier rounds' noise. A row
-still rejected after the last round takes the finish's exact search (FALLBACK) with the
-noise of stream + PIVOT_ROUNDS * PIVOT_STREAM, which is exact whatever happened before.
+Every draw is from the target conditioned on a superset of the kept set (x >= t above the
+pivot): the kept set is upward closed and a rejected c lies below tau, so an accepted token
+follows the target exactly. Each round is one read of the row: the mass kernel sums, per
+sub-chunk of `draw_sub_chunk(V)` tokens, the mass above the pivot (a sub-chunk whose tile
+maxima, from pass 1, all lie at or below the pivot or below t is not read: its sum is 0),
+which both decides the candidate and is the next draw's level-1 masses. The draw kernel
+accepts, or redraws in two levels (a sub-chunk by the race of its restricted mass, then a
+token of it by the race of exp(x - m) / E over the eligible tokens) with the noise of round
+i on stream + i * PIVOT_STREAM (its sub-chunk noise + SUB_STREAM): fresh noise per round, so
+each round's acceptance is independent of the earlier rounds' noise. A row still pending
+after the last round takes the finish's exact search (FALLBACK) with the noise of
+stream + PIVOT_ROUNDS * PIVOT_STREAM, which is exact whatever happened before.
+
+Row state (sampling_select.STATE_I / STATE_F) of a pending row: the candidate token (-1:
+none yet) in st_i[1], the pivot (the candidate's value, -inf: none) in st_f[2], Z_t in
+st_f[3] (set by round 1 when the row has min-p and top-p), t in st_f[4].
 
 The per-sub-chunk sums and their total are added in a fixed order over a geometry set by
 the vocabulary only, so a seeded row's token does not depend on its batch.
@@ -41,30 +53,42 @@ rounds on average and at most 3."""
 _BIG = tl.constexpr(2147483647)
 
 
-@triton.jit(do_not_specialize=["V"])
+@triton.jit(do_not_specialize=["V", "NT"])
 def _pivot_mass_kernel(
     logits_ptr, stride_row,            # [R, V] fp32/bf16/fp16, unit column stride
     inv_temp_ptr,                      # [R] fp32: 1/T
+    tile_max_ptr,                      # [R, NT] fp32 (pass 1): the max of every tile
     st_i_ptr, st_f_ptr,                # [R, 4] int32, [R, 6] fp32 row states (sampling_select.STATE_I / _F)
-    mass_ptr,                          # [R, NC] fp32 out: per sub-chunk, the mass above the candidate
-    V,
-    NC: tl.constexpr, SUB: tl.constexpr,
+    mass_ptr,                          # [R, NC] fp32 out: per sub-chunk, the mass above the pivot
+    V, NT,
+    NC: tl.constexpr, SUB: tl.constexpr, TILE: tl.constexpr,
+    SKIP: tl.constexpr = True,         # sub-chunks with no tile max above the pivot are not read
     PDL: tl.constexpr = False,         # programmatic dependent launch (sampling_common.pdl_start)
 ):
     """Program (r, c): the mass sum exp(x - m) over the tokens of sub-chunk c of row r with x
-    above the row's candidate value (rows in mode PIVOT_PENDING only)."""
+    above the row's pivot and x >= its min-p threshold (rows in mode PIVOT_PENDING only)."""
     pdl_start(PDL)
     r = tl.program_id(0)
     c = tl.program_id(1)
     if tl.load(st_i_ptr + r * 4) == PIVOT_PENDING:
-        inv_t = tl.load(inv_temp_ptr + r)
-        m = tl.load(st_f_ptr + r * 6 + 0)
-        x_cand = tl.load(st_f_ptr + r * 6 + 2)
-        offs = c * SUB + tl.arange(0, SUB)
-        x = tl.load(logits_ptr + r.to(tl.int64) * stride_row + offs, mask=offs < V,
-                    other=float("-inf")).to(tl.float32) * inv_t
-        e = tl.where(x > x_cand, tl.exp(x - m), 0.0)
-        tl.store(mass_ptr + r.to(tl.int64) * NC + c, tl.sum(e, axis=0))
+        r64 = r.to(tl.int64)
+        pivot = tl.load(st_f_ptr + r * 6 + 2)
+        floor = tl.load(st_f_ptr + r * 6 + 4)
+        total = tl.zeros([], tl.float32)
+        read = True
+        if SKIP:
+            TPS: tl.constexpr = SUB // TILE
+            t = c * TPS + tl.arange(0, TPS)
+            tm = tl.max(tl.load(tile_max_ptr + r64 * NT + t, mask=t < NT, other=float("-inf")), axis=0)
+            read = (tm > pivot) & (tm >= floor)
+        if read:
+            inv_t = tl.load(inv_temp_ptr + r)
+            m = tl.load(st_f_ptr + r * 6 + 0)
+            offs = c * SUB + tl.arange(0, SUB)
+            x = tl.load(logits_ptr + r64 * stride_row + offs, mask=offs < V,
+                        other=float("-inf")).to(tl.float32) * inv_t
+            total = tl.sum(tl.where((x > pivot) & (x >= floor), tl.exp(x - m), 0.0), axis=0)
+        tl.store(mass_ptr + r64 * NC + c, total)
 
 
 @triton.jit(do_not_specialize=["V", "stream"])
@@ -78,11 +102,13 @@ def _pivot_draw_kernel(
     V, stream,
     NC: tl.constexpr, NC_P2: tl.constexpr, SUB: tl.constexpr,
     ROUND: tl.constexpr,               # 1 .. PIVOT_ROUNDS: the redraw's noise is on stream + ROUND * PIVOT_STREAM
-    LAST: tl.constexpr,                # no redraw: a rejected row goes to the finish's exact search
+    LAST: tl.constexpr,                # no redraw: a row still pending goes to the finish's exact search
     PDL: tl.constexpr = False,
 ):
     """Row r in mode PIVOT_PENDING: accept its candidate (mode PIVOTED, token stored) when the mass
-    above it is below top_p * Z, else draw a new candidate above it (or, LAST, FALLBACK)."""
+    above it is below top_p * Z_t; else draw a new candidate above the pivot, which a row
+    without top-p accepts at once (LAST: FALLBACK instead of a draw). A row without a
+    candidate yet (min-p) first takes the round's total as Z_t."""
     pdl_start(PDL)
     r = tl.program_id(0)
     if tl.load(st_i_ptr + r * 4) == PIVOT_PENDING:
@@ -90,9 +116,12 @@ def _pivot_draw_kernel(
         c = tl.arange(0, NC_P2)
         mass = tl.load(mass_ptr + r64 * NC + c, mask=c < NC, other=0.0)
         above = tl.sum(mass, axis=0)
-        z = tl.load(st_f_ptr + r * 6 + 1)
-        if above < tl.load(top_p_ptr + r) * z:
-            tl.store(tok_ptr + r, tl.load(st_i_ptr + r * 4 + 1).to(tl.int64))
+        cand = tl.load(st_i_ptr + r * 4 + 1)
+        p = tl.load(top_p_ptr + r)
+        if cand < 0:                                  # no candidate yet: the mass of x >= t
+            tl.store(st_f_ptr + r * 6 + 3, above)
+        if (cand >= 0) & (above < p * tl.load(st_f_ptr + r * 6 + 3)):
+            tl.store(tok_ptr + r, cand.to(tl.int64))
             tl.store(st_i_ptr + r * 4, PIVOTED)
         elif LAST:
             tl.store(st_i_ptr + r * 4, FALLBACK)
@@ -107,25 +136,32 @@ def _pivot_draw_kernel(
             inv_t = tl.load(inv_temp_ptr + r)
             m = tl.load(st_f_ptr + r * 6 + 0)
             pivot = tl.load(st_f_ptr + r * 6 + 2)
+            floor = tl.load(st_f_ptr + r * 6 + 4)
             offs = c_win * SUB + tl.arange(0, SUB)
             x = tl.load(logits_ptr + r64 * stride_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
-            sc = tl.where(x > pivot, tl.exp(x - m) / token_noise(seed, pos, s, offs), -1.0)
+            sc = tl.where((x > pivot) & (x >= floor), tl.exp(x - m) / token_noise(seed, pos, s, offs), -1.0)
             bs = tl.max(sc, axis=0)
             t = tl.min(tl.where(sc == bs, offs, _BIG), axis=0)
-            tl.store(st_i_ptr + r * 4 + 1, t)
-            tl.store(st_f_ptr + r * 6 + 2, tl.max(tl.where(offs == t, x, float("-inf")), axis=0))
+            if p < 1.0:
+                tl.store(st_i_ptr + r * 4 + 1, t)
+                tl.store(st_f_ptr + r * 6 + 2, tl.max(tl.where(offs == t, x, float("-inf")), axis=0))
+            else:                                     # min-p alone: every token >= t is kept
+                tl.store(tok_ptr + r, t.to(tl.int64))
+                tl.store(st_i_ptr + r * 4, PIVOTED)
 
 
-def pivot_rounds(logits, inv_temperature, top_p, seeds, positions, st_i, st_f, mass, tokens, stream: int,
-                 sub: int, rounds: int = PIVOT_ROUNDS, pdl: dict | None = None) -> None:
+def pivot_rounds(logits, inv_temperature, top_p, seeds, positions, tile_max, st_i, st_f, mass, tokens, stream: int,
+                 sub: int, tile: int, rounds: int = PIVOT_ROUNDS, pdl: dict | None = None, skip: bool = True) -> None:
     """Launch the verification rounds (module docstring) on the rows in mode PIVOT_PENDING.
-    `mass` is [R, ceil(V / sub)] fp32 scratch."""
+    `tile_max` is pass 1's [R, NT] (tiles of `tile` tokens), `mass` [R, ceil(V / sub)] fp32
+    scratch. `skip=False` reads every sub-chunk (the same sums: a skipped one holds no
+    eligible token)."""
     R, V = logits.shape
     nc = mass.shape[1]
     pdl = pdl or {}
     for i in range(1, rounds + 1):
-        _pivot_mass_kernel[(R, nc)](logits, logits.stride(0), inv_temperature, st_i, st_f, mass, V,
-                                    NC=nc, SUB=sub, num_warps=8, **pdl)
+        _pivot_mass_kernel[(R, nc)](logits, logits.stride(0), inv_temperature, tile_max, st_i, st_f, mass, V,
+                                    tile_max.shape[1], NC=nc, SUB=sub, TILE=tile, SKIP=skip, num_warps=8, **pdl)
         _pivot_draw_kernel[(R,)](logits, logits.stride(0), inv_temperature, top_p, seeds, positions, st_i, st_f,
                                  mass, tokens, V, stream, NC=nc, NC_P2=max(16, triton.next_power_of_2(nc)), SUB=sub,
                                  ROUND=i, LAST=i == rounds, num_warps=8, **pdl)

@@ -48,15 +48,15 @@ COLLECT = tl.constexpr(4)
 FALLBACK = tl.constexpr(5)
 DIRECT = tl.constexpr(6)       # small top-k, decided in the plan from the top tiles (sampling_topk_topp.py)
 SPREAD = tl.constexpr(7)       # small top-k, top tiles listed by the plan, read by collect, decided by the finish
-PIVOT_PENDING = tl.constexpr(8)  # top-p alone, drawn by pivot rejection (sampling_pivot.py): a candidate pending
-PIVOTED = tl.constexpr(9)        # top-p alone, a candidate accepted by pivot rejection (token decided)
+PIVOT_PENDING = tl.constexpr(8)  # top-p / min-p without top-k, by pivot rejection (sampling_pivot.py): pending
+PIVOTED = tl.constexpr(9)        # the same rows, a candidate accepted by pivot rejection (token decided)
 
 SUB_BINS = 64                  # refine: 63 sub-bins + nothing, two rounds
 _SB = tl.constexpr(SUB_BINS)
 STATE_I = 4                    # per row int32: mode, candidate count (PIVOT_PENDING: the candidate token), min-p above
                                # the k-th value, top tiles (SPREAD; -1 on a pivot row)
-STATE_F = 6                    # per row fp32: m, z, lo (PIVOT_PENDING: the candidate's value), hi, t1 (min-p
-                               # threshold or -inf), target
+STATE_F = 6                    # per row fp32: m, z, lo (PIVOT_PENDING: the pivot), hi (PIVOT_PENDING: Z_t),
+                               # t1 (min-p threshold or -inf), target
 _BIG = tl.constexpr(1 << 20)
 _IMAX = tl.constexpr(2147483647)
 _LO_SAFE = tl.constexpr(0.99999)   # margins on the mass bounds (exp rounding): the finish checks anyway

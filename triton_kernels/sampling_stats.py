@@ -71,7 +71,7 @@ def _row_stats_kernel(
     TILE: tl.constexpr, TPB: tl.constexpr,
     PREFETCH: tl.constexpr = False,           # load block b + 1 before reducing block b
     PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
-    PIVOT: tl.constexpr = False,              # rows with top-p alone are drawn by pivot rejection: tile sums
+    PIVOT: tl.constexpr = False,              # rows of top-p / min-p without top-k: pivot rejection, tile sums
 ):
     pdl_start(PDL)
     # A block is [TPB tiles, TILE]: a tile row lies inside one warp, so the per-tile
@@ -88,9 +88,9 @@ def _row_stats_kernel(
     no_min_p = ~(tl.load(log_min_p_ptr + r) > float("-inf"))
     unfiltered = unfiltered & no_min_p
     direct = (k >= 1) & (k <= KMAX) & (k < V)
-    # top-p alone under PIVOT (sampling_pivot.py): the plan draws a first candidate as for a row
-    # without a filter, so the row gets tile sums and no histogram
-    pivot = PIVOT & (inv_t > 0) & ((k <= 0) | (k >= V)) & (tl.load(top_p_ptr + r) < 1.0) & no_min_p
+    # top-p and / or min-p without top-k under PIVOT (sampling_pivot.py): the plan may draw a
+    # first candidate as for a row without a filter, so the row gets tile sums and no histogram
+    pivot = PIVOT & (inv_t > 0) & ((k <= 0) | (k >= V)) & ((tl.load(top_p_ptr + r) < 1.0) | ~no_min_p)
     filtered = (inv_t > 0) & ~unfiltered & ~direct & ~pivot
     sums = unfiltered | pivot
 
@@ -203,8 +203,8 @@ def row_stats_pass(
     invariance). `maxnreg` (registers per thread; default: `pass1_maxnreg(histograms)`) caps
     the registers of the same code, so it changes speed only (the tests check every buffer bit
     for bit); `histograms=False` promises that no row needs a histogram (a row that does still
-    gets it, only more slowly). `pivot=True`: rows with top-p alone get tile sums instead of a
-    histogram (their draw is sampling_pivot.py's)."""
+    gets it, only more slowly). `pivot=True`: rows with top-p and / or min-p and no top-k get
+    tile sums instead of a histogram (their draw is sampling_pivot.py's)."""
     R, V = logits.shape
     NT = tile_max.shape[1]
     nblk = part_f.shape[1]

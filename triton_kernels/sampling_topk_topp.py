@@ -36,10 +36,11 @@ exponential-noise draw. The launcher `sample_top_k_top_p_triton` runs, with no h
 Outputs per row: token (int64, -1 when invalid), threshold tau (-inf when nothing is
 cut), m and log(sum over kept of exp(x - m)): the processed distribution.
 
-With `pivot=True` (a caller that needs the tokens only) rows of top-p alone skip steps 3-4:
-pass 1 gives them tile sums, the plan draws a first candidate as for a row without a filter
-(mode PIVOT_PENDING), and sampling_pivot.py's rounds accept it or draw again above it
-before the finish; their threshold and log_norm are not computed.
+With `pivot=True` (a caller that needs the tokens only) rows with top-p and / or min-p and
+no top-k skip steps 3-4: pass 1 gives them tile sums, the plan draws a first candidate as
+for a row without a filter (mode PIVOT_PENDING; a min-p row keeps it when it is >= the
+min-p threshold; a row with both starts without one), and sampling_pivot.py's rounds accept
+it or draw again above it before the finish; their threshold and log_norm are not computed.
 """
 
 import torch
@@ -713,8 +714,9 @@ def _plan_kernel(
     decides the row with the same `_finish_collected` call as `_direct_top_k`. SEARCH = False
     (no refine or collect launch follows): the rows that would need the bracket search take
     the finish's exact single-program search (FALLBACK) instead. PIVOT: rows with top-p
-    alone draw a first candidate as a row without a filter does, and wait in mode PIVOT_PENDING
-    for sampling_pivot.py's rounds."""
+    and / or min-p and no top-k wait in mode PIVOT_PENDING for sampling_pivot.py's rounds;
+    those with one of the two filters first draw a candidate as a row without a filter does
+    (top-p: to be verified; min-p: kept here, mode PIVOTED, when it reaches the threshold)."""
     pdl_start(PDL)
     r = tl.program_id(0)
     r64 = r.to(tl.int64)
@@ -747,15 +749,26 @@ def _plan_kernel(
             tok = _draw_unfiltered(logits_ptr + r64 * stride_row, tile_max_ptr + r64 * NT, tile_sum_ptr + r64 * NT,
                                    NT, V, inv_t, m, tl.load(seed_ptr + r), tl.load(pos_ptr + r), stream,
                                    TILE, NT_P2, SUB)
-        elif PIVOT & has_p & (~has_k) & (~has_mp):
-            cand = _draw_unfiltered(logits_ptr + r64 * stride_row, tile_max_ptr + r64 * NT, tile_sum_ptr + r64 * NT,
-                                    NT, V, inv_t, m, tl.load(seed_ptr + r), tl.load(pos_ptr + r), stream,
-                                    TILE, NT_P2, SUB)
-            lo = tl.load(logits_ptr + r64 * stride_row + cand).to(tl.float32) * inv_t   # the candidate's value
+        elif PIVOT & (~has_k) & (has_p | has_mp):
+            # sampling_pivot.py: no candidate yet (-1), no pivot, Z_t = Z until round 1 sums it
             mode = r * 0 + PIVOT_PENDING
+            cand = r * 0 - 1
+            lo = tl.full([], float("-inf"), tl.float32)
+            hi = z
             n_top = r * 0 - 1           # a pivot row: its fallback draws on the fallback stream
             tau = tl.full([], float("nan"), tl.float32)     # no threshold (unless the row falls back)
             lnorm = tau
+            if ~(has_p & has_mp):       # one filter: a first candidate from the whole row
+                c0 = _draw_unfiltered(logits_ptr + r64 * stride_row, tile_max_ptr + r64 * NT, tile_sum_ptr + r64 * NT,
+                                      NT, V, inv_t, m, tl.load(seed_ptr + r), tl.load(pos_ptr + r), stream,
+                                      TILE, NT_P2, SUB)
+                x0 = tl.load(logits_ptr + r64 * stride_row + c0).to(tl.float32) * inv_t   # its value
+                if has_p:               # top-p alone: the rounds verify it
+                    cand = c0
+                    lo = x0
+                elif x0 >= tau_min:     # min-p alone: kept
+                    tok = c0
+                    mode = r * 0 + PIVOTED
         elif SELECT:
             if has_k & (k <= KMAX):
                 mode = r * 0 + DIRECT
@@ -1165,6 +1178,7 @@ def sample_top_k_top_p_triton(
     direct_in: str = "auto",
     search: bool = True,
     pivot: bool = False,
+    pivot_skip: bool = True,
 ):
     """Pass 1 (row statistics, tile maxima, histograms), plan, refine, collect and finish.
 
@@ -1183,10 +1197,11 @@ def sample_top_k_top_p_triton(
     draw, from the finish's single-program search (slow on a wide row, never wrong). It is
     False anyway when no filter tensor is given, and True with select=False or direct_in
     other than "plan" (whose rows need the collect launch).
-    `pivot=True` draws the rows with top-p alone (no top-k, no min-p) by pivot rejection
+    `pivot=True` draws the rows with top-p and / or min-p and no top-k by pivot rejection
     (sampling_pivot.py): the same law, another token, and no threshold: their threshold and
     log_norm outputs are left unset (NaN) unless the row fell back to the exact search.
-    Such rows need no search (`search=False` holds with them).
+    Such rows need no search (`search=False` holds with them). `pivot_skip=False` makes the
+    rounds read every sub-chunk (the same tokens; see `pivot_rounds`).
     `paths`, when a dict, receives "mode": [R] int32, the path each row took
     (sampling_select.DONE / DRAW / COLLECT / FALLBACK / DIRECT / PIVOTED).
 
@@ -1311,8 +1326,9 @@ def sample_top_k_top_p_triton(
                                  pn, pf, pi, V, s3, bpp, stream, BLOCK=2048, CAP=cap, num_warps=8,
                                  maxnreg=regs["collect"], **pdl)
     if pivot:
-        pivot_rounds(logits, inv_temperature, top_p, seeds, positions, st_i, st_f,
-                     torch.empty(R, -(-V // sub), dtype=f32, device=dev), tokens, stream, sub, pdl=pdl)
+        pivot_rounds(logits, inv_temperature, top_p, seeds, positions, tile_max, st_i, st_f,
+                     torch.empty(R, -(-V // sub), dtype=f32, device=dev), tokens, stream, sub, tile, pdl=pdl,
+                     skip=pivot_skip)
     _finish_kernel[(R,)](
         logits, logits.stride(0), inv_temperature, top_k, top_p, seeds, positions, tile_max,
         st_i, st_f, pn, pf, pi, tile_list, cand, tokens, thr, lnorm,

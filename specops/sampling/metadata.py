@@ -212,15 +212,15 @@ class SamplingMetadata:
         a `dataclasses.replace` of temperature, top_k, top_p or min_p turns it off.
         `sample_options` reads it to leave out the search kernels that only wide filters
         need.
-    max_search_top_k : int, float or None
-        Host: `max_filtered_top_k` with the rows of top-p alone (no top-k, no min-p) left
-        out: a draw that needs no threshold takes them by pivot rejection, with no search
+    max_search_top_k : int or None
+        Host: `max_filtered_top_k` with the rows without top-k left out (top-p and / or
+        min-p): a draw that needs no threshold takes them by pivot rejection, with no search
         (`sample(..., distribution=False)`). Kept and read as `max_filtered_top_k`
         (`filter_bound(min_p, pivot=True)`).
-    any_top_p_alone : bool or None
-        Host: whether a random row has top-p alone (None: unknown); kept and read as
-        `max_filtered_top_k` (`top_p_alone_hint`): without such a row a tokens-only draw
-        launches no pivot rounds.
+    any_pivot_row : bool or None
+        Host: whether a random row has top-p or min-p and no top-k (None: unknown); kept and
+        read as `max_filtered_top_k` (`pivot_rows_hint`): without such a row a tokens-only
+        draw launches no pivot rounds.
     max_top_k_with_top_p : int or None
         Host: the largest top_k of the random rows that also have top-p (0 when none has
         both), None when unknown. It describes the temperature, top_k and top_p of
@@ -267,7 +267,7 @@ class SamplingMetadata:
     max_filtered_top_k: int | float | None = None
     max_top_k_with_top_p: int | None = None
     max_search_top_k: int | float | None = None
-    any_top_p_alone: bool | None = None
+    any_pivot_row: bool | None = None
     filters_of_hint: tuple = field(default=(), repr=False, compare=False)
     vocab_size: int | None = None
 
@@ -313,9 +313,9 @@ class SamplingMetadata:
             return None
         return self.max_search_top_k if pivot else self.max_filtered_top_k
 
-    def top_p_alone_hint(self, min_p: torch.Tensor | None) -> bool | None:
-        """`any_top_p_alone` while it still describes these rows, else None (unknown)."""
-        return self.any_top_p_alone if self._hints_hold(min_p) else None
+    def pivot_rows_hint(self, min_p: torch.Tensor | None) -> bool | None:
+        """`any_pivot_row` while it still describes these rows, else None (unknown)."""
+        return self.any_pivot_row if self._hints_hold(min_p) else None
 
     def top_k_with_top_p_bound(self) -> int | None:
         """`max_top_k_with_top_p` while it still describes these rows, else None (unknown)."""
@@ -523,8 +523,8 @@ class SamplingMetadata:
             bad_words_token_ids=bad, output_token_ids=output_token_ids, max_num_logprobs=max_num_logprobs,
             logitsprocs=logitsprocs, rows=rows, max_filtered_top_k=_max_filtered_top_k(temps, ks, ps, mps),
             max_top_k_with_top_p=_max_top_k_with_top_p(temps, ks, ps),
-            max_search_top_k=_max_filtered_top_k(temps, ks, ps, mps, top_p_alone=False),
-            any_top_p_alone=_any_top_p_alone(temps, ks, ps, mps),
+            max_search_top_k=_max_filtered_top_k(temps, ks, ps, mps, pivot=True),
+            any_pivot_row=_any_pivot_row(temps, ks, ps, mps),
             vocab_size=V,
         )
         md.filters_of_hint = (md.temperature, md.top_k, md.top_p, md.min_p, md.inv_temperature)
@@ -610,14 +610,14 @@ class SamplingMetadata:
         greedy = self.greedy_rows_hint()   # the new rows are some of these: it still holds
         bound = self.filter_bound(self.min_p)   # the new rows are some of these: it still bounds them
         search_bound = self.filter_bound(self.min_p, pivot=True)
-        top_p_alone = self.top_p_alone_hint(self.min_p)
+        pivot_rows = self.pivot_rows_hint(self.min_p)
         k_bound = self.top_k_with_top_p_bound()
         return replace(
             self, temperature=temp, inv_temperature=inv_temp, seeds=row_seeds,
             all_greedy=greedy is True, all_random=greedy is False,
             positions=row_pos, request_seeds=req_seeds, has_seed=has, token_positions=tok_pos,
             top_k=top_k, top_p=top_p, min_p=min_p, max_filtered_top_k=bound,
-            max_top_k_with_top_p=k_bound, max_search_top_k=search_bound, any_top_p_alone=top_p_alone,
+            max_top_k_with_top_p=k_bound, max_search_top_k=search_bound, any_pivot_row=pivot_rows,
             filters_of_hint=(temp, top_k, top_p, min_p, inv_temp),
             repetition_penalties=take(self.repetition_penalties), frequency_penalties=take(self.frequency_penalties),
             presence_penalties=take(self.presence_penalties), prompt_mask=take(self.prompt_mask),
@@ -626,24 +626,25 @@ class SamplingMetadata:
 
 
 def _max_filtered_top_k(temps: list, ks: list | None, ps: list | None, mps: list | None,
-                        top_p_alone: bool = True) -> int | float:
+                        pivot: bool = False) -> int | float:
     """SamplingMetadata.max_filtered_top_k of normalised host lists (top_k 0 = off);
-    `top_p_alone=False`: max_search_top_k (rows of top-p alone do not count)."""
+    `pivot=True`: max_search_top_k (rows without top-k do not count)."""
     widest = 0
     for i, t in enumerate(temps):
         k = ks[i] if ks is not None else 0
         has_p = ps is not None and ps[i] < 1.0
         has_mp = mps is not None and mps[i] > 0.0
-        if t > 0.0 and (k > 0 or has_mp or (has_p and top_p_alone)):
+        if t > 0.0 and (k > 0 or ((has_mp or has_p) and not pivot)):
             widest = max(widest, k if k > 0 else math.inf)
     return widest
 
 
-def _any_top_p_alone(temps: list, ks: list | None, ps: list | None, mps: list | None) -> bool:
-    """SamplingMetadata.any_top_p_alone of normalised host lists: a random row with top-p and
-    neither top-k nor min-p."""
-    return ps is not None and any(t > 0.0 and p < 1.0 and (ks is None or ks[i] == 0) and (mps is None or mps[i] <= 0.0)
-                                  for i, (t, p) in enumerate(zip(temps, ps)))
+def _any_pivot_row(temps: list, ks: list | None, ps: list | None, mps: list | None) -> bool:
+    """SamplingMetadata.any_pivot_row of normalised host lists: a random row with top-p or
+    min-p and no top-k."""
+    return any(t > 0.0 and (ks is None or ks[i] == 0)
+               and ((ps is not None and ps[i] < 1.0) or (mps is not None and mps[i] > 0.0))
+               for i, t in enumerate(temps))
 
 
 def _max_top_k_with_top_p(temps: list, ks: list | None, ps: list | None) -> int:

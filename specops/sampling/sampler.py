@@ -95,10 +95,10 @@ class Sampler:
     ----------
     logprobs_mode : str
         "raw_logprobs" (default), "raw_logits", "processed_logprobs" or "processed_logits".
-        The tokens never depend on it: they are the tokens-only draw's (rows of top-p alone
-        by pivot rejection, see `specops.sampling.sample`); a processed mode with logprobs
-        asked for also computes the exact distribution, in a second call when a row may
-        have top-p alone.
+        The tokens never depend on it: they are the tokens-only draw's (rows of top-p and / or
+        min-p without top-k by pivot rejection, see `specops.sampling.sample`); a processed
+        mode with logprobs asked for also computes the exact distribution, in a second call
+        when a row may be such a row.
     backend : str
         "auto" (fused Triton kernels on CUDA, torch elsewhere), "triton" or "torch" (the
         sort-based reference for thresholds and draw, torch penalties).
@@ -131,13 +131,13 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         """Sample one token per row of `logits` ([R, V] fp32/bf16/fp16)."""
         processed = self.process(logits, metadata)
-        # the threshold is read only by processed logprobs: without them, top-p alone needs none
+        # the threshold is read only by processed logprobs: without them, pivot rows need none
         need = metadata.max_num_logprobs is not None and self.logprobs_mode.startswith("processed")
         result = self.sample_processed(processed, metadata, distribution=need)
-        if need and metadata.greedy_rows_hint() is not True and metadata.top_p_alone_hint(processed.min_p) is not False:
+        if need and metadata.greedy_rows_hint() is not True and metadata.pivot_rows_hint(processed.min_p) is not False:
             # the tokens are the tokens-only draw's whatever the logprobs asked for, so that a
-            # seeded row's token does not depend on its batch's logprobs (rows of top-p alone:
-            # pivot rejection); the distribution comes from the call above
+            # seeded row's token does not depend on its batch's logprobs (rows of top-p / min-p
+            # without top-k: pivot rejection); the distribution comes from the call above
             result = replace(result, tokens=self.sample_processed(processed, metadata, distribution=False).tokens)
         logprobs = None
         if metadata.max_num_logprobs is not None:

@@ -243,53 +243,74 @@ def sub_chunk_draw(
 
 
 def pivot_draw(
-    x: torch.Tensor,          # [R, V] fp32 scaled logits of valid rows with top-p alone
-    top_p: torch.Tensor,      # [R] fp32, < 1
-    seeds: torch.Tensor,      # [R] int64
-    positions: torch.Tensor,  # [R] int64
+    x: torch.Tensor,                  # [R, V] fp32 scaled logits of valid random rows (pivot_rows)
+    top_p: torch.Tensor | None,       # [R] fp32, 1 = off
+    seeds: torch.Tensor,              # [R] int64
+    positions: torch.Tensor,          # [R] int64
     stream: int = rng.STREAM_SAMPLE,
-) -> torch.Tensor:            # [R] int64
-    """Top-p by pivot rejection, as specops.triton_kernels.sampling_pivot draws it: the
-    two-level draw of a row without a filter gives a candidate t; while the mass strictly
-    above x_t reaches top_p * Z, t is drawn again from the tokens above x_t (round i on
-    stream + i * PIVOT_STREAM); after PIVOT_ROUNDS rejections, one race over the top-p set
+    min_p: torch.Tensor | None = None,  # [R] fp32, 0 = off
+) -> torch.Tensor:                    # [R] int64
+    """Top-p and / or min-p (no top-k) by pivot rejection, as
+    specops.triton_kernels.sampling_pivot draws it. The kept set: x >= t = max + log(min_p)
+    (t = -inf without min-p), then the tokens whose mass strictly above them is below
+    top_p * Z_t (Z_t: the mass of x >= t). A row with one of the two filters takes the
+    two-level draw of a row without a filter as its first candidate (min-p alone keeps it
+    when x >= t, else has none); a row with both starts without one. Round i: a row without
+    a candidate takes Z_t, and a candidate whose mass above reaches top_p * Z_t is replaced
+    by a draw from the tokens >= t above it (noise on stream + i * PIVOT_STREAM; a row
+    without top-p keeps that draw); after PIVOT_ROUNDS rounds, one race over the kept set
     on stream + PIVOT_ROUNDS * PIVOT_STREAM."""
     from specops.triton_kernels.sampling_pivot import PIVOT_ROUNDS
     from specops.triton_kernels.sampling_topk_topp import draw_sub_chunk
     R, V = x.shape
+    dev = x.device
     sub = draw_sub_chunk(V)
     num_subs = -(-V // sub)
-    tokens = sub_chunk_draw(x, seeds, positions, stream)
+    p = torch.ones(R, device=dev) if top_p is None else top_p.to(dev, torch.float32)
+    mp = torch.zeros(R, device=dev) if min_p is None else min_p.to(dev, torch.float32)
+    has_p, has_mp = p < 1.0, mp > 0.0
+    m = x.max(dim=-1).values
+    floor = torch.where(has_mp, m + torch.log(torch.where(has_mp, mp, 1.0)), float("-inf"))   # as the kernels round it
     xd = x.double()
     w = torch.exp(xd - xd.max(dim=-1, keepdim=True).values)
-    target = top_p.to(x.device).double() * w.sum(dim=-1)
-    live = torch.ones(R, dtype=torch.bool, device=x.device)
+    eligible_floor = x >= floor.unsqueeze(1)
+    tokens = sub_chunk_draw(x, seeds, positions, stream)
+    first_x = x.gather(1, tokens.unsqueeze(1)).squeeze(1)
+    has_cand = has_p & ~has_mp                      # top-p alone: the first draw is the candidate
+    live = ~(has_mp & ~has_p & (first_x >= floor))  # min-p alone: kept when it reaches t, else none
+    tokens = torch.where(has_cand | ~live, tokens, torch.full_like(tokens, -1))
+    z_t = w.sum(dim=-1)
     for i in range(1, PIVOT_ROUNDS + 1):
-        above = x > x.gather(1, tokens.unsqueeze(1))            # strictly above the candidate
-        mass = torch.where(above, w, 0.0)
-        live &= ~(mass.sum(dim=-1) < target)
+        pivot = torch.where(has_cand, x.gather(1, tokens.clamp(min=0).unsqueeze(1)).squeeze(1), float("-inf"))
+        mass = torch.where((x > pivot.unsqueeze(1)) & eligible_floor, w, 0.0)
+        above = mass.sum(dim=-1)
+        z_t = torch.where(live & ~has_cand, above, z_t)
+        live &= ~(has_cand & (above < p.double() * z_t))
         if not bool(live.any()):
             return tokens
         keys = live.to(seeds.device)
-        s, p = seeds[keys], positions[keys]
+        s, q = seeds[keys], positions[keys]
         if i < PIVOT_ROUNDS:
             st = stream + i * rng.PIVOT_STREAM
-            noise = rng.vocab_noise(s, p, st, V).to(x.device).double()
-            sub_noise = rng.vocab_noise(s, p, st + rng.SUB_STREAM, num_subs).to(x.device).double()
+            noise = rng.vocab_noise(s, q, st, V).to(dev).double()
+            sub_noise = rng.vocab_noise(s, q, st + rng.SUB_STREAM, num_subs).to(dev).double()
             tokens[live] = two_level_race(mass[live], mass[live] / noise, sub, sub_noise)
+            has_cand |= live
+            live &= has_p                           # without top-p the draw is kept
         else:
             xl = x[live]
-            tau = row_thresholds_torch(xl, None, top_p.to(x.device)[live], None)
+            tau = row_thresholds_torch(xl, None, p[live], mp[live])
             xm = torch.where(xl >= tau.unsqueeze(1), xl, torch.full_like(xl, float("-inf")))
-            tokens[live] = noise_argmax(xm, s, p, stream + PIVOT_ROUNDS * rng.PIVOT_STREAM).to(tokens.device)
+            tokens[live] = noise_argmax(xm, s, q, stream + PIVOT_ROUNDS * rng.PIVOT_STREAM).to(tokens.device)
     return tokens
 
 
 def pivot_rows(rows: int, vocab: int, top_k, top_p, min_p, device) -> torch.Tensor:
-    """[rows] bool: rows with top-p (< 1) and neither top-k (0 < k < vocab) nor min-p (> 0)."""
-    if top_p is None:
+    """[rows] bool: rows with top-p (< 1) or min-p (> 0), and no top-k (0 < k < vocab)."""
+    if top_p is None and min_p is None:
         return torch.zeros(rows, dtype=torch.bool, device=device)
-    return (top_p.to(device) < 1.0) & ~filtered_rows(rows, vocab, top_k, None, min_p, device)
+    return filtered_rows(rows, vocab, None, top_p, min_p, device) & ~filtered_rows(rows, vocab, top_k, None, None,
+                                                                                   device)
 
 
 def sample_torch(
@@ -305,7 +326,8 @@ def sample_torch(
 ) -> SampleResult:
     """Temperature, min-p, top-k, top-p and the exponential-noise draw; greedy rows take
     the argmax of the unscaled logits. The reference of `specops.sampling.sample`
-    (`distribution=False`: rows with top-p alone by `pivot_draw`; threshold and log_norm None)."""
+    (`distribution=False`: rows with top-p and / or min-p and no top-k by `pivot_draw`; threshold and
+    log_norm None)."""
     R, V = logits.shape
     x = scale_logits(logits, inv_temperature)
     random = inv_temperature.to(x.device) > 0
@@ -322,8 +344,9 @@ def sample_torch(
         raced &= ~pivoted
         if bool(pivoted.any()):
             keys = pivoted.to(seeds.device)
-            tokens[pivoted] = pivot_draw(xs[pivoted], top_p.to(x.device)[pivoted], seeds[keys], positions[keys],
-                                         stream).to(tokens.device)
+            sel = lambda t: None if t is None else t.to(x.device)[pivoted]  # noqa: E731
+            tokens[pivoted] = pivot_draw(xs[pivoted], sel(top_p), seeds[keys], positions[keys], stream,
+                                         sel(min_p)).to(tokens.device)
     if bool(raced.any()):
         keys = raced.to(seeds.device)
         tokens[raced] = noise_argmax(xm[raced], seeds[keys], positions[keys], stream).to(tokens.device)

@@ -99,12 +99,13 @@ def sample(
     with a NaN or +inf logit, or with all logits -inf, get token -1.
 
     `distribution=False` asks for the tokens only: `threshold` and `log_norm` are None, and
-    rows with top-p alone (no top-k, no min-p) are drawn without a threshold, by pivot
+    rows with top-p and / or min-p but no top-k are drawn without a threshold, by pivot
     rejection (specops.triton_kernels.sampling_pivot: a candidate from the two-level draw,
-    kept when the mass above it is below top_p * Z, else drawn again above it; fresh noise
-    each round, on streams from rng.PIVOT_STREAM up). The law is the same but the token may
-    differ from the threshold path's, and it costs a read of the row or two instead of the
-    threshold search.
+    kept when it reaches the min-p threshold and the mass above it is below top_p times the
+    mass kept by min-p, else drawn again from the tokens above it; fresh noise each round,
+    on streams from rng.PIVOT_STREAM up). The law is the same but the token may differ from
+    the threshold path's, and it costs a read of the row or two instead of the threshold
+    search.
 
     Returns
     -------
@@ -137,8 +138,8 @@ def sample(
         logits = logits.contiguous()
     from specops.triton_kernels.sampling_topk_topp import sample_top_k_top_p_triton
 
-    # pivot rounds only for a tokens-only draw, and only when a row may have top-p alone
-    pivot = kernel_options.pop("pivot", top_p is not None) and not distribution
+    # pivot rounds only for a tokens-only draw, and only when a row may have top-p or min-p
+    pivot = kernel_options.pop("pivot", top_p is not None or min_p is not None) and not distribution
     tokens, thr, rmax, lnorm = sample_top_k_top_p_triton(
         logits, dense(inv_temperature), dense(top_k), dense(top_p), dense(min_p), dense(seeds), dense(positions),
         stream, pivot=pivot, **kernel_options)
@@ -154,8 +155,9 @@ def sample_options(metadata, min_p: torch.Tensor | None, kernel_options: dict | 
     search (every random row unfiltered, or with top_k <= the plan's direct limit): 5 of
     the 9 kernels are then left out. `min_p` is the one `sample` gets; one that is not the
     metadata's own (a processor added it) counts as unknown (`SamplingMetadata.filter_bound`).
-    `distribution=False` (the `sample` call's): rows with top-p alone need no search either,
-    and "pivot" is False when no random row has top-p alone (the pivot rounds are left out).
+    `distribution=False` (the `sample` call's): rows with top-p and / or min-p but no top-k
+    need no search either, and "pivot" is False when no random row is such a row (the pivot
+    rounds are left out).
     An explicit "search" in `kernel_options` stands. When a random row with top-p has a top_k
     wider than the default candidate capacity holds, "cap" is raised to hold it
     (`cap_for_top_k`); an explicit "cap" stands.
@@ -163,11 +165,11 @@ def sample_options(metadata, min_p: torch.Tensor | None, kernel_options: dict | 
     from specops.triton_kernels.sampling_topk_topp import DEFAULT_CAP, DIRECT_TOP_K, cap_for_top_k
 
     opts = dict(kernel_options or {})
-    # rows of top-p alone need no search only when they take the pivot rounds
+    # rows of top-p / min-p without top-k need no search only when they take the pivot rounds
     pivot = not distribution and opts.get("pivot", True) is not False
     widest = metadata.filter_bound(min_p, pivot=pivot)
-    if "pivot" not in opts and not distribution and metadata.top_p_alone_hint(min_p) is False:
-        opts["pivot"] = False   # no row of top-p alone: no pivot rounds to launch
+    if "pivot" not in opts and not distribution and metadata.pivot_rows_hint(min_p) is False:
+        opts["pivot"] = False   # no such row: no pivot rounds to launch
     if "search" not in opts and widest is not None:
         kmax = opts.get("kmax", DIRECT_TOP_K) if opts.get("select", True) else 0
         if widest <= kmax:
