@@ -226,49 +226,42 @@ TOP_P_SHAPES = (("fp32", 128256), ("bf16", 151936))   # (dtype, V) of the top-p-
 
 
 def bench_top_p(rows, fs, V, B, dname):
-    """Top-p alone (0.9 / 0.95 on alternate rows, T = 1), the commonest request: specops
-    tokens only (the Sampler without processed logprobs: pivot rejection) and with the
-    thresholds (`distribution=True`), against FlashInfer's softmax + top_p_sampling_from_probs
-    (all timed)."""
-    from specops.sampling import sample
-    from specops.sampling.topk_topp import sample_options
+    """Top-p alone (0.9 / 0.95 on alternate rows, T = 1), the commonest request, against
+    FlashInfer's softmax + top_p_sampling_from_probs (`_bench_one_filter`)."""
     logits = make_logits(B, V, DTYPES[dname], "llm", seed=B * 5 + V)
     md = metadata(B, V, seeded=False, mix=TOP_P_MIX)
-    _progress(f"top-p V={V} B={B} {dname}", "check")
-
-    def ours(distribution):
-        opts = sample_options(md, md.min_p, None, distribution)
-        return lambda: sample(logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions,
-                              backend="triton", distribution=distribution, **opts)
     p = None if fs is None else md.top_p.contiguous()
-    _one_peer(rows, "top-p sample", "top-p", logits, md, dname, ours(False),
-              "softmax + top_p_sampling_from_probs",
-              None if fs is None else lambda: fs.top_p_sampling_from_probs(fs.softmax(logits), p),
-              with_thresholds=ours(True))
+    _bench_one_filter(rows, "top-p", logits, md, dname, "softmax + top_p_sampling_from_probs",
+                      None if fs is None else lambda: fs.top_p_sampling_from_probs(fs.softmax(logits), p))
 
 
 MIN_P_MIX = [(1.0, 0, 1.0, 0.05), (1.0, 0, 1.0, 0.1)]
 
 
 def bench_min_p(rows, fs, V, B, dname):
-    """Min-p alone (0.05 / 0.1 on alternate rows, T = 1): specops tokens only (pivot rejection:
-    the plan keeps a first candidate that reaches the threshold, one round draws the others)
-    and with the thresholds, against FlashInfer's softmax + min_p_sampling_from_probs (all timed)."""
-    from specops.sampling import sample
-    from specops.sampling.topk_topp import sample_options
+    """Min-p alone (0.05 / 0.1 on alternate rows, T = 1; pivot rejection: the plan keeps a first
+    candidate that reaches the threshold, one round draws the others), against FlashInfer's
+    softmax + min_p_sampling_from_probs (`_bench_one_filter`)."""
     logits = make_logits(B, V, DTYPES[dname], "llm", seed=B * 3 + V)
     md = metadata(B, V, seeded=False, mix=MIN_P_MIX)
-    _progress(f"min-p V={V} B={B} {dname}", "check")
+    mp = None if fs is None else md.min_p.contiguous()
+    _bench_one_filter(rows, "min-p", logits, md, dname, "softmax + min_p_sampling_from_probs",
+                      None if fs is None else lambda: fs.min_p_sampling_from_probs(fs.softmax(logits), mp))
+
+
+def _bench_one_filter(rows, tag, logits, md, dname, peer_name, peer):
+    """specops tokens only (the Sampler without processed logprobs: pivot rejection) and with
+    the thresholds (`distribution=True`) against `peer` (all timed; op "<tag> sample")."""
+    from specops.sampling import sample
+    from specops.sampling.topk_topp import sample_options
+    V, B = logits.shape[1], logits.shape[0]
+    _progress(f"{tag} V={V} B={B} {dname}", "check")
 
     def ours(distribution):
         opts = sample_options(md, md.min_p, None, distribution)
         return lambda: sample(logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions,
                               backend="triton", distribution=distribution, **opts)
-    mp = None if fs is None else md.min_p.contiguous()
-    _one_peer(rows, "min-p sample", "min-p", logits, md, dname, ours(False),
-              "softmax + min_p_sampling_from_probs",
-              None if fs is None else lambda: fs.min_p_sampling_from_probs(fs.softmax(logits), mp),
-              with_thresholds=ours(True))
+    _one_peer(rows, f"{tag} sample", tag, logits, md, dname, ours(False), peer_name, peer, with_thresholds=ours(True))
 
 
 def _one_peer(rows, op, tag, logits, md, dname, ours, peer_name, peer, with_thresholds=None):
