@@ -62,33 +62,42 @@ def _pivot_mass_kernel(
     mass_ptr,                          # [R, NC] fp32 out: per sub-chunk, the mass above the pivot
     V, NT,
     NC: tl.constexpr, SUB: tl.constexpr, TILE: tl.constexpr,
+    GROUP: tl.constexpr = 1,           # sub-chunks per program (the same sums: each is its own reduction)
     SKIP: tl.constexpr = True,         # sub-chunks with no tile max above the pivot are not read
     PDL: tl.constexpr = False,         # programmatic dependent launch (sampling_common.pdl_start)
 ):
-    """Program (r, c): the mass sum exp(x - m) over the tokens of sub-chunk c of row r with x
-    above the row's pivot and x >= its min-p threshold (rows in mode PIVOT_PENDING only)."""
+    """Program (r, g): for each sub-chunk c of group g (GROUP of them) of row r, the mass
+    sum exp(x - m) over its tokens with x above the row's pivot and x >= its min-p threshold
+    (rows in mode PIVOT_PENDING only). The row's state and the group's tile maxima are loaded
+    together before the mode is tested: one round trip fewer on every program."""
     pdl_start(PDL)
     r = tl.program_id(0)
-    c = tl.program_id(1)
-    if tl.load(st_i_ptr + r * 4) == PIVOT_PENDING:
-        r64 = r.to(tl.int64)
-        pivot = tl.load(st_f_ptr + r * 6 + 2)
-        floor = tl.load(st_f_ptr + r * 6 + 4)
-        total = tl.zeros([], tl.float32)
-        read = True
-        if SKIP:
-            TPS: tl.constexpr = SUB // TILE
-            t = c * TPS + tl.arange(0, TPS)
-            tm = tl.max(tl.load(tile_max_ptr + r64 * NT + t, mask=t < NT, other=float("-inf")), axis=0)
-            read = (tm > pivot) & (tm >= floor)
-        if read:
-            inv_t = tl.load(inv_temp_ptr + r)
-            m = tl.load(st_f_ptr + r * 6 + 0)
-            offs = c * SUB + tl.arange(0, SUB)
-            x = tl.load(logits_ptr + r64 * stride_row + offs, mask=offs < V,
-                        other=float("-inf")).to(tl.float32) * inv_t
-            total = tl.sum(tl.where((x > pivot) & (x >= floor), tl.exp(x - m), 0.0), axis=0)
-        tl.store(mass_ptr + r64 * NC + c, total)
+    g = tl.program_id(1)
+    r64 = r.to(tl.int64)
+    mode = tl.load(st_i_ptr + r * 4)
+    pivot = tl.load(st_f_ptr + r * 6 + 2)
+    floor = tl.load(st_f_ptr + r * 6 + 4)
+    TPS: tl.constexpr = SUB // TILE
+    gi = tl.arange(0, GROUP)
+    cs = g * GROUP + gi                                            # [GROUP] the group's sub-chunks
+    need = cs < NC
+    if SKIP:
+        t = cs[:, None] * TPS + tl.arange(0, TPS)[None, :]          # [GROUP, TPS] their tiles
+        tm = tl.max(tl.load(tile_max_ptr + r64 * NT + t, mask=t < NT, other=float("-inf")), axis=1)
+        need = need & (tm > pivot) & (tm >= floor)
+    if mode == PIVOT_PENDING:
+        inv_t = tl.load(inv_temp_ptr + r)
+        m = tl.load(st_f_ptr + r * 6 + 0)
+        for k in tl.static_range(GROUP):
+            c = g * GROUP + k
+            if c < NC:
+                total = tl.zeros([], tl.float32)
+                if tl.max(tl.where(gi == k, need, False).to(tl.int32), axis=0) != 0:
+                    offs = c * SUB + tl.arange(0, SUB)
+                    x = tl.load(logits_ptr + r64 * stride_row + offs, mask=offs < V,
+                                other=float("-inf")).to(tl.float32) * inv_t
+                    total = tl.sum(tl.where((x > pivot) & (x >= floor), tl.exp(x - m), 0.0), axis=0)
+                tl.store(mass_ptr + r64 * NC + c, total)
 
 
 @triton.jit(do_not_specialize=["V", "stream"])
@@ -108,35 +117,39 @@ def _pivot_draw_kernel(
     """Row r in mode PIVOT_PENDING: accept its candidate (mode PIVOTED, token stored) when the mass
     above it is below top_p * Z_t; else draw a new candidate above the pivot, which a row
     without top-p accepts at once (LAST: FALLBACK instead of a draw). A row without a
-    candidate yet (min-p) first takes the round's total as Z_t."""
+    candidate yet (min-p) first takes the round's total as Z_t. Everything the row needs
+    before its redraw's sub-chunk is loaded together, before the mode is tested."""
     pdl_start(PDL)
     r = tl.program_id(0)
-    if tl.load(st_i_ptr + r * 4) == PIVOT_PENDING:
-        r64 = r.to(tl.int64)
-        c = tl.arange(0, NC_P2)
-        mass = tl.load(mass_ptr + r64 * NC + c, mask=c < NC, other=0.0)
+    r64 = r.to(tl.int64)
+    c = tl.arange(0, NC_P2)
+    mode = tl.load(st_i_ptr + r * 4)
+    cand = tl.load(st_i_ptr + r * 4 + 1)
+    m = tl.load(st_f_ptr + r * 6 + 0)
+    pivot = tl.load(st_f_ptr + r * 6 + 2)
+    z_t = tl.load(st_f_ptr + r * 6 + 3)
+    floor = tl.load(st_f_ptr + r * 6 + 4)
+    p = tl.load(top_p_ptr + r)
+    inv_t = tl.load(inv_temp_ptr + r)
+    seed = tl.load(seed_ptr + r)
+    pos = tl.load(pos_ptr + r)
+    mass = tl.load(mass_ptr + r64 * NC + c, mask=c < NC, other=0.0)
+    if mode == PIVOT_PENDING:
         above = tl.sum(mass, axis=0)
-        cand = tl.load(st_i_ptr + r * 4 + 1)
-        p = tl.load(top_p_ptr + r)
         if cand < 0:                                  # no candidate yet: the mass of x >= t
+            z_t = above
             tl.store(st_f_ptr + r * 6 + 3, above)
-        if (cand >= 0) & (above < p * tl.load(st_f_ptr + r * 6 + 3)):
+        if (cand >= 0) & (above < p * z_t):
             tl.store(tok_ptr + r, cand.to(tl.int64))
             tl.store(st_i_ptr + r * 4, PIVOTED)
         elif LAST:
             tl.store(st_i_ptr + r * 4, FALLBACK)
         else:
-            seed = tl.load(seed_ptr + r)
-            pos = tl.load(pos_ptr + r)
             s = stream + ROUND * PIVOT_STREAM
             w0, w1, w2, w3 = random_words(seed, pos, s + SUB_STREAM, c >> 2)
             score = tl.where(mass > 0.0, mass / exponential(select_word(w0, w1, w2, w3, c & 3)), -1.0)
             best = tl.max(score, axis=0)
             c_win = tl.min(tl.where(score == best, c, NC_P2), axis=0)
-            inv_t = tl.load(inv_temp_ptr + r)
-            m = tl.load(st_f_ptr + r * 6 + 0)
-            pivot = tl.load(st_f_ptr + r * 6 + 2)
-            floor = tl.load(st_f_ptr + r * 6 + 4)
             offs = c_win * SUB + tl.arange(0, SUB)
             x = tl.load(logits_ptr + r64 * stride_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
             sc = tl.where((x > pivot) & (x >= floor), tl.exp(x - m) / token_noise(seed, pos, s, offs), -1.0)
@@ -150,18 +163,34 @@ def _pivot_draw_kernel(
                 tl.store(st_i_ptr + r * 4, PIVOTED)
 
 
+def pivot_group(rows: int, sub_chunks: int) -> int:
+    """Sub-chunks per mass program: about one wave of programs on an H200 (132 SMs, 8 programs
+    of 8 warps each) whatever the batch, since most programs of a round only test their row's
+    mode and tile maxima (a power of two, 1 to 8). H200, fp32 V = 128256 (63 sub-chunks),
+    bench/results/logs/exp_pivot_group_2026-12-03.txt: group 1 is best at B <= 8, 2 at B = 32,
+    4-8 at B = 128 (a round's mass launch 11 -> 4-6 µs), 8 at B = 512 (40 -> 7-17 µs)."""
+    want = -(-rows * sub_chunks // 1024)
+    return min(8, triton.next_power_of_2(max(1, want)))
+
+
 def pivot_rounds(logits, inv_temperature, top_p, seeds, positions, tile_max, st_i, st_f, mass, tokens, stream: int,
-                 sub: int, tile: int, rounds: int = PIVOT_ROUNDS, pdl: dict | None = None, skip: bool = True) -> None:
+                 sub: int, tile: int, rounds: int = PIVOT_ROUNDS, pdl: dict | None = None, skip: bool = True,
+                 group: int | None = None) -> None:
     """Launch the verification rounds (module docstring) on the rows in mode PIVOT_PENDING.
     `tile_max` is pass 1's [R, NT] (tiles of `tile` tokens), `mass` [R, ceil(V / sub)] fp32
     scratch. `skip=False` reads every sub-chunk (the same sums: a skipped one holds no
-    eligible token)."""
+    eligible token); `group` sub-chunks per mass program (a power of two; default
+    `pivot_group`) changes the speed only."""
     R, V = logits.shape
     nc = mass.shape[1]
     pdl = pdl or {}
+    group = pivot_group(R, nc) if group is None else group
+    if group < 1 or group & (group - 1):
+        raise ValueError(f"pivot group must be a power of two >= 1, got {group}")
     for i in range(1, rounds + 1):
-        _pivot_mass_kernel[(R, nc)](logits, logits.stride(0), inv_temperature, tile_max, st_i, st_f, mass, V,
-                                    tile_max.shape[1], NC=nc, SUB=sub, TILE=tile, SKIP=skip, num_warps=8, **pdl)
+        _pivot_mass_kernel[(R, -(-nc // group))](logits, logits.stride(0), inv_temperature, tile_max, st_i, st_f, mass,
+                                                  V, tile_max.shape[1], NC=nc, SUB=sub, TILE=tile, GROUP=group,
+                                                  SKIP=skip, num_warps=8, **pdl)
         _pivot_draw_kernel[(R,)](logits, logits.stride(0), inv_temperature, top_p, seeds, positions, st_i, st_f,
                                  mass, tokens, V, stream, NC=nc, NC_P2=max(16, triton.next_power_of_2(nc)), SUB=sub,
                                  ROUND=i, LAST=i == rounds, num_warps=8, **pdl)

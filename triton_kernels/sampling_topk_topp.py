@@ -1179,6 +1179,7 @@ def sample_top_k_top_p_triton(
     search: bool = True,
     pivot: bool = False,
     pivot_skip: bool = True,
+    pivot_group: int | None = None,
 ):
     """Pass 1 (row statistics, tile maxima, histograms), plan, refine, collect and finish.
 
@@ -1201,7 +1202,8 @@ def sample_top_k_top_p_triton(
     (sampling_pivot.py): the same law, another token, and no threshold: their threshold and
     log_norm outputs are left unset (NaN) unless the row fell back to the exact search.
     Such rows need no search (`search=False` holds with them). `pivot_skip=False` makes the
-    rounds read every sub-chunk (the same tokens; see `pivot_rounds`).
+    rounds read every sub-chunk (the same tokens; see `pivot_rounds`), and `pivot_group` sets
+    the sub-chunks per program of their mass launches (the same tokens; default: by batch).
     `paths`, when a dict, receives "mode": [R] int32, the path each row took
     (sampling_select.DONE / DRAW / COLLECT / FALLBACK / DIRECT / PIVOTED).
 
@@ -1328,7 +1330,7 @@ def sample_top_k_top_p_triton(
     if pivot:
         pivot_rounds(logits, inv_temperature, top_p, seeds, positions, tile_max, st_i, st_f,
                      torch.empty(R, -(-V // sub), dtype=f32, device=dev), tokens, stream, sub, tile, pdl=pdl,
-                     skip=pivot_skip)
+                     skip=pivot_skip, group=pivot_group)
     _finish_kernel[(R,)](
         logits, logits.stride(0), inv_temperature, top_k, top_p, seeds, positions, tile_max,
         st_i, st_f, pn, pf, pi, tile_list, cand, tokens, thr, lnorm,
