@@ -20,8 +20,8 @@ Implementations, same logits, same per-row parameters:
 - top-p alone (0.9 / 0.95, T = 1, fp32 V = 128256 and bf16 V = 151936): specops tokens
   only, and with the thresholds ("specops thresholds", `distribution=True`), vs FlashInfer's
   `softmax` + `top_p_sampling_from_probs`; min-p alone (0.05 / 0.1) the same way vs
-  `softmax` + `min_p_sampling_from_probs` (SAMPLING_TOP_P=1: these rows alone, written to
-  sampling_top_p.* and sampling_min_p.*).
+  `softmax` + `min_p_sampling_from_probs` (also written to sampling_top_p.* and
+  sampling_min_p.*; SAMPLING_TOP_P=1: these rows only; SAMPLING_ALONE=0: the others only).
 
 Logits: "llm" rows are randn * 2 with 32 tokens per row raised by 6..12 (a peaked,
 LLM-like distribution: top-p keeps a few tokens); "flat" rows are randn (top-p keeps most
@@ -389,10 +389,18 @@ def main() -> int:
     for dname in DTYPES:
         for B in (1, 32, 512):
             guarded(bench_plain, rows, fs, 128256, B, dname)
-    for dname, V in TOP_P_SHAPES:
+    write_results("sampling", rows, notes=NOTES)
+    # the rows of one filter alone: in sampling.* and in their own files (as SAMPLING_TOP_P=1)
+    # (SAMPLING_ALONE=0 leaves them out: the mixed rows alone fit one 600 s device call)
+    alone = {"sampling_top_p": [], "sampling_min_p": []}
+    for dname, V in TOP_P_SHAPES if os.environ.get("SAMPLING_ALONE", "1") == "1" else ():
         for B in BATCHES:
-            guarded(bench_top_p, rows, fs, V, B, dname)
-            guarded(bench_min_p, rows, fs, V, B, dname)
+            guarded(bench_top_p, alone["sampling_top_p"], fs, V, B, dname)
+            guarded(bench_min_p, alone["sampling_min_p"], fs, V, B, dname)
+        for name, its_rows in alone.items():
+            if its_rows:
+                write_results(name, its_rows, notes=NOTES)
+    rows += alone["sampling_top_p"] + alone["sampling_min_p"]
     path = write_results("sampling", rows, notes=NOTES)
     print(f"wrote {path} in {time.time() - t0:.0f} s")
     if failed:
