@@ -22,13 +22,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_sampling import MIN_P_MIX, MIX, TOP_P_MIX, make_logits, metadata  # noqa: E402
+from bench.bench_sampling import FAST, MIN_P_MIX, MIX, TOP_P_MIX, make_logits, metadata  # noqa: E402
 from bench.common import kernel_us, time_us  # noqa: E402
 
 BATCHES = (1, 8, 32, 128, 512)
 KINDS = (("top-p", TOP_P_MIX), ("min-p", MIN_P_MIX), ("mix", MIX))
 GROUPS = (1, 2, 4, 8, None)
-FAST = dict(warmup=3, iters=30, replays_per_graph=5)
 ROUNDS = 3
 
 

@@ -15,10 +15,9 @@ from collections import Counter
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.bench_sampling import make_logits, metadata  # noqa: E402
+from bench.bench_sampling import FAST, make_logits, metadata  # noqa: E402
 from bench.common import kernel_us, time_us  # noqa: E402
 
-FAST = dict(warmup=3, iters=30, replays_per_graph=5)
 
 
 def main() -> int:
