@@ -2,6 +2,8 @@
 
     python bench/exp_sampling_kernels.py [B ...]   (GPU machine, repo root, after gpu_check.sh's build)
 
+EXP_DTYPES=float32 and EXP_MIXES="bench MIX,top_p=0.9" (comma-separated names of MIXES) keep only those.
+
 bench_sampling's 'llm' logits at V = 128256, B = 128 (or the batch sizes given), fp32 and bf16; every row of a batch
 has the same (temperature, top_k, top_p, min_p), so each kernel's time belongs to one path
 of pass 1: greedy rows (no histogram, no noise), plain rows (tile sums, then the noise of one sub-chunk),
@@ -22,6 +24,10 @@ from bench.common import kernel_us, time_us  # noqa: E402
 from specops.sampling import sample  # noqa: E402
 from specops.sampling.topk_topp import sample_options  # noqa: E402
 
+# EXP_DISTRIBUTION=0: the tokens-only call of bench_sampling's 'specops' rows (pivot rounds for top-p / min-p
+# without top-k); default 1, with the exact thresholds (as for processed logprobs)
+DISTRIBUTION = os.environ.get("EXP_DISTRIBUTION", "1") != "0"
+
 MIXES = {
     "greedy": [(0.0, 0, 1.0, 0.0)],
     "plain T=1": [(1.0, 0, 1.0, 0.0)],
@@ -41,15 +47,21 @@ def main() -> None:
 
 
 def run(V: int, B: int) -> None:
-    print(f"{torch.cuda.get_device_name()}, V={V}, B={B}, device us per kernel (mean of 10 calls)", flush=True)
-    for dtype in (torch.float32, torch.bfloat16):
+    print(f"{torch.cuda.get_device_name()}, V={V}, B={B}, distribution={DISTRIBUTION}, device us per kernel "
+          "(mean of 10 calls)", flush=True)
+    dtypes = [d for d in (torch.float32, torch.bfloat16) if str(d)[6:] in os.environ.get("EXP_DTYPES", "float32,bfloat16")]
+    wanted = os.environ.get("EXP_MIXES")   # e.g. "bench MIX,top_p=0.9": only these mixes
+    for dtype in dtypes:
         logits = make_logits(B, V, dtype, "llm", seed=B * 7 + V)
         for name, mix in MIXES.items():
+            if wanted and name not in wanted.split(","):
+                continue
             md = metadata(B, V, seeded=False, mix=mix)
             args = (logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions)
-            opts = sample_options(md, md.min_p)   # as the Sampler calls it
-            t = time_us(lambda: sample(*args, backend="triton", **opts), warmup=3, iters=20, replays_per_graph=5)
-            per = kernel_us(lambda: sample(*args, backend="triton", **opts))
+            opts = sample_options(md, md.min_p, None, DISTRIBUTION)   # as the Sampler calls it
+            call = lambda: sample(*args, backend="triton", distribution=DISTRIBUTION, **opts)  # noqa: E731
+            t = time_us(call, warmup=3, iters=20, replays_per_graph=5)
+            per = kernel_us(call)
             parts = ", ".join(f"{k.split('(')[0][:24]} {v:.1f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1]))
             print(f"{str(dtype)[6:]:8s} {name:22s} {t:7.1f} us | {parts}", flush=True)
 

@@ -638,6 +638,8 @@ def test_triton_defaults_and_knob_checks():
         sample(x, inv, None, None, None, s, s, backend="triton", tile=48)
     with pytest.raises(ValueError, match="cap"):
         sample(x, inv, None, None, None, s, s, backend="triton", cap=8)
+    with pytest.raises(ValueError, match="search_group"):
+        sample(x, inv, None, None, None, s, s, backend="triton", search_group=3)
 
 
 def test_argument_checks():
@@ -679,6 +681,15 @@ def test_cuda_full_shapes_match_reference(V, R, dtype):
     a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton")
     b = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")
     assert_same_draw(a, b, logits, inv, seeds, pos, p, top_k=k, min_p=mp)
+    for group in (1, 2, 8):   # refine / collect programs per program: the same partials, bit for bit
+        assert_same_result(a, sample(logits, inv, k, p, mp, seeds, pos, backend="triton", search_group=group))
+
+
+def assert_same_result(a, b):
+    """Two SampleResults bit for bit (NaN where NaN)."""
+    for name in ("tokens", "threshold", "row_max", "log_norm"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert torch.equal(x.isnan(), y.isnan()) and torch.equal(x.nan_to_num(), y.nan_to_num()), name
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
@@ -786,6 +797,8 @@ def test_every_search_path_is_taken_and_exact():
     a = sample(x, inv, k, p, mp, seeds, pos, backend="triton", paths=paths, kmax=0)   # no direct path
     b = sample(x, inv, k, p, mp, seeds, pos, backend="torch")
     assert_same_draw(a, b, x, inv, seeds, pos, p, top_k=k, min_p=mp)
+    for group in (2, 4):   # several refine / collect programs per program (10 per row: the last group part-full)
+        assert_same_result(a, sample(x, inv, k, p, mp, seeds, pos, backend="triton", kmax=0, search_group=group))
     planned = set(paths["planned"].tolist())
     final = paths["mode"].tolist()
     assert {COLLECT, REFINE_COUNT, REFINE_MASS, FALLBACK, DONE} <= planned, planned
@@ -1440,3 +1453,15 @@ def test_a_maximum_of_negative_zero_keeps_its_ties_in_the_exact_search():
     assert paths["mode"].tolist() == [5]                    # the exact search decided the row
     assert got.tokens.tolist() == want.tokens.tolist() and logits[0, got.tokens.item()] == 0.0
     assert got.threshold.item() == want.threshold.item() == 0.0
+
+
+def test_search_group_defaults_follow_the_measured_batches():
+    # bench/results/logs/exp_search_group_2026-12-03.txt (H200, fp32 V = 128256, 32 programs per row):
+    # group 1 was fastest at batch 32, 2 at 128, 4 at 512; always a power of two, at most 4
+    from specops.triton_kernels.sampling_select import refine_geometry, search_group
+    s3 = refine_geometry(128256)[0]
+    assert [search_group(b, s3) for b in (1, 8, 32, 128, 512)] == [1, 1, 1, 2, 4]
+    for rows in range(1, 2000, 37):
+        for per_row in (1, 10, 25, 32):
+            g = search_group(rows, per_row)
+            assert g in (1, 2, 4)

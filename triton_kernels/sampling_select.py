@@ -156,6 +156,20 @@ def plan_filtered(hist_row, top_row, NBLK, n_fin, m, z, k, p, tau_min, has_k, ha
     return mode, lo, hi, t1_exact
 
 
+def search_group(rows: int, programs_per_row: int) -> int:
+    """Programs c of a row that one program of the refine and collect launches handles (1, 2 or
+    4): most programs of those launches only test their row's mode (rows of other paths) and
+    exit, and at large batches those exits take much of a launch; grouping c's makes each
+    kept row's work longer, which the collect launch feels first. Each c's partials are
+    computed and stored as without grouping: the same results. H200, bench_sampling's mixed
+    rows, fp32 V = 128256 (32 programs per row), one group for both launches
+    (bench/results/logs/exp_search_group_2026-12-03.txt): batch 32 62.3 / 69.3 / 78.5 / 100.8 µs
+    at group 1 / 2 / 4 / 8, batch 128 115.2 / 111.5 / 126.5 / 151.4, batch 512 272.4 / 249.3 /
+    238.4 / 279.6 (refine 49 -> 20 µs at 8, collect 64 -> 103)."""
+    want = -(-rows * programs_per_row // 2048)
+    return min(4, 1 << max(0, (want - 1).bit_length()))
+
+
 def refine_geometry(vocab: int, block: int = 2048, max_programs: int = 32) -> tuple[int, int]:
     """(programs per row, blocks of `block` tokens per program) of refine and collect.
 
@@ -203,39 +217,48 @@ def _refine_kernel(
     mass_ptr,                        # [R, S3, 3] fp32 out: mass >= hi, mass >= t1, mass in [lo, hi)
     V, S3, BPP,
     BLOCK: tl.constexpr,
+    GROUP: tl.constexpr = 1,                  # programs c of the row handled by this one (search_group)
     PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
 ):
     pdl_start(PDL)
     r = tl.program_id(0)
-    c = tl.program_id(1)
     mode = tl.load(st_i_ptr + r * 4)
     if (mode == REFINE_COUNT) | (mode == REFINE_MASS):
         row, inv_t, m, lo, hi, t1 = _row_inputs(logits_ptr, stride_row, inv_temp_ptr, st_f_ptr, r)
-        inv_sw = (_SB - 1) / (hi - lo)
-        h = tl.zeros([_SB], tl.int32)
-        n_above = tl.zeros([BLOCK], tl.int32)
-        m_above = tl.zeros([BLOCK], tl.float32)
-        m_t1 = tl.zeros([BLOCK], tl.float32)
-        m_in = tl.zeros([BLOCK], tl.float32)
-        for it in range(0, BPP):
-            offs = (c * BPP + it) * BLOCK + tl.arange(0, BLOCK)
-            x = tl.load(row + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
-            fin = x > float("-inf")
-            e = tl.exp(x - m)
-            above = fin & (x >= hi)
-            n_above += above.to(tl.int32)
-            m_above += tl.where(above, e, 0.0)
-            m_t1 += tl.where(fin & (x >= t1), e, 0.0)
-            s = tl.minimum(tl.maximum((x - lo) * inv_sw, 0.0), _SB - 2.0).to(tl.int32)
-            inb = fin & (x >= lo) & (x < hi)
-            m_in += tl.where(inb, e, 0.0)
-            h += tl.histogram(tl.where(inb, s, _SB - 1), _SB)
-        base = (r * S3 + c).to(tl.int64)
-        tl.store(h2_ptr + base * _SB + tl.arange(0, _SB), h)
-        tl.store(n_ptr + base, tl.sum(n_above, axis=0))
-        tl.store(mass_ptr + base * 3, tl.sum(m_above, axis=0))
-        tl.store(mass_ptr + base * 3 + 1, tl.sum(m_t1, axis=0))
-        tl.store(mass_ptr + base * 3 + 2, tl.sum(m_in, axis=0))
+        for g in range(GROUP):
+            c = tl.program_id(1) * GROUP + g
+            if c < S3:
+                _refine_program(row, inv_t, m, lo, hi, t1, h2_ptr, n_ptr, mass_ptr, V, S3, BPP, r, c, BLOCK)
+
+
+@triton.jit
+def _refine_program(row, inv_t, m, lo, hi, t1, h2_ptr, n_ptr, mass_ptr, V, S3, BPP, r, c, BLOCK: tl.constexpr):
+    """Program c of row r of the refine launch: its partials (arguments as `_refine_kernel`'s)."""
+    inv_sw = (_SB - 1) / (hi - lo)
+    h = tl.zeros([_SB], tl.int32)
+    n_above = tl.zeros([BLOCK], tl.int32)
+    m_above = tl.zeros([BLOCK], tl.float32)
+    m_t1 = tl.zeros([BLOCK], tl.float32)
+    m_in = tl.zeros([BLOCK], tl.float32)
+    for it in range(0, BPP):
+        offs = (c * BPP + it) * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(row + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
+        fin = x > float("-inf")
+        e = tl.exp(x - m)
+        above = fin & (x >= hi)
+        n_above += above.to(tl.int32)
+        m_above += tl.where(above, e, 0.0)
+        m_t1 += tl.where(fin & (x >= t1), e, 0.0)
+        s = tl.minimum(tl.maximum((x - lo) * inv_sw, 0.0), _SB - 2.0).to(tl.int32)
+        inb = fin & (x >= lo) & (x < hi)
+        m_in += tl.where(inb, e, 0.0)
+        h += tl.histogram(tl.where(inb, s, _SB - 1), _SB)
+    base = (r * S3 + c).to(tl.int64)
+    tl.store(h2_ptr + base * _SB + tl.arange(0, _SB), h)
+    tl.store(n_ptr + base, tl.sum(n_above, axis=0))
+    tl.store(mass_ptr + base * 3, tl.sum(m_above, axis=0))
+    tl.store(mass_ptr + base * 3 + 1, tl.sum(m_t1, axis=0))
+    tl.store(mass_ptr + base * 3 + 2, tl.sum(m_in, axis=0))
 
 
 @triton.jit(do_not_specialize=["S3"])
@@ -335,13 +358,18 @@ def _collect_kernel(
     i_ptr,                           # [R, S3] int32 out: token of the best score
     V, S3, BPP, stream,
     BLOCK: tl.constexpr, CAP: tl.constexpr,
+    GROUP: tl.constexpr = 1,                  # programs c of the row handled by this one (search_group)
     PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
 ):
     pdl_start(PDL)
     r = tl.program_id(0)
-    c = tl.program_id(1)
-    collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, st_i_ptr, st_f_ptr, cand_ptr,
-                    n_ptr, f_ptr, i_ptr, V, S3, BPP, stream, r, c, tl.load(st_i_ptr + r * 4), BLOCK, CAP)
+    mode = tl.load(st_i_ptr + r * 4)
+    if (mode == COLLECT) | (mode == DRAW):
+        for g in range(GROUP):
+            c = tl.program_id(1) * GROUP + g
+            if c < S3:
+                collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, st_i_ptr, st_f_ptr,
+                                cand_ptr, n_ptr, f_ptr, i_ptr, V, S3, BPP, stream, r, c, mode, BLOCK, CAP)
 
 
 @triton.jit

@@ -19,8 +19,9 @@ exponential-noise draw. The launcher `sample_top_k_top_p_triton` runs, with no h
    launch, or listed here, read by collect and sorted by the finish: mode SPREAD), with the
    same results. Other rows with a filter get a plan from their histogram
    (sampling_select.py);
-3. refine (twice) and collect (sampling_select.py, many programs per row): narrow the
-   bracket of the thresholds and store its tokens;
+3. refine (twice) and collect (sampling_select.py, many programs per row; at large batches
+   each program does several of a row's parts: `search_group`): narrow the bracket of the
+   thresholds and store its tokens;
 4. finish (`_finish_kernel`, one program per row): sorts the collected candidates as
    (value, index) keys and decides tau exactly (kept set = {x >= tau}, ties at tau all
    kept): top-k's k-th value t1 = max(k-th value, m + log(min_p)), then the largest
@@ -54,6 +55,7 @@ from .sampling_pivot import PIVOT_ROUNDS, pivot_rounds
 from .sampling_select import (COLLECT, DIRECT, DONE, DRAW, FALLBACK, PIVOT_PENDING, PIVOTED, SPREAD, STATE_F, STATE_I,
                               SUB_BINS, _collect_kernel, _refine_combine_kernel, _refine_kernel, collect_program, merge_best,
                               plan_filtered, refine_geometry)
+from .sampling_select import search_group as default_search_group
 from .sampling_stats import HIST_BINS, _next_pow2, pass1_blocks, row_stats_pass, tile_size
 
 _BIG = tl.constexpr(2147483647)
@@ -1180,6 +1182,7 @@ def sample_top_k_top_p_triton(
     pivot: bool = False,
     pivot_skip: bool = True,
     pivot_group: int | None = None,
+    search_group: int | None = None,
 ):
     """Pass 1 (row statistics, tile maxima, histograms), plan, refine, collect and finish.
 
@@ -1204,6 +1207,8 @@ def sample_top_k_top_p_triton(
     Such rows need no search (`search=False` holds with them). `pivot_skip=False` makes the
     rounds read every sub-chunk (the same tokens; see `pivot_rounds`), and `pivot_group` sets
     the sub-chunks per program of their mass launches (the same tokens; default: by batch).
+    `search_group` sets the programs c of a row that one program of the refine and collect
+    launches handles (the same results; default: by batch, `sampling_select.search_group`).
     `paths`, when a dict, receives "mode": [R] int32, the path each row took
     (sampling_select.DONE / DRAW / COLLECT / FALLBACK / DIRECT / PIVOTED).
 
@@ -1276,6 +1281,10 @@ def sample_top_k_top_p_triton(
     # log(min_p) once, in torch, so that the kernels and the reference share its rounding
     log_min_p = constant_rows(R, float("-inf"), torch.float32, dev) if min_p is None else torch.log(min_p)
     s3, bpp = refine_geometry(V)
+    sg = default_search_group(R, s3) if search_group is None else int(search_group)
+    if sg < 1 or sg & (sg - 1):
+        raise ValueError(f"search_group must be a power of two, got {search_group!r}")
+    s3g = -(-s3 // sg)   # programs per row of the refine and collect launches
     f32, i32 = torch.float32, torch.int32
     tile_max = torch.empty(R, NT, dtype=f32, device=dev)
     part_f = torch.empty(R, nblk, 4, dtype=f32, device=dev)
@@ -1309,8 +1318,8 @@ def sample_top_k_top_p_triton(
         paths["planned"] = st_i[:, 0].clone()
     if select and search:
         for last in (False, True):
-            _refine_kernel[(R, s3)](logits, logits.stride(0), inv_temperature, st_i, st_f, h2, pn, pf,
-                                    V, s3, bpp, BLOCK=2048, num_warps=8, **pdl)
+            _refine_kernel[(R, s3g)](logits, logits.stride(0), inv_temperature, st_i, st_f, h2, pn, pf,
+                                     V, s3, bpp, BLOCK=2048, GROUP=sg, num_warps=8, **pdl)
             _refine_combine_kernel[(R,)](top_k, top_p, st_i, st_f, h2, pn, pf, s3, CAP=cap, GS=32, LAST=last,
                                          num_warps=4, **pdl)
     if paths is not None:
@@ -1324,9 +1333,9 @@ def sample_top_k_top_p_triton(
             PIPE=direct_pipe, DS=ds, TPP=min(16, _next_pow2(-(-2 * kmax // s3))),   # [TPP, TILE] a load
             DEFER=defer, num_warps=8, **pdl)
     elif search:
-        _collect_kernel[(R, s3)](logits, logits.stride(0), inv_temperature, seeds, positions, st_i, st_f, cand,
-                                 pn, pf, pi, V, s3, bpp, stream, BLOCK=2048, CAP=cap, num_warps=8,
-                                 maxnreg=regs["collect"], **pdl)
+        _collect_kernel[(R, s3g)](logits, logits.stride(0), inv_temperature, seeds, positions, st_i, st_f, cand,
+                                  pn, pf, pi, V, s3, bpp, stream, BLOCK=2048, CAP=cap, GROUP=sg, num_warps=8,
+                                  maxnreg=regs["collect"], **pdl)
     if pivot:
         pivot_rounds(logits, inv_temperature, top_p, seeds, positions, tile_max, st_i, st_f,
                      torch.empty(R, -(-V // sub), dtype=f32, device=dev), tokens, stream, sub, tile, pdl=pdl,

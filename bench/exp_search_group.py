@@ -1,0 +1,87 @@
+"""Experiment: programs c of a row per program in the refine and collect launches.
+
+    python bench/exp_search_group.py      (GPU machine, repo root; exits 0 without CUDA)
+
+Session 34's per-kernel profile (bench/results/logs/exp_sampling_kernels_2026-12-03.txt) put
+the two refine launches of bench_sampling's mixed batch at 41.0 µs at B = 512 although only
+one row in eight (top_k 500 with top_p) is refined there: 46.9 µs when every row is. One
+program per (row, c) is 512 x 32 programs a launch, most of which only test their row's mode.
+`search_group` gives each program several c (the same partials, so the same results). This
+times, with CUDA graphs (bench.common.time_us) and interleaved variants, `sample(...,
+distribution=False)` as bench_sampling's 'specops' rows at group 1, 2, 4, 8 and the default
+(`sampling_select.search_group`), on the mixed batch (fp32 V = 128256; EXP_BF16=1 adds bf16
+V = 151936) and on rows all top_k 500 + top_p 0.95 (fp32 V = 128256), checks every variant's tokens,
+thresholds and log-norms against group 1's bit for bit, and prints per-kernel device time of
+group 1 and the default at B = 128 and 512 on the mixed batch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.bench_sampling import FAST, MIX, make_logits, metadata  # noqa: E402
+from bench.common import kernel_us, time_us  # noqa: E402
+
+BATCHES = (32, 128, 512)
+CASES = (("mix", MIX, torch.float32, 128256), ("k500+p", [(1.0, 500, 0.95, 0.0)], torch.float32, 128256))
+if os.environ.get("EXP_BF16") == "1":
+    CASES += (("mix", MIX, torch.bfloat16, 151936),)
+GROUPS = (1, 2, 4, 8, None)
+ROUNDS = 3
+
+
+def same(a, b) -> bool:
+    """Two SampleResults bit for bit (NaN where NaN; threshold and log_norm may be None)."""
+    def eq(x, y):
+        return (x is None and y is None) or (torch.equal(x.isnan(), y.isnan()) and torch.equal(x.nan_to_num(),
+                                                                                             y.nan_to_num()))
+    return torch.equal(a.tokens, b.tokens) and all(eq(getattr(a, f), getattr(b, f))
+                                                   for f in ("threshold", "row_max", "log_norm"))
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to do")
+        return 0
+    from specops.sampling import sample
+    from specops.sampling.topk_topp import sample_options
+    from specops.triton_kernels.sampling_select import refine_geometry, search_group
+    print(f"{torch.cuda.get_device_name()}: sample(..., distribution=False), median us of {ROUNDS} interleaved "
+          "rounds", flush=True)
+    print("case   dtype     V      B    | " + " ".join(f"{'g' + str(g) if g else 'auto':>7s}" for g in GROUPS)
+          + " | auto group | results = g1's", flush=True)
+    for kind, mix, dtype, V in CASES:
+        s3 = refine_geometry(V)[0]
+        for B in BATCHES:
+            logits = make_logits(B, V, dtype, "llm", seed=B * 13 + V)
+            md = metadata(B, V, seeded=False, mix=mix)
+            base = sample_options(md, md.min_p, None, distribution=False)
+
+            def call(group):
+                opts = dict(base, search_group=group)
+                return lambda: sample(logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds,
+                                      md.positions, backend="triton", distribution=False, **opts)
+            fns = {g: call(g) for g in GROUPS}
+            res = {g: fn() for g, fn in fns.items()}
+            ok = all(same(res[1], r) for r in res.values())
+            times = {g: [] for g in fns}
+            for _ in range(ROUNDS):
+                for g, fn in fns.items():
+                    times[g].append(time_us(fn, **FAST))
+            med = {g: sorted(t)[len(t) // 2] for g, t in times.items()}
+            print(f"{kind:6s} {str(dtype)[6:]:8s} {V:6d} {B:4d} | " + " ".join(f"{med[g]:7.1f}" for g in GROUPS)
+                  + f" | {search_group(B, s3):10d} | {ok}", flush=True)
+            if kind == "mix" and dtype == torch.float32 and B in (128, 512):
+                for g in (1, None):
+                    ks = ", ".join(f"{k.split('(')[0][:22]} {v:.1f}" for k, v in kernel_us(fns[g]).items())
+                    print(f"    kernels {'g1' if g else 'auto'}: {ks}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
