@@ -144,6 +144,16 @@ def time_us(fn: Callable[[], object], graph: bool = True, warmup: int = 10, iter
     return Timing.of(_median_events(fn, iters), eager=True)
 
 
+def interleaved_medians(fns: dict, rounds: int, **timing) -> dict:
+    """Median µs of each of `fns` (name -> call) over `rounds` rounds that time every call once
+    (time_us with `timing`) in turn, so that drift in the device's clocks hits them alike."""
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(time_us(fn, **timing))
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+
+
 def profiled(call: Callable[[], object], n: int, warmup: int = 1):
     """torch.profiler of `n` calls of `call()` (CUDA activity), after `warmup` calls."""
     from torch.profiler import ProfilerActivity, profile

@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.bench_sampling import FAST, MIN_P_MIX, MIX, TOP_P_MIX, make_logits, metadata  # noqa: E402
-from bench.common import kernel_us, time_us  # noqa: E402
+from bench.common import interleaved_medians, kernel_us  # noqa: E402
 
 BATCHES = (1, 8, 32, 128, 512)
 KINDS = (("top-p", TOP_P_MIX), ("min-p", MIN_P_MIX), ("mix", MIX))
@@ -58,11 +58,7 @@ def main() -> int:
             fns = {g: call(g) for g in GROUPS}
             toks = {g: fn().tokens.clone() for g, fn in fns.items()}
             same = all(torch.equal(toks[1], t) for t in toks.values())
-            times = {g: [] for g in fns}
-            for _ in range(ROUNDS):
-                for g, fn in fns.items():
-                    times[g].append(time_us(fn, **FAST))
-            med = {g: sorted(t)[len(t) // 2] for g, t in times.items()}
+            med = interleaved_medians(fns, ROUNDS, **FAST)
             print(f"{kind:6s} {B:4d} | " + " ".join(f"{med[g]:7.1f}" for g in GROUPS)
                   + f" | {pivot_group(B, nc):10d} | {same}", flush=True)
             if B in (128, 512):

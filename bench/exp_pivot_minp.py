@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.bench_sampling import FAST, MIN_P_MIX, MIX, TOP_P_MIX, make_logits, metadata  # noqa: E402
-from bench.common import kernel_us, time_us  # noqa: E402
+from bench.common import interleaved_medians, kernel_us  # noqa: E402
 
 BATCHES = (1, 8, 32, 128, 512)
 KINDS = (("min-p", MIN_P_MIX), ("top-p", TOP_P_MIX), ("mix", MIX))
@@ -57,11 +57,7 @@ def main() -> int:
                                       md.positions, backend="triton", distribution=False, **opts)
             fns = {name: call(o) for name, o in variants.items()}
             toks = {name: fn().tokens.clone() for name, fn in fns.items()}
-            times = {name: [] for name in fns}
-            for _ in range(ROUNDS):
-                for name, fn in fns.items():
-                    times[name].append(time_us(fn, **FAST))
-            med = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+            med = interleaved_medians(fns, ROUNDS, **FAST)
             same = torch.equal(toks["pivot"], toks["noskip"])
             differ = int((toks["pivot"] != toks["search"]).sum())
             print(f"{kind:6s} {B:4d} | {med['pivot']:7.1f} {med['noskip']:7.1f} {med['search']:7.1f} | "

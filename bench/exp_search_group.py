@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.bench_sampling import FAST, MIX, make_logits, metadata  # noqa: E402
-from bench.common import kernel_us, time_us  # noqa: E402
+from bench.common import interleaved_medians, kernel_us  # noqa: E402
 
 BATCHES = (32, 128, 512)
 CASES = (("mix", MIX, torch.float32, 128256), ("k500+p", [(1.0, 500, 0.95, 0.0)], torch.float32, 128256))
@@ -69,11 +69,7 @@ def main() -> int:
             fns = {g: call(g) for g in GROUPS}
             res = {g: fn() for g, fn in fns.items()}
             ok = all(same(res[1], r) for r in res.values())
-            times = {g: [] for g in fns}
-            for _ in range(ROUNDS):
-                for g, fn in fns.items():
-                    times[g].append(time_us(fn, **FAST))
-            med = {g: sorted(t)[len(t) // 2] for g, t in times.items()}
+            med = interleaved_medians(fns, ROUNDS, **FAST)
             print(f"{kind:6s} {str(dtype)[6:]:8s} {V:6d} {B:4d} | " + " ".join(f"{med[g]:7.1f}" for g in GROUPS)
                   + f" | {search_group(B, s3):10d} | {ok}", flush=True)
             if kind == "mix" and dtype == torch.float32 and B in (128, 512):
