@@ -640,6 +640,8 @@ def test_triton_defaults_and_knob_checks():
         sample(x, inv, None, None, None, s, s, backend="triton", cap=8)
     with pytest.raises(ValueError, match="search_group"):
         sample(x, inv, None, None, None, s, s, backend="triton", search_group=3)
+    with pytest.raises(ValueError, match="collect_group"):
+        sample(x, inv, None, None, None, s, s, backend="triton", collect_group=0)
 
 
 def test_argument_checks():
@@ -683,6 +685,9 @@ def test_cuda_full_shapes_match_reference(V, R, dtype):
     assert_same_draw(a, b, logits, inv, seeds, pos, p, top_k=k, min_p=mp)
     for group in (1, 2, 8):   # refine / collect programs per program: the same partials, bit for bit
         assert_same_result(a, sample(logits, inv, k, p, mp, seeds, pos, backend="triton", search_group=group))
+    for slots in (False, True):   # a candidate's slot from a block scan or its own atomic: the same set
+        assert_same_result(a, sample(logits, inv, k, p, mp, seeds, pos, backend="triton", atomic_slots=slots,
+                                     search_group=8, collect_group=1))
 
 
 def assert_same_result(a, b):
@@ -799,6 +804,9 @@ def test_every_search_path_is_taken_and_exact():
     assert_same_draw(a, b, x, inv, seeds, pos, p, top_k=k, min_p=mp)
     for group in (2, 4):   # several refine / collect programs per program (10 per row: the last group part-full)
         assert_same_result(a, sample(x, inv, k, p, mp, seeds, pos, backend="triton", kmax=0, search_group=group))
+    for slots in (False, True):   # collect slots from a block scan or per-candidate atomics; its own group
+        assert_same_result(a, sample(x, inv, k, p, mp, seeds, pos, backend="triton", kmax=0, search_group=4,
+                                     collect_group=2, atomic_slots=slots))
     planned = set(paths["planned"].tolist())
     final = paths["mode"].tolist()
     assert {COLLECT, REFINE_COUNT, REFINE_MASS, FALLBACK, DONE} <= planned, planned
@@ -1240,6 +1248,7 @@ DIRECT_VARIANTS = [
     dict(direct_group=4, direct_pipe=True),
     dict(direct_in="collect"),
     dict(direct_in="collect", direct_top=True, direct_group=8),
+    dict(direct_in="collect", atomic_slots=True),
     dict(direct_in="spread"),
     dict(direct_in="spread", direct_top=True),
 ]
@@ -1456,12 +1465,14 @@ def test_a_maximum_of_negative_zero_keeps_its_ties_in_the_exact_search():
 
 
 def test_search_group_defaults_follow_the_measured_batches():
-    # bench/results/logs/exp_search_group_2026-12-03.txt (H200, fp32 V = 128256, 32 programs per row):
-    # group 1 was fastest at batch 32, 2 at 128, 4 at 512; always a power of two, at most 4
+    # bench/results/logs/exp_collect_slots_2026-12-03.txt (H200, fp32 V = 128256, 32 programs per row):
+    # refine at group 8 was fastest at batch 8 .. 512 with the collect launch at 1 and atomic slots
+    from specops.triton_kernels import sampling_topk_topp
     from specops.triton_kernels.sampling_select import refine_geometry, search_group
     s3 = refine_geometry(128256)[0]
-    assert [search_group(b, s3) for b in (1, 8, 32, 128, 512)] == [1, 1, 1, 2, 4]
+    assert [search_group(b, s3) for b in (1, 2, 3, 4, 8, 32, 128, 512)] == [1, 2, 2, 4, 8, 8, 8, 8]
+    assert sampling_topk_topp.ATOMIC_SLOTS is True
     for rows in range(1, 2000, 37):
         for per_row in (1, 10, 25, 32):
             g = search_group(rows, per_row)
-            assert g in (1, 2, 4)
+            assert g in (1, 2, 4, 8) and g <= max(1, min(rows, per_row))

@@ -157,17 +157,28 @@ def plan_filtered(hist_row, top_row, NBLK, n_fin, m, z, k, p, tau_min, has_k, ha
 
 
 def search_group(rows: int, programs_per_row: int) -> int:
-    """Programs c of a row that one program of the refine and collect launches handles (1, 2 or
-    4): most programs of those launches only test their row's mode (rows of other paths) and
-    exit, and at large batches those exits take much of a launch; grouping c's makes each
-    kept row's work longer, which the collect launch feels first. Each c's partials are
-    computed and stored as without grouping: the same results. H200, bench_sampling's mixed
-    rows, fp32 V = 128256 (32 programs per row), one group for both launches
-    (bench/results/logs/exp_search_group_2026-12-03.txt): batch 32 62.3 / 69.3 / 78.5 / 100.8 µs
-    at group 1 / 2 / 4 / 8, batch 128 115.2 / 111.5 / 126.5 / 151.4, batch 512 272.4 / 249.3 /
-    238.4 / 279.6 (refine 49 -> 20 µs at 8, collect 64 -> 103)."""
-    want = -(-rows * programs_per_row // 2048)
-    return min(4, 1 << max(0, (want - 1).bit_length()))
+    """Programs c of a row that one program of the refine launch handles by default: the
+    largest power of two up to `rows`, at most 8 (the collect launch keeps one: see below).
+    Most programs of the refine launch only test their row's mode (rows of other paths) and
+    exit, and at large batches those exits take much of the launch; each c's partials are
+    computed and stored as without grouping, so the results are the same.
+
+    H200, fp32 V = 128256 (32 programs per row), sample(..., distribution=False), every
+    variant bit for bit the default's:
+    - one group for both launches (bench/results/logs/exp_search_group_2026-12-03.txt),
+      bench_sampling's mixed rows: batch 32 62.3 / 69.3 / 78.5 / 100.8 µs at group 1 / 2 / 4 /
+      8, batch 128 115.2 / 111.5 / 126.5 / 151.4, batch 512 272.4 / 249.3 / 238.4 / 279.6:
+      grouping shortened refine (49 -> 20 µs at 8) and lengthened collect (64 -> 103), whose
+      kept rows' work it serialises;
+    - so the collect launch keeps one c per program and only refine groups
+      (bench/results/logs/exp_collect_slots_2026-12-03.txt, with per-candidate atomic slots):
+      refine at 8 against session 34's default (one group, 1 / 1 / 2 / 4) took 44.4 / 57.9 /
+      100.6 / 217.5 µs against 44.5 / 60.0 / 104.7 / 222.8 at batch 8 / 32 / 128 / 512.
+    `programs_per_row` caps the group (a row has no more programs to give)."""
+    g = 1
+    while g * 2 <= min(8, rows, programs_per_row):
+        g *= 2
+    return g
 
 
 def refine_geometry(vocab: int, block: int = 2048, max_programs: int = 32) -> tuple[int, int]:
@@ -359,6 +370,7 @@ def _collect_kernel(
     V, S3, BPP, stream,
     BLOCK: tl.constexpr, CAP: tl.constexpr,
     GROUP: tl.constexpr = 1,                  # programs c of the row handled by this one (search_group)
+    ATOMIC_SLOTS: tl.constexpr = False,       # a candidate's slot from its own atomic (collect_program)
     PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
 ):
     pdl_start(PDL)
@@ -369,15 +381,21 @@ def _collect_kernel(
             c = tl.program_id(1) * GROUP + g
             if c < S3:
                 collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, st_i_ptr, st_f_ptr,
-                                cand_ptr, n_ptr, f_ptr, i_ptr, V, S3, BPP, stream, r, c, mode, BLOCK, CAP)
+                                cand_ptr, n_ptr, f_ptr, i_ptr, V, S3, BPP, stream, r, c, mode, BLOCK, CAP,
+                                ATOMIC_SLOTS)
 
 
 @triton.jit
 def collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, st_i_ptr, st_f_ptr, cand_ptr,
                     n_ptr, f_ptr, i_ptr, V, S3, BPP, stream, r, c, mode,
-                    BLOCK: tl.constexpr, CAP: tl.constexpr):
+                    BLOCK: tl.constexpr, CAP: tl.constexpr, ATOMIC_SLOTS: tl.constexpr = False):
     """Program c of row r of the collect launch (arguments as `_collect_kernel`'s); also
-    called by sampling_topk_topp's collect launch that decides deferred direct rows."""
+    called by sampling_topk_topp's collect launch that decides deferred direct rows.
+
+    A block's candidates get their slots in the row's list from the row's atomic count: one
+    atomic add of the block's count and a scan of the block (ATOMIC_SLOTS=False), or one
+    relaxed atomic add per candidate (True: no block-wide count or scan). The stored set and
+    the count are the same either way, only the slots differ (the finish sorts the set)."""
     if (mode == COLLECT) | (mode == DRAW):
         row, inv_t, m, lo, hi, t1 = _row_inputs(logits_ptr, stride_row, inv_temp_ptr, st_f_ptr, r)
         seed = tl.load(seed_ptr + r)
@@ -408,11 +426,15 @@ def collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, st_
             if (mode == COLLECT) & (t1 > float("-inf")):
                 m_t1 += tl.where(fin & (x >= t1), tl.exp(x - m), 0.0)
             cand = fin & (x >= lo) & (x < hi)
-            nc = tl.sum(cand.to(tl.int32), axis=0)
-            if nc > 0:
-                first = tl.atomic_add(st_i_ptr + r * 4 + 1, nc)
-                slot = first + tl.cumsum(cand.to(tl.int32), axis=0) - 1
+            if ATOMIC_SLOTS:
+                slot = tl.atomic_add(st_i_ptr + r * 4 + 1 + lane * 0, lane * 0 + 1, mask=cand, sem="relaxed")
                 tl.store(cand_ptr + r.to(tl.int64) * CAP + slot, pack_key(x, offs), mask=cand & (slot < CAP))
+            else:
+                nc = tl.sum(cand.to(tl.int32), axis=0)
+                if nc > 0:
+                    first = tl.atomic_add(st_i_ptr + r * 4 + 1, nc)
+                    slot = first + tl.cumsum(cand.to(tl.int32), axis=0) - 1
+                    tl.store(cand_ptr + r.to(tl.int64) * CAP + slot, pack_key(x, offs), mask=cand & (slot < CAP))
         base = (r * S3 + c).to(tl.int64)
         tl.store(n_ptr + base, n_above)
         tl.store(f_ptr + base * 3, tl.sum(m_above, axis=0))

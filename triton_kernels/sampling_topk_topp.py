@@ -832,6 +832,7 @@ def _collect_direct_kernel(
     BLOCK: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr,
     SMALL: tl.constexpr, TOPT: tl.constexpr, GD: tl.constexpr, PIPE: tl.constexpr, DS: tl.constexpr,
     TPP: tl.constexpr = 8, DEFER: tl.constexpr = 1,
+    ATOMIC_SLOTS: tl.constexpr = False,       # sampling_select.collect_program's
     PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
 ):
     """The collect launch (sampling_select.collect_program) in which program 0 of each row
@@ -852,7 +853,7 @@ def _collect_direct_kernel(
                             tl.load(st_f_ptr + r * 6 + 2), c, S3, TILE, TPP, CAP)
         else:
             collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, st_i_ptr, st_f_ptr, cand_ptr,
-                            n_ptr, f_ptr, i_ptr, V, S3, BPP, stream, r, c, mode, BLOCK, CAP)
+                            n_ptr, f_ptr, i_ptr, V, S3, BPP, stream, r, c, mode, BLOCK, CAP, ATOMIC_SLOTS)
     elif mode == DIRECT:
         if c == 0:
             r64 = r.to(tl.int64)
@@ -872,7 +873,7 @@ def _collect_direct_kernel(
                 tl.store(st_i_ptr + r * 4, r * 0 + FALLBACK)
     else:
         collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, st_i_ptr, st_f_ptr, cand_ptr,
-                        n_ptr, f_ptr, i_ptr, V, S3, BPP, stream, r, c, mode, BLOCK, CAP)
+                        n_ptr, f_ptr, i_ptr, V, S3, BPP, stream, r, c, mode, BLOCK, CAP, ATOMIC_SLOTS)
 
 
 @triton.jit
@@ -1094,6 +1095,17 @@ def cap_for_top_k(max_top_k: int) -> int:
     return DEFAULT_CAP if max_top_k <= DEFAULT_CAP else min(MAX_AUTO_CAP, _next_pow2(max_top_k))
 
 
+ATOMIC_SLOTS = True
+"""Default `atomic_slots` (sampling_select.collect_program): each collected candidate takes its
+slot from its own relaxed atomic add, not from one atomic add per block and a scan of the
+block. The same results bit for bit. On the H200 (fp32 V = 128256, sample(...,
+distribution=False), collect one c per program; bench/results/logs/exp_collect_slots_2026-12-03.txt)
+bench_sampling's mixed rows took 44.5 / 60.0 / 104.7 / 222.8 µs against 44.5 / 63.5 / 110.8 /
+241.7 with the scan at batch 8 / 32 / 128 / 512; rows all top_k 500 + top_p 0.95 (every block
+holds a few candidates) 34.4 / 60.9 / 154.1 / 497.3 against 35.3 / 69.1 / 190.4 / 643.0, the
+collect launch at batch 512 248.7 µs against 377.7."""
+
+
 DIRECT_SMALL = 64
 """Default `direct_small`: a direct row with at most 64 candidates (the common top_k values of
 20 .. 50 on LLM logits) sorts them as 64 keys, not 256. On the H200 (V = 128256 fp32, batch 1,
@@ -1183,6 +1195,8 @@ def sample_top_k_top_p_triton(
     pivot_skip: bool = True,
     pivot_group: int | None = None,
     search_group: int | None = None,
+    collect_group: int | None = None,
+    atomic_slots: bool | None = None,
 ):
     """Pass 1 (row statistics, tile maxima, histograms), plan, refine, collect and finish.
 
@@ -1208,7 +1222,11 @@ def sample_top_k_top_p_triton(
     rounds read every sub-chunk (the same tokens; see `pivot_rounds`), and `pivot_group` sets
     the sub-chunks per program of their mass launches (the same tokens; default: by batch).
     `search_group` sets the programs c of a row that one program of the refine and collect
-    launches handles (the same results; default: by batch, `sampling_select.search_group`).
+    launches handles (the same results; default: refine by batch, `sampling_select.search_group`,
+    collect 1); `collect_group` sets it for the collect launch alone.
+    `atomic_slots` gives each collected candidate its slot from its own atomic add instead of
+    a block count and scan (the same results; default ATOMIC_SLOTS; see
+    `sampling_select.collect_program`).
     `paths`, when a dict, receives "mode": [R] int32, the path each row took
     (sampling_select.DONE / DRAW / COLLECT / FALLBACK / DIRECT / PIVOTED).
 
@@ -1284,7 +1302,12 @@ def sample_top_k_top_p_triton(
     sg = default_search_group(R, s3) if search_group is None else int(search_group)
     if sg < 1 or sg & (sg - 1):
         raise ValueError(f"search_group must be a power of two, got {search_group!r}")
-    s3g = -(-s3 // sg)   # programs per row of the refine and collect launches
+    cg = (1 if search_group is None else sg) if collect_group is None else int(collect_group)
+    if cg < 1 or cg & (cg - 1):
+        raise ValueError(f"collect_group must be a power of two, got {collect_group!r}")
+    atomic_slots = ATOMIC_SLOTS if atomic_slots is None else bool(atomic_slots)
+    s3g = -(-s3 // sg)   # programs per row of the refine launch
+    s3c = -(-s3 // cg)   # and of the collect launch
     f32, i32 = torch.float32, torch.int32
     tile_max = torch.empty(R, NT, dtype=f32, device=dev)
     part_f = torch.empty(R, nblk, 4, dtype=f32, device=dev)
@@ -1331,11 +1354,11 @@ def sample_top_k_top_p_triton(
             cand, pn, pf, pi, tile_list, tokens, thr, lnorm, V, NT, s3, bpp, stream, kmax,
             BLOCK=2048, CAP=cap, TILE=tile, G=G, NT_P2=NT_P2, SMALL=min(256, cap), TOPT=topt, GD=gd,
             PIPE=direct_pipe, DS=ds, TPP=min(16, _next_pow2(-(-2 * kmax // s3))),   # [TPP, TILE] a load
-            DEFER=defer, num_warps=8, **pdl)
+            DEFER=defer, ATOMIC_SLOTS=atomic_slots, num_warps=8, **pdl)
     elif search:
-        _collect_kernel[(R, s3g)](logits, logits.stride(0), inv_temperature, seeds, positions, st_i, st_f, cand,
-                                  pn, pf, pi, V, s3, bpp, stream, BLOCK=2048, CAP=cap, GROUP=sg, num_warps=8,
-                                  maxnreg=regs["collect"], **pdl)
+        _collect_kernel[(R, s3c)](logits, logits.stride(0), inv_temperature, seeds, positions, st_i, st_f, cand,
+                                  pn, pf, pi, V, s3, bpp, stream, BLOCK=2048, CAP=cap, GROUP=cg,
+                                  ATOMIC_SLOTS=atomic_slots, num_warps=8, maxnreg=regs["collect"], **pdl)
     if pivot:
         pivot_rounds(logits, inv_temperature, top_p, seeds, positions, tile_max, st_i, st_f,
                      torch.empty(R, -(-V // sub), dtype=f32, device=dev), tokens, stream, sub, tile, pdl=pdl,

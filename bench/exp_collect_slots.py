@@ -1,0 +1,84 @@
+"""Experiment: how the collect launch slots its candidates, and its own group.
+
+    python bench/exp_collect_slots.py      (GPU machine, repo root; exits 0 without CUDA)
+
+Session 34's profiles put the collect launch at 9.5 µs for one top_k 500 + top_p 0.95 row at
+batch 8 and 368.6 µs for 512 of them (bench/results/logs/exp_sampling_kernels_2026-12-03.txt):
+such a row collects every token from the k-th value's sub-bin up, a few candidates in nearly
+every block, and each block with one pays a block-wide count, an atomic add and a block-wide
+scan in a row. `atomic_slots=True` gives each candidate its slot from its own relaxed atomic
+add instead (sampling_select.collect_program); `collect_group` groups the collect launch's
+programs apart from the refine launch's (`search_group`, which session 34 set for both). This
+times, with CUDA graphs and interleaved variants, `sample(..., distribution=False)` as
+bench_sampling's 'specops' rows, on the mixed batch and on rows all top_k 500 + top_p 0.95
+(fp32 V = 128256; EXP_BF16=1 adds the bf16 V = 151936 mixed batch; EXP_CASES and EXP_BATCHES
+pick cases and batches), checks every variant's
+tokens, thresholds, row maxima and log-norms against the default's bit for bit, and prints the
+per-kernel device time of the default and of `atomic_slots=True` at batch 8 and 512.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.bench_sampling import FAST, MIX, make_logits, metadata  # noqa: E402
+from bench.common import interleaved_medians, kernel_us  # noqa: E402
+from bench.exp_search_group import same  # noqa: E402
+
+BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "8 32 128 512").split())
+CASES = (("mix", MIX, torch.float32, 128256), ("k500+p", [(1.0, 500, 0.95, 0.0)], torch.float32, 128256))
+if os.environ.get("EXP_BF16") == "1":
+    CASES += (("mix", MIX, torch.bfloat16, 151936),)
+if os.environ.get("EXP_CASES"):    # e.g. EXP_CASES=k500+p
+    CASES = tuple(c for c in CASES if c[0] in os.environ["EXP_CASES"].split())
+VARIANTS = {                       # name: sample_top_k_top_p_triton knobs
+    "default": {},
+    "atomic": dict(atomic_slots=True),
+    "atomic c1": dict(atomic_slots=True, collect_group=1),
+    "scan c1": dict(atomic_slots=False, collect_group=1),
+    "atomic r8c1": dict(atomic_slots=True, search_group=8, collect_group=1),
+    "atomic r8c2": dict(atomic_slots=True, search_group=8, collect_group=2),
+}
+ROUNDS = 3
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to do")
+        return 0
+    from specops.sampling import sample
+    from specops.sampling.topk_topp import sample_options
+    print(f"{torch.cuda.get_device_name()}: sample(..., distribution=False), median us of {ROUNDS} interleaved "
+          "rounds", flush=True)
+    print("case   dtype     V      B    | " + " ".join(f"{v:>11s}" for v in VARIANTS) + " | results = default's",
+          flush=True)
+    for kind, mix, dtype, V in CASES:
+        for B in BATCHES:
+            logits = make_logits(B, V, dtype, "llm", seed=B * 13 + V)
+            md = metadata(B, V, seeded=False, mix=mix)
+            base = sample_options(md, md.min_p, None, distribution=False)
+
+            def call(knobs):
+                opts = dict(base, **knobs)
+                return lambda: sample(logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds,
+                                      md.positions, backend="triton", distribution=False, **opts)
+            fns = {name: call(knobs) for name, knobs in VARIANTS.items()}
+            res = {name: fn() for name, fn in fns.items()}
+            ok = all(same(res["default"], r) for r in res.values())
+            med = interleaved_medians(fns, ROUNDS, **FAST)
+            print(f"{kind:6s} {str(dtype)[6:]:8s} {V:6d} {B:4d} | " + " ".join(f"{med[v]:11.1f}" for v in VARIANTS)
+                  + f" | {ok}", flush=True)
+            if dtype == torch.float32 and B in (8, 512):
+                for name in ("default", "atomic"):
+                    ks = ", ".join(f"{k.split('(')[0][:22]} {v:.1f}" for k, v in kernel_us(fns[name]).items())
+                    print(f"    kernels {name}: {ks}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
