@@ -353,15 +353,18 @@ def main() -> int:
     fs = flashinfer_sampling()
     rows: list[Row] = []
     failed = []
+    notes = NOTES
     done = set()   # (function name, V, batch, dtype, logits) already in `rows`
     if os.environ.get("SAMPLING_RESUME") == "1" and (RESULTS_DIR / "sampling.json").exists():
         for r in json.loads((RESULTS_DIR / "sampling.json").read_text())["rows"]:
             rows.append(Row(r["op"], r["impl"], r["shape"], Timing.of(r["median_us"], r.get("eager", False)),
                             r["min_bytes"], r["floor_us"], r["extra"]))
             sh = r["shape"]
-            fn = "bench_case" if r["op"] == "top-k/top-p/min-p sample" else "other"
-            done.add((fn, sh.get("V"), sh.get("batch"), sh.get("dtype"), sh.get("logits")))
+            if r["op"] == "top-k/top-p/min-p sample":     # bench_case's rows: that shape is not run again
+                done.add(("bench_case", sh["V"], sh["batch"], sh["dtype"], sh["logits"]))
         print(f"resumed {len(rows)} rows of sampling.json", flush=True)
+        notes += (f" {len(done)} shapes were kept from an earlier run cut by its time limit (SAMPLING_RESUME=1); "
+                  "their floors use that run's copy bandwidth.")
 
     def guarded(fn, *args, **kw):
         if fn is bench_case and (fn.__name__, *args[2:6]) in done:
@@ -390,19 +393,19 @@ def main() -> int:
             for dname, V in TOP_P_SHAPES:
                 for B in BATCHES:
                     guarded(bench, rows, fs, V, B, dname)
-            path = write_results(name, rows, notes=NOTES)
+            path = write_results(name, rows, notes=notes)
             print(f"wrote {path} in {time.time() - t0:.0f} s")
         return 1 if failed else 0
     if os.environ.get("SAMPLING_QUICK"):   # a few shapes, no torch-sort rows, separate results file
         for V in VOCABS:   # (written after each vocabulary: a run cut short keeps what it measured)
             for B in (1, 8, 32, 512):
                 guarded(bench_case, rows, fs, V, B, "fp32", "llm", do_torch=False)
-            write_results("sampling_quick", rows, notes=NOTES)
+            write_results("sampling_quick", rows, notes=notes)
         for B in (1, 32):
             guarded(bench_plain, rows, fs, 128256, B, "fp32")
-        write_results("sampling_quick", rows, notes=NOTES)
+        write_results("sampling_quick", rows, notes=notes)
         guarded(bench_case, rows, fs, 128256, 32, "fp32", "flat", do_torch=False)
-        path = write_results("sampling_quick", rows, notes=NOTES)
+        path = write_results("sampling_quick", rows, notes=notes)
         print(f"wrote {path} in {time.time() - t0:.0f} s")
         return 1 if failed else 0
     # Every 'llm' shape first (written after each vocabulary and dtype), then the flat and plain
@@ -412,13 +415,13 @@ def main() -> int:
         for V in VOCABS:
             for B in BATCHES:
                 guarded(bench_case, rows, fs, V, B, dname, "llm", do_torch=(dname == "fp32"))
-            write_results("sampling", rows, notes=NOTES)
+            write_results("sampling", rows, notes=notes)
     for B in (1, 32, 512):
         guarded(bench_case, rows, fs, 128256, B, "fp32", "flat", do_torch=False)
     for dname in DTYPES:
         for B in (1, 32, 512):
             guarded(bench_plain, rows, fs, 128256, B, dname)
-    write_results("sampling", rows, notes=NOTES)
+    write_results("sampling", rows, notes=notes)
     # the rows of one filter alone: in sampling.* and in their own files (as SAMPLING_TOP_P=1)
     # (SAMPLING_ALONE=0 leaves them out: the mixed rows alone fit one 600 s device call)
     alone = {"sampling_top_p": [], "sampling_min_p": []}
@@ -428,9 +431,9 @@ def main() -> int:
             guarded(bench_min_p, alone["sampling_min_p"], fs, V, B, dname)
         for name, its_rows in alone.items():
             if its_rows:
-                write_results(name, its_rows, notes=NOTES)
+                write_results(name, its_rows, notes=notes)
     rows += alone["sampling_top_p"] + alone["sampling_min_p"]
-    path = write_results("sampling", rows, notes=NOTES)
+    path = write_results("sampling", rows, notes=notes)
     print(f"wrote {path} in {time.time() - t0:.0f} s")
     if failed:
         print(f"{len(failed)} shape(s) failed (no row in the table): {', '.join(failed)}", flush=True)
