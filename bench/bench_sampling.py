@@ -25,8 +25,9 @@ Implementations, same logits, same per-row parameters:
   `softmax` + `min_p_sampling_from_probs` (also written to sampling_top_p.* and
   sampling_min_p.*; SAMPLING_TOP_P=1: these rows only; SAMPLING_ALONE=0: the others only).
 
-SAMPLING_RESUME=1 keeps the rows of bench/results/sampling.json (a run cut by its time limit)
-and measures only the shapes it lacks, so that two device calls can fill one table.
+SAMPLING_RESUME=1 keeps the mixed rows of bench/results/sampling.json (a run cut by its time
+limit) and measures only the shapes it lacks (and every other row), so that two device calls
+can fill one table.
 
 Logits: "llm" rows are randn * 2 with 32 tokens per row raised by 6..12 (a peaked,
 LLM-like distribution: top-p keeps a few tokens); "flat" rows are randn (top-p keeps most
@@ -357,11 +358,12 @@ def main() -> int:
     done = set()   # (function name, V, batch, dtype, logits) already in `rows`
     if os.environ.get("SAMPLING_RESUME") == "1" and (RESULTS_DIR / "sampling.json").exists():
         for r in json.loads((RESULTS_DIR / "sampling.json").read_text())["rows"]:
+            if r["op"] != "top-k/top-p/min-p sample":     # only bench_case's shapes are kept (not run again)
+                continue
             rows.append(Row(r["op"], r["impl"], r["shape"], Timing.of(r["median_us"], r.get("eager", False)),
                             r["min_bytes"], r["floor_us"], r["extra"]))
             sh = r["shape"]
-            if r["op"] == "top-k/top-p/min-p sample":     # bench_case's rows: that shape is not run again
-                done.add(("bench_case", sh["V"], sh["batch"], sh["dtype"], sh["logits"]))
+            done.add(("bench_case", sh["V"], sh["batch"], sh["dtype"], sh["logits"]))
         print(f"resumed {len(rows)} rows of sampling.json", flush=True)
         notes += (f" {len(done)} shapes were kept from an earlier run cut by its time limit (SAMPLING_RESUME=1); "
                   "their floors use that run's copy bandwidth.")
