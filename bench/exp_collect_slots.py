@@ -15,6 +15,11 @@ bench_sampling's 'specops' rows, on the mixed batch and on rows all top_k 500 + 
 pick cases and batches), checks every variant's
 tokens, thresholds, row maxima and log-norms against the default's bit for bit, and prints the
 per-kernel device time of the default and of `atomic_slots=True` at batch 8 and 512.
+
+Session 35's call 2 (the log) ran it before the defaults changed: its 'default' column is the
+'s34' column here. EXP_REFINE_GROUPS=1 times the refine group alone (1, 2, 4, 8; collect 1,
+atomic slots) against the default and session 34's launches: with EXP_BF16=1 EXP_BATCHES=128
+it is the next check of bf16 V = 151936 batch 128, the one shape slower in session 35's table.
 """
 
 from __future__ import annotations
@@ -36,14 +41,28 @@ if os.environ.get("EXP_BF16") == "1":
     CASES += (("mix", MIX, torch.bfloat16, 151936),)
 if os.environ.get("EXP_CASES"):    # e.g. EXP_CASES=k500+p
     CASES = tuple(c for c in CASES if c[0] in os.environ["EXP_CASES"].split())
-VARIANTS = {                       # name: sample_top_k_top_p_triton knobs
-    "default": {},
-    "atomic": dict(atomic_slots=True),
-    "atomic c1": dict(atomic_slots=True, collect_group=1),
-    "scan c1": dict(atomic_slots=False, collect_group=1),
-    "atomic r8c1": dict(atomic_slots=True, search_group=8, collect_group=1),
-    "atomic r8c2": dict(atomic_slots=True, search_group=8, collect_group=2),
+VARIANTS = {                       # name: sample_top_k_top_p_triton knobs (a function of the batch B)
+    "default": lambda B: {},
+    "s34": lambda B: dict(atomic_slots=False, search_group=session34_group(B)),   # session 34's launches
+    "atomic": lambda B: dict(atomic_slots=True, search_group=session34_group(B)),
+    "atomic c1": lambda B: dict(atomic_slots=True, search_group=session34_group(B), collect_group=1),
+    "scan c1": lambda B: dict(atomic_slots=False, search_group=session34_group(B), collect_group=1),
+    "atomic r8c1": lambda B: dict(atomic_slots=True, search_group=8, collect_group=1),
+    "atomic r8c2": lambda B: dict(atomic_slots=True, search_group=8, collect_group=2),
 }
+if os.environ.get("EXP_REFINE_GROUPS") == "1":     # the refine group alone, at collect 1 with atomic slots
+    VARIANTS = {"default": VARIANTS["default"], "s34": VARIANTS["s34"]}
+    VARIANTS.update({f"r{g}c1": (lambda g: lambda B: dict(atomic_slots=True, search_group=g, collect_group=1))(g)
+                     for g in (1, 2, 4, 8)})
+
+
+def session34_group(B: int, programs_per_row: int = 32) -> int:
+    """Session 34's default group of both launches (1, 2 or 4 by batch; 32 programs per row at
+    V = 128256), which session 35's call 2 measured as 'default'."""
+    want = -(-B * programs_per_row // 2048)
+    return min(4, 1 << max(0, (want - 1).bit_length()))
+
+
 ROUNDS = 3
 
 
@@ -64,7 +83,7 @@ def main() -> int:
             base = sample_options(md, md.min_p, None, distribution=False)
 
             def call(knobs):
-                opts = dict(base, **knobs)
+                opts = dict(base, **knobs(B))
                 return lambda: sample(logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds,
                                       md.positions, backend="triton", distribution=False, **opts)
             fns = {name: call(knobs) for name, knobs in VARIANTS.items()}
@@ -74,7 +93,7 @@ def main() -> int:
             print(f"{kind:6s} {str(dtype)[6:]:8s} {V:6d} {B:4d} | " + " ".join(f"{med[v]:11.1f}" for v in VARIANTS)
                   + f" | {ok}", flush=True)
             if dtype == torch.float32 and B in (8, 512):
-                for name in ("default", "atomic"):
+                for name in ("default", "s34"):
                     ks = ", ".join(f"{k.split('(')[0][:22]} {v:.1f}" for k, v in kernel_us(fns[name]).items())
                     print(f"    kernels {name}: {ks}", flush=True)
     return 0
