@@ -90,6 +90,29 @@ def metadata(B: int, V: int, seeded: bool, mix=MIX, draw: int = 0):
         positions=[17 + i for i in range(B)], engine_seed=12345, step=3 + draw)
 
 
+def tokens_only_calls(logits, md, variants: dict) -> dict:
+    """{name: call} of `sample(..., distribution=False)` as the 'specops' rows time it, with
+    each variant's knobs of sample_top_k_top_p_triton added (the experiments' A/B calls)."""
+    from specops.sampling import sample
+    from specops.sampling.topk_topp import sample_options
+    base = sample_options(md, md.min_p, None, distribution=False)
+
+    def call(knobs):
+        opts = dict(base, **knobs)
+        return lambda: sample(logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions,
+                              backend="triton", distribution=False, **opts)
+    return {name: call(knobs) for name, knobs in variants.items()}
+
+
+def same_result(a, b) -> bool:
+    """Two SampleResults bit for bit (NaN where NaN; threshold and log_norm may be None)."""
+    def eq(x, y):
+        return (x is None and y is None) or (torch.equal(x.isnan(), y.isnan()) and torch.equal(x.nan_to_num(),
+                                                                                             y.nan_to_num()))
+    return torch.equal(a.tokens, b.tokens) and all(eq(getattr(a, f), getattr(b, f))
+                                                   for f in ("threshold", "row_max", "log_norm"))
+
+
 def torch_sort_sample(logits, temperature, top_k, top_p, min_p):
     """vLLM's plain-torch path: softmax min-p, sort-based top-k/top-p, exponential noise."""
     x = logits.float()

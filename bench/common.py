@@ -178,6 +178,11 @@ def kernel_us(call: Callable[[], object], n: int = 10) -> dict[str, float]:
     return out
 
 
+def kernel_line(call: Callable[[], object]) -> str:
+    """`kernel_us(call)` as one printable line: 'name us, name us, ...' (names cut at 22)."""
+    return ", ".join(f"{k.split('(')[0][:22]} {v:.1f}" for k, v in kernel_us(call).items())
+
+
 def _median_events(fn: Callable[[], object], iters: int) -> float:
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]

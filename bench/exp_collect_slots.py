@@ -31,9 +31,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_sampling import FAST, MIX, make_logits, metadata  # noqa: E402
-from bench.common import interleaved_medians, kernel_us  # noqa: E402
-from bench.exp_search_group import same  # noqa: E402
+from bench.bench_sampling import FAST, MIX, make_logits, metadata, same_result, tokens_only_calls  # noqa: E402
+from bench.common import interleaved_medians, kernel_line  # noqa: E402
 
 BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "8 32 128 512").split())
 CASES = (("mix", MIX, torch.float32, 128256), ("k500+p", [(1.0, 500, 0.95, 0.0)], torch.float32, 128256))
@@ -70,8 +69,6 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to do")
         return 0
-    from specops.sampling import sample
-    from specops.sampling.topk_topp import sample_options
     print(f"{torch.cuda.get_device_name()}: sample(..., distribution=False), median us of {ROUNDS} interleaved "
           "rounds", flush=True)
     print("case   dtype     V      B    | " + " ".join(f"{v:>11s}" for v in VARIANTS) + " | results = default's",
@@ -80,22 +77,15 @@ def main() -> int:
         for B in BATCHES:
             logits = make_logits(B, V, dtype, "llm", seed=B * 13 + V)
             md = metadata(B, V, seeded=False, mix=mix)
-            base = sample_options(md, md.min_p, None, distribution=False)
-
-            def call(knobs):
-                opts = dict(base, **knobs(B))
-                return lambda: sample(logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds,
-                                      md.positions, backend="triton", distribution=False, **opts)
-            fns = {name: call(knobs) for name, knobs in VARIANTS.items()}
+            fns = tokens_only_calls(logits, md, {name: knobs(B) for name, knobs in VARIANTS.items()})
             res = {name: fn() for name, fn in fns.items()}
-            ok = all(same(res["default"], r) for r in res.values())
+            ok = all(same_result(res["default"], r) for r in res.values())
             med = interleaved_medians(fns, ROUNDS, **FAST)
             print(f"{kind:6s} {str(dtype)[6:]:8s} {V:6d} {B:4d} | " + " ".join(f"{med[v]:11.1f}" for v in VARIANTS)
                   + f" | {ok}", flush=True)
             if dtype == torch.float32 and B in (8, 512):
                 for name in ("default", "s34"):
-                    ks = ", ".join(f"{k.split('(')[0][:22]} {v:.1f}" for k, v in kernel_us(fns[name]).items())
-                    print(f"    kernels {name}: {ks}", flush=True)
+                    print(f"    kernels {name}: {kernel_line(fns[name])}", flush=True)
     return 0
 
 

@@ -22,8 +22,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_sampling import FAST, MIN_P_MIX, MIX, TOP_P_MIX, make_logits, metadata  # noqa: E402
-from bench.common import interleaved_medians, kernel_us  # noqa: E402
+from bench.bench_sampling import FAST, MIN_P_MIX, MIX, TOP_P_MIX, make_logits, metadata, tokens_only_calls  # noqa: E402
+from bench.common import interleaved_medians, kernel_line  # noqa: E402
 
 BATCHES = (1, 8, 32, 128, 512)
 KINDS = (("top-p", TOP_P_MIX), ("min-p", MIN_P_MIX), ("mix", MIX))
@@ -35,8 +35,6 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to do")
         return 0
-    from specops.sampling import sample
-    from specops.sampling.topk_topp import sample_options
     from specops.triton_kernels.sampling_pivot import pivot_group
     from specops.triton_kernels.sampling_topk_topp import draw_sub_chunk
     V = 128256
@@ -49,13 +47,7 @@ def main() -> int:
         for B in BATCHES:
             logits = make_logits(B, V, torch.float32, "llm", seed=B * 11 + V)
             md = metadata(B, V, seeded=False, mix=mix)
-            base = sample_options(md, md.min_p, None, distribution=False)
-
-            def call(group):
-                opts = dict(base, pivot_group=group)
-                return lambda: sample(logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds,
-                                      md.positions, backend="triton", distribution=False, **opts)
-            fns = {g: call(g) for g in GROUPS}
+            fns = tokens_only_calls(logits, md, {g: dict(pivot_group=g) for g in GROUPS})
             toks = {g: fn().tokens.clone() for g, fn in fns.items()}
             same = all(torch.equal(toks[1], t) for t in toks.values())
             med = interleaved_medians(fns, ROUNDS, **FAST)
@@ -63,8 +55,7 @@ def main() -> int:
                   + f" | {pivot_group(B, nc):10d} | {same}", flush=True)
             if B in (128, 512):
                 for g in (1, None):
-                    ks = ", ".join(f"{k.split('(')[0][:22]} {v:.1f}" for k, v in kernel_us(fns[g]).items())
-                    print(f"    kernels {'g1' if g else 'auto'}: {ks}", flush=True)
+                    print(f"    kernels {'g1' if g else 'auto'}: {kernel_line(fns[g])}", flush=True)
     return 0
 
 

@@ -24,8 +24,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_sampling import FAST, MIX, make_logits, metadata  # noqa: E402
-from bench.common import interleaved_medians, kernel_us  # noqa: E402
+from bench.bench_sampling import FAST, MIX, make_logits, metadata, same_result, tokens_only_calls  # noqa: E402
+from bench.common import interleaved_medians, kernel_line  # noqa: E402
 
 BATCHES = (32, 128, 512)
 CASES = (("mix", MIX, torch.float32, 128256), ("k500+p", [(1.0, 500, 0.95, 0.0)], torch.float32, 128256))
@@ -35,21 +35,10 @@ GROUPS = (1, 2, 4, 8, None)
 ROUNDS = 3
 
 
-def same(a, b) -> bool:
-    """Two SampleResults bit for bit (NaN where NaN; threshold and log_norm may be None)."""
-    def eq(x, y):
-        return (x is None and y is None) or (torch.equal(x.isnan(), y.isnan()) and torch.equal(x.nan_to_num(),
-                                                                                             y.nan_to_num()))
-    return torch.equal(a.tokens, b.tokens) and all(eq(getattr(a, f), getattr(b, f))
-                                                   for f in ("threshold", "row_max", "log_norm"))
-
-
 def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to do")
         return 0
-    from specops.sampling import sample
-    from specops.sampling.topk_topp import sample_options
     from specops.triton_kernels.sampling_select import refine_geometry, search_group
     print(f"{torch.cuda.get_device_name()}: sample(..., distribution=False), median us of {ROUNDS} interleaved "
           "rounds", flush=True)
@@ -60,22 +49,15 @@ def main() -> int:
         for B in BATCHES:
             logits = make_logits(B, V, dtype, "llm", seed=B * 13 + V)
             md = metadata(B, V, seeded=False, mix=mix)
-            base = sample_options(md, md.min_p, None, distribution=False)
-
-            def call(group):
-                opts = dict(base, search_group=group)
-                return lambda: sample(logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds,
-                                      md.positions, backend="triton", distribution=False, **opts)
-            fns = {g: call(g) for g in GROUPS}
+            fns = tokens_only_calls(logits, md, {g: dict(search_group=g) for g in GROUPS})
             res = {g: fn() for g, fn in fns.items()}
-            ok = all(same(res[1], r) for r in res.values())
+            ok = all(same_result(res[1], r) for r in res.values())
             med = interleaved_medians(fns, ROUNDS, **FAST)
             print(f"{kind:6s} {str(dtype)[6:]:8s} {V:6d} {B:4d} | " + " ".join(f"{med[g]:7.1f}" for g in GROUPS)
                   + f" | {search_group(B, s3):10d} | {ok}", flush=True)
             if kind == "mix" and dtype == torch.float32 and B in (128, 512):
                 for g in (1, None):
-                    ks = ", ".join(f"{k.split('(')[0][:22]} {v:.1f}" for k, v in kernel_us(fns[g]).items())
-                    print(f"    kernels {'g1' if g else 'auto'}: {ks}", flush=True)
+                    print(f"    kernels {'g1' if g else 'auto'}: {kernel_line(fns[g])}", flush=True)
     return 0
 
 
