@@ -683,8 +683,10 @@ def test_cuda_full_shapes_match_reference(V, R, dtype):
     a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton")
     b = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")
     assert_same_draw(a, b, logits, inv, seeds, pos, p, top_k=k, min_p=mp)
-    for group in (1, 2, 8):   # refine / collect programs per program: the same partials, bit for bit
-        assert_same_result(a, sample(logits, inv, k, p, mp, seeds, pos, backend="triton", search_group=group))
+    for group, compact in ((1, True), (2, True), (8, True), (8, False)):
+        # refine / collect programs per program, refine parts dealt in turn or by row: the same partials
+        assert_same_result(a, sample(logits, inv, k, p, mp, seeds, pos, backend="triton", search_group=group,
+                                     refine_compact=compact))
     for slots in (False, True):   # a candidate's slot from a block scan or its own atomic: the same set
         assert_same_result(a, sample(logits, inv, k, p, mp, seeds, pos, backend="triton", atomic_slots=slots,
                                      search_group=8, collect_group=1))
@@ -802,8 +804,12 @@ def test_every_search_path_is_taken_and_exact():
     a = sample(x, inv, k, p, mp, seeds, pos, backend="triton", paths=paths, kmax=0)   # no direct path
     b = sample(x, inv, k, p, mp, seeds, pos, backend="torch")
     assert_same_draw(a, b, x, inv, seeds, pos, p, top_k=k, min_p=mp)
-    for group in (2, 4):   # several refine / collect programs per program (10 per row: the last group part-full)
-        assert_same_result(a, sample(x, inv, k, p, mp, seeds, pos, backend="triton", kmax=0, search_group=group))
+    # several refine / collect programs per program (10 per row: the last group part-full), the
+    # refine parts dealt to the launch's programs in turn (compact, the default: at group 8 its
+    # 32 programs take the 40 or so parts of the refining rows, some two) or each row's own
+    for group, compact in ((2, True), (4, True), (4, False), (8, False)):
+        assert_same_result(a, sample(x, inv, k, p, mp, seeds, pos, backend="triton", kmax=0, search_group=group,
+                                     refine_compact=compact))
     for slots in (False, True):   # collect slots from a block scan or per-candidate atomics; its own group
         assert_same_result(a, sample(x, inv, k, p, mp, seeds, pos, backend="triton", kmax=0, search_group=4,
                                      collect_group=2, atomic_slots=slots))

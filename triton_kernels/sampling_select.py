@@ -218,7 +218,7 @@ def merge_best(sc, idx, best, tok, NO_TOKEN: tl.constexpr):
     return tl.where(better, bs, best), tl.where(better, bi, tok)
 
 
-@triton.jit(do_not_specialize=["V", "S3", "BPP"])
+@triton.jit(do_not_specialize=["V", "S3", "BPP", "R"])
 def _refine_kernel(
     logits_ptr, stride_row,          # [R, V]
     inv_temp_ptr,                    # [R] fp32
@@ -226,20 +226,42 @@ def _refine_kernel(
     h2_ptr,                          # [R, S3, _SB] int32 out
     n_ptr,                           # [R, S3] int32 out: tokens >= hi
     mass_ptr,                        # [R, S3, 3] fp32 out: mass >= hi, mass >= t1, mass in [lo, hi)
-    V, S3, BPP,
+    V, S3, BPP, R,
     BLOCK: tl.constexpr,
     GROUP: tl.constexpr = 1,                  # programs c of the row handled by this one (search_group)
+    COMPACT: tl.constexpr = False,            # the launch's programs share the refining rows' parts (below)
+    R_P2: tl.constexpr = 1,                   # COMPACT: a power of two >= R
     PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
 ):
+    """Grid (R, ceil(S3 / GROUP)): program (r, g) computes parts c = g * GROUP .. + GROUP - 1 of
+    row r when that row refines. COMPACT (grid (R * ceil(S3 / GROUP),)): the parts (row, c) of
+    the rows that refine, in row order, are dealt to the programs in turn, so that one row
+    that refines is spread over S3 programs however large GROUP is, instead of GROUP * BPP
+    blocks read one after another by each of its few programs. Either way each part's
+    partials are computed and stored as `_refine_program` does: the same results."""
     pdl_start(PDL)
-    r = tl.program_id(0)
-    mode = tl.load(st_i_ptr + r * 4)
-    if (mode == REFINE_COUNT) | (mode == REFINE_MASS):
-        row, inv_t, m, lo, hi, t1 = _row_inputs(logits_ptr, stride_row, inv_temp_ptr, st_f_ptr, r)
-        for g in range(GROUP):
-            c = tl.program_id(1) * GROUP + g
-            if c < S3:
+    if COMPACT:
+        rows = tl.arange(0, R_P2)
+        modes = tl.load(st_i_ptr + rows * 4, mask=rows < R, other=DONE)
+        refines = ((modes == REFINE_COUNT) | (modes == REFINE_MASS)).to(tl.int32)
+        parts = tl.sum(refines, axis=0) * S3
+        if tl.program_id(0) < parts:                       # (most launches: no row refines)
+            rank = tl.cumsum(refines, axis=0)              # refining rows up to and including each row
+            for w in range(tl.program_id(0), parts, tl.num_programs(0)):
+                q = w // S3                                # the q-th refining row (from 0), part c
+                r = tl.sum((rank <= q).to(tl.int32), axis=0)
+                c = w - q * S3
+                row, inv_t, m, lo, hi, t1 = _row_inputs(logits_ptr, stride_row, inv_temp_ptr, st_f_ptr, r)
                 _refine_program(row, inv_t, m, lo, hi, t1, h2_ptr, n_ptr, mass_ptr, V, S3, BPP, r, c, BLOCK)
+    else:
+        r = tl.program_id(0)
+        mode = tl.load(st_i_ptr + r * 4)
+        if (mode == REFINE_COUNT) | (mode == REFINE_MASS):
+            row, inv_t, m, lo, hi, t1 = _row_inputs(logits_ptr, stride_row, inv_temp_ptr, st_f_ptr, r)
+            for g in range(GROUP):
+                c = tl.program_id(1) * GROUP + g
+                if c < S3:
+                    _refine_program(row, inv_t, m, lo, hi, t1, h2_ptr, n_ptr, mass_ptr, V, S3, BPP, r, c, BLOCK)
 
 
 @triton.jit

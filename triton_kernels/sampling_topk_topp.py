@@ -1106,6 +1106,22 @@ holds a few candidates) 34.4 / 60.9 / 154.1 / 497.3 against 35.3 / 69.1 / 190.4 
 collect launch at batch 512 248.7 µs against 377.7 (both at group 4)."""
 
 
+REFINE_COMPACT = True
+"""Default `refine_compact` (sampling_select._refine_kernel): the refine launch keeps its
+grid (R * ceil(S3 / search_group) programs) but deals the parts (row, c) of the rows that
+refine to its programs in turn. With the rows' own groups, a launch where few rows refine
+was bound by the latency of their few programs, each reading search_group x BPP blocks one
+after another; which rows refine depends on the logits drawn. On the H200
+(bench_sampling's mixed rows, sample(..., distribution=False), the same results bit for bit;
+bench/results/logs/exp_draw_variance_2026-12-03.txt and exp_refine_compact_2026-12-03.txt):
+bf16 V = 151936 batch 128 on the table's logits took 107.1 µs against 139.3 by row (its
+refine launches 8.5 against 39.9 µs; 102-104 µs on other draws, where no row refines) and
+batch 32 on another draw 66.0 against 97.0. Where every row or no row refines it is level
+within 1%: fp32 V = 128256 batch 8 / 32 / 128 42.1 / 57.2 / 96.9 against 42.0 / 57.0 / 98.5;
+batch 512 (each of its 2048 programs scans the 512 rows' modes) about 1 µs slower, 217.3
+against 216.3, and rows all top_k 500 + top_p 0.95 492.2 against 491.1."""
+
+
 DIRECT_SMALL = 64
 """Default `direct_small`: a direct row with at most 64 candidates (the common top_k values of
 20 .. 50 on LLM logits) sorts them as 64 keys, not 256. On the H200 (V = 128256 fp32, batch 1,
@@ -1197,6 +1213,7 @@ def sample_top_k_top_p_triton(
     search_group: int | None = None,
     collect_group: int | None = None,
     atomic_slots: bool | None = None,
+    refine_compact: bool | None = None,
 ):
     """Pass 1 (row statistics, tile maxima, histograms), plan, refine, collect and finish.
 
@@ -1227,6 +1244,9 @@ def sample_top_k_top_p_triton(
     `atomic_slots` gives each collected candidate its slot from its own atomic add instead of
     a block count and scan (the same results; default ATOMIC_SLOTS; see
     `sampling_select.collect_program`).
+    `refine_compact` deals the parts of the rows that refine to the refine launch's programs in
+    turn instead of giving each program its own row's group of parts (the same results;
+    default REFINE_COMPACT; see `sampling_select._refine_kernel`).
     `paths`, when a dict, receives "mode": [R] int32, the path each row took
     (sampling_select.DONE / DRAW / COLLECT / FALLBACK / DIRECT / PIVOTED).
 
@@ -1306,6 +1326,7 @@ def sample_top_k_top_p_triton(
     if cg < 1 or cg & (cg - 1):
         raise ValueError(f"collect_group must be a power of two, got {collect_group!r}")
     atomic_slots = ATOMIC_SLOTS if atomic_slots is None else bool(atomic_slots)
+    refine_compact = REFINE_COMPACT if refine_compact is None else bool(refine_compact)
     s3g = -(-s3 // sg)   # programs per row of the refine launch
     s3c = -(-s3 // cg)   # and of the collect launch
     f32, i32 = torch.float32, torch.int32
@@ -1341,8 +1362,10 @@ def sample_top_k_top_p_triton(
         paths["planned"] = st_i[:, 0].clone()
     if select and search:
         for last in (False, True):
-            _refine_kernel[(R, s3g)](logits, logits.stride(0), inv_temperature, st_i, st_f, h2, pn, pf,
-                                     V, s3, bpp, BLOCK=2048, GROUP=sg, num_warps=8, **pdl)
+            _refine_kernel[(R * s3g,) if refine_compact else (R, s3g)](
+                logits, logits.stride(0), inv_temperature, st_i, st_f, h2, pn, pf, V, s3, bpp, R, BLOCK=2048,
+                GROUP=1 if refine_compact else sg, COMPACT=refine_compact, R_P2=max(2, _next_pow2(R)), num_warps=8,
+                **pdl)
             _refine_combine_kernel[(R,)](top_k, top_p, st_i, st_f, h2, pn, pf, s3, CAP=cap, GS=32, LAST=last,
                                          num_warps=4, **pdl)
     if paths is not None:
