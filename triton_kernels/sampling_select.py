@@ -174,7 +174,9 @@ def search_group(rows: int, programs_per_row: int) -> int:
       (bench/results/logs/exp_collect_slots_2026-12-03.txt, with per-candidate atomic slots):
       refine at 8 against session 34's default (one group, 1 / 1 / 2 / 4) took 44.4 / 57.9 /
       100.6 / 217.5 µs against 44.5 / 60.0 / 104.7 / 222.8 at batch 8 / 32 / 128 / 512.
-    `programs_per_row` caps the group (a row has no more programs to give)."""
+    `programs_per_row` caps the group (a row has no more programs to give). Since session 36
+    the refine launch deals its parts compactly by default (`_refine_kernel`, COMPACT): the
+    group then sets only its size, R * ceil(programs_per_row / group) programs."""
     g = 1
     while g * 2 <= min(8, rows, programs_per_row):
         g *= 2
