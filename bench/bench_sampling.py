@@ -104,6 +104,17 @@ def tokens_only_calls(logits, md, variants: dict) -> dict:
     return {name: call(knobs) for name, knobs in variants.items()}
 
 
+def timed_variants(logits, md, variants: dict, rounds: int):
+    """The experiments' A/B step: `tokens_only_calls` of `variants`, each called once and
+    checked bit for bit against the first variant's results, then timed (median µs of
+    `rounds` interleaved rounds, FAST). Returns (calls, medians, every result = the first's)."""
+    from bench.common import interleaved_medians
+    fns = tokens_only_calls(logits, md, variants)
+    res = [fn() for fn in fns.values()]
+    same = all(same_result(res[0], r) for r in res)
+    return fns, interleaved_medians(fns, rounds, **FAST), same
+
+
 def same_result(a, b) -> bool:
     """Two SampleResults bit for bit (NaN where NaN; threshold and log_norm may be None)."""
     def eq(x, y):

@@ -31,8 +31,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_sampling import FAST, MIX, make_logits, metadata, same_result, tokens_only_calls  # noqa: E402
-from bench.common import interleaved_medians, kernel_line  # noqa: E402
+from bench.bench_sampling import MIX, make_logits, metadata, timed_variants  # noqa: E402
+from bench.common import kernel_line  # noqa: E402
 
 BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "8 32 128 512").split())
 CASES = (("mix", MIX, torch.float32, 128256), ("k500+p", [(1.0, 500, 0.95, 0.0)], torch.float32, 128256))
@@ -77,10 +77,7 @@ def main() -> int:
         for B in BATCHES:
             logits = make_logits(B, V, dtype, "llm", seed=B * 13 + V)
             md = metadata(B, V, seeded=False, mix=mix)
-            fns = tokens_only_calls(logits, md, {name: knobs(B) for name, knobs in VARIANTS.items()})
-            res = {name: fn() for name, fn in fns.items()}
-            ok = all(same_result(res["default"], r) for r in res.values())
-            med = interleaved_medians(fns, ROUNDS, **FAST)
+            fns, med, ok = timed_variants(logits, md, {name: knobs(B) for name, knobs in VARIANTS.items()}, ROUNDS)
             print(f"{kind:6s} {str(dtype)[6:]:8s} {V:6d} {B:4d} | " + " ".join(f"{med[v]:11.1f}" for v in VARIANTS)
                   + f" | {ok}", flush=True)
             if dtype == torch.float32 and B in (8, 512):

@@ -21,8 +21,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_sampling import FAST, MIX, make_logits, metadata, same_result, tokens_only_calls  # noqa: E402
-from bench.common import interleaved_medians, kernel_line  # noqa: E402
+from bench.bench_sampling import MIX, make_logits, metadata, timed_variants  # noqa: E402
+from bench.common import kernel_line  # noqa: E402
 
 K500P = [(1.0, 500, 0.95, 0.0)]
 CASES = (  # (name, mix, dtype, V, batch, logits seed factor s: seed B * s + V)
@@ -50,10 +50,7 @@ def main() -> int:
     for kind, mix, dtype, V, B, s in CASES:
         logits = make_logits(B, V, dtype, "llm", seed=B * s + V)
         md = metadata(B, V, seeded=False, mix=mix)
-        fns = tokens_only_calls(logits, md, VARIANTS)
-        res = {name: fn() for name, fn in fns.items()}
-        ok = same_result(res["compact"], res["by row"])
-        med = interleaved_medians(fns, ROUNDS, **FAST)
+        fns, med, ok = timed_variants(logits, md, VARIANTS, ROUNDS)
         print(f"{kind:7s} {str(dtype)[6:]:8s} {V:6d} {B:4d} B*{s}+V | " + " ".join(f"{med[v]:9.1f}" for v in VARIANTS)
               + f" | {ok}", flush=True)
         if (kind, V, B, s) == ("mix", 151936, 128, 7):
