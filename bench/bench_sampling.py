@@ -90,26 +90,27 @@ def metadata(B: int, V: int, seeded: bool, mix=MIX, draw: int = 0):
         positions=[17 + i for i in range(B)], engine_seed=12345, step=3 + draw)
 
 
-def tokens_only_calls(logits, md, variants: dict) -> dict:
-    """{name: call} of `sample(..., distribution=False)` as the 'specops' rows time it, with
-    each variant's knobs of sample_top_k_top_p_triton added (the experiments' A/B calls)."""
+def tokens_only_calls(logits, md, variants: dict, distribution: bool = False) -> dict:
+    """{name: call} of `sample(..., distribution=False)` as the 'specops' rows time it (or
+    with `distribution=True`, as the 'specops thresholds' rows), with each variant's knobs of
+    sample_top_k_top_p_triton added (the experiments' A/B calls)."""
     from specops.sampling import sample
     from specops.sampling.topk_topp import sample_options
-    base = sample_options(md, md.min_p, None, distribution=False)
+    base = sample_options(md, md.min_p, None, distribution=distribution)
 
     def call(knobs):
         opts = dict(base, **knobs)
         return lambda: sample(logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions,
-                              backend="triton", distribution=False, **opts)
+                              backend="triton", distribution=distribution, **opts)
     return {name: call(knobs) for name, knobs in variants.items()}
 
 
-def timed_variants(logits, md, variants: dict, rounds: int):
+def timed_variants(logits, md, variants: dict, rounds: int, distribution: bool = False):
     """The experiments' A/B step: `tokens_only_calls` of `variants`, each called once and
     checked bit for bit against the first variant's results, then timed (median µs of
     `rounds` interleaved rounds, FAST). Returns (calls, medians, every result = the first's)."""
     from bench.common import interleaved_medians
-    fns = tokens_only_calls(logits, md, variants)
+    fns = tokens_only_calls(logits, md, variants, distribution)
     res = [fn() for fn in fns.values()]
     same = all(same_result(res[0], r) for r in res)
     return fns, interleaved_medians(fns, rounds, **FAST), same

@@ -642,6 +642,8 @@ def test_triton_defaults_and_knob_checks():
         sample(x, inv, None, None, None, s, s, backend="triton", search_group=3)
     with pytest.raises(ValueError, match="collect_group"):
         sample(x, inv, None, None, None, s, s, backend="triton", collect_group=0)
+    with pytest.raises(ValueError, match="refine_min_programs"):
+        sample(x, inv, None, None, None, s, s, backend="triton", refine_min_programs=0)
 
 
 def test_argument_checks():
@@ -683,10 +685,12 @@ def test_cuda_full_shapes_match_reference(V, R, dtype):
     a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton")
     b = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")
     assert_same_draw(a, b, logits, inv, seeds, pos, p, top_k=k, min_p=mp)
-    for group, compact in ((1, True), (2, True), (8, True), (8, False)):
-        # refine / collect programs per program, refine parts dealt in turn or by row: the same partials
+    for group, compact, floor in ((1, True, None), (2, True, None), (8, True, 1), (8, True, 100), (8, False, None)):
+        # refine / collect programs per program, refine parts dealt in turn (to at least `floor`
+        # programs, default REFINE_MIN_PROGRAMS; 1: the group alone sizes the launch, at R = 7 28
+        # programs; 100: some programs take 3 parts, some 2) or by row: the same partials
         assert_same_result(a, sample(logits, inv, k, p, mp, seeds, pos, backend="triton", search_group=group,
-                                     refine_compact=compact))
+                                     refine_compact=compact, refine_min_programs=floor))
     for slots in (False, True):   # a candidate's slot from a block scan or its own atomic: the same set
         assert_same_result(a, sample(logits, inv, k, p, mp, seeds, pos, backend="triton", atomic_slots=slots,
                                      search_group=8, collect_group=1))
@@ -805,11 +809,13 @@ def test_every_search_path_is_taken_and_exact():
     b = sample(x, inv, k, p, mp, seeds, pos, backend="torch")
     assert_same_draw(a, b, x, inv, seeds, pos, p, top_k=k, min_p=mp)
     # several refine / collect programs per program (10 per row: the last group part-full), the
-    # refine parts dealt to the launch's programs in turn (compact, the default: at group 8 its
-    # 32 programs take the 40 or so parts of the refining rows, some two) or each row's own
-    for group, compact in ((2, True), (4, True), (4, False), (8, False)):
+    # refine parts dealt to the launch's programs in turn (compact, the default; here its floor
+    # of REFINE_MIN_PROGRAMS gives 160 programs, one part each; with a floor of 1 the group
+    # sizes the launch: at group 8 its 32 programs take the 40 or so parts of the refining rows,
+    # some two; a floor of 36 raises that to 36) or each row's own
+    for group, compact, floor in ((2, True, 1), (8, True, 1), (8, True, 36), (4, False, None), (8, False, None)):
         assert_same_result(a, sample(x, inv, k, p, mp, seeds, pos, backend="triton", kmax=0, search_group=group,
-                                     refine_compact=compact))
+                                     refine_compact=compact, refine_min_programs=floor))
     for slots in (False, True):   # collect slots from a block scan or per-candidate atomics; its own group
         assert_same_result(a, sample(x, inv, k, p, mp, seeds, pos, backend="triton", kmax=0, search_group=4,
                                      collect_group=2, atomic_slots=slots))

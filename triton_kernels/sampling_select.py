@@ -176,11 +176,36 @@ def search_group(rows: int, programs_per_row: int) -> int:
       100.6 / 217.5 µs against 44.5 / 60.0 / 104.7 / 222.8 at batch 8 / 32 / 128 / 512.
     `programs_per_row` caps the group (a row has no more programs to give). Since session 36
     the refine launch deals its parts compactly by default (`_refine_kernel`, COMPACT): the
-    group then sets only its size, R * ceil(programs_per_row / group) programs."""
+    group then sets only its size, R * ceil(programs_per_row / group) programs, and since
+    session 37 at least REFINE_MIN_PROGRAMS of them (`refine_programs`)."""
     g = 1
     while g * 2 <= min(8, rows, programs_per_row):
         g *= 2
     return g
+
+
+REFINE_MIN_PROGRAMS = 256
+"""The fewest programs of the compact refine launch (`refine_programs`): two per SM of an
+H200 (132 SMs), so that a batch of a few rows that all refine has one part per program."""
+
+
+def refine_programs(rows: int, programs_per_row: int, group: int, floor: int = REFINE_MIN_PROGRAMS) -> int:
+    """Programs of the compact refine launch (`_refine_kernel`, COMPACT): R * ceil(S3 / group),
+    raised to `floor` but to no more than R * S3 (one part (row, c) each). Every part is
+    computed and stored the same whatever the count, so this changes the speed only.
+
+    The group alone sized the launch until session 37: at batch 8 it gave 32 programs for up
+    to 256 parts, so when every row refined (top-p alone with its threshold, `distribution=True`)
+    each program read 8 x BPP blocks one after another. H200, sample(..., distribution=True)
+    on rows all top_p 0.9 / 0.95 (bench_sampling's top-p rows), the same results bit for bit
+    (bench/results/logs/exp_refine_programs_2026-12-03.txt), floor 256 against none:
+    fp32 V = 128256 batch 2 / 8 / 32 33.6 / 40.0 / 92.5 µs against 37.3 / 60.5 / 105.6, bf16
+    V = 151936 batch 8 50.4 against 74.3 (session 32's table, before the grouping: 42.6 /
+    100.2 at fp32 batch 8 / 32, 61.7 at bf16 batch 8). One part per program (no cap on the
+    floor) took 89.3 at fp32 batch 32 but 59.2 against 57.0 on bench_sampling's mixed rows
+    (tokens only, where few rows refine), which took 42.2 / 57.0 at batch 8 / 32 with the
+    floor against 41.9 / 56.9 without."""
+    return min(rows * programs_per_row, max(rows * -(-programs_per_row // group), floor))
 
 
 def refine_geometry(vocab: int, block: int = 2048, max_programs: int = 32) -> tuple[int, int]:
@@ -236,7 +261,7 @@ def _refine_kernel(
     PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
 ):
     """Grid (R, ceil(S3 / GROUP)): program (r, g) computes parts c = g * GROUP .. + GROUP - 1 of
-    row r when that row refines. COMPACT (grid (R * ceil(S3 / GROUP),)): the parts (row, c) of
+    row r when that row refines. COMPACT (grid (`refine_programs`,)): the parts (row, c) of
     the rows that refine, in row order, are dealt to the programs in turn, so that one row
     that refines is spread over S3 programs however large GROUP is, instead of GROUP * BPP
     blocks read one after another by each of its few programs. Either way each part's

@@ -53,8 +53,8 @@ from .sampling_common import (float_key, key_float, pack_key, pdl_kwargs, pdl_st
                              unpack_key)
 from .sampling_pivot import PIVOT_ROUNDS, pivot_rounds
 from .sampling_select import (COLLECT, DIRECT, DONE, DRAW, FALLBACK, PIVOT_PENDING, PIVOTED, SPREAD, STATE_F, STATE_I,
-                              SUB_BINS, _collect_kernel, _refine_combine_kernel, _refine_kernel, collect_program, merge_best,
-                              plan_filtered, refine_geometry)
+                              REFINE_MIN_PROGRAMS, SUB_BINS, _collect_kernel, _refine_combine_kernel, _refine_kernel,
+                              collect_program, merge_best, plan_filtered, refine_geometry, refine_programs)
 from .sampling_select import search_group as default_search_group
 from .sampling_stats import HIST_BINS, _next_pow2, pass1_blocks, row_stats_pass, tile_size
 
@@ -1108,8 +1108,9 @@ collect launch at batch 512 248.7 µs against 377.7 (both at group 4)."""
 
 REFINE_COMPACT = True
 """Default `refine_compact` (sampling_select._refine_kernel): the refine launch keeps its
-grid (R * ceil(S3 / search_group) programs) but deals the parts (row, c) of the rows that
-refine to its programs in turn. With the rows' own groups, a launch where few rows refine
+grid (R * ceil(S3 / search_group) programs; since session 37 at least REFINE_MIN_PROGRAMS,
+`sampling_select.refine_programs`) but deals the parts (row, c) of the rows that refine to
+its programs in turn. With the rows' own groups, a launch where few rows refine
 was bound by the latency of their few programs, each reading search_group x BPP blocks one
 after another; which rows refine depends on the logits drawn. On the H200
 (bench_sampling's mixed rows, sample(..., distribution=False), the same results bit for bit;
@@ -1214,6 +1215,7 @@ def sample_top_k_top_p_triton(
     collect_group: int | None = None,
     atomic_slots: bool | None = None,
     refine_compact: bool | None = None,
+    refine_min_programs: int | None = None,
 ):
     """Pass 1 (row statistics, tile maxima, histograms), plan, refine, collect and finish.
 
@@ -1246,7 +1248,9 @@ def sample_top_k_top_p_triton(
     `sampling_select.collect_program`).
     `refine_compact` deals the parts of the rows that refine to the refine launch's programs in
     turn instead of giving each program its own row's group of parts (the same results;
-    default REFINE_COMPACT; see `sampling_select._refine_kernel`).
+    default REFINE_COMPACT; see `sampling_select._refine_kernel`). `refine_min_programs` is the
+    fewest programs of that compact launch (the same results; default
+    `sampling_select.REFINE_MIN_PROGRAMS`; see `sampling_select.refine_programs`).
     `paths`, when a dict, receives "mode": [R] int32, the path each row took
     (sampling_select.DONE / DRAW / COLLECT / FALLBACK / DIRECT / PIVOTED).
 
@@ -1327,7 +1331,11 @@ def sample_top_k_top_p_triton(
         raise ValueError(f"collect_group must be a power of two, got {collect_group!r}")
     atomic_slots = ATOMIC_SLOTS if atomic_slots is None else bool(atomic_slots)
     refine_compact = REFINE_COMPACT if refine_compact is None else bool(refine_compact)
-    s3g = -(-s3 // sg)   # programs per row of the refine launch
+    s3g = -(-s3 // sg)   # programs per row of the refine launch (by row; compact: refine_programs)
+    floor = REFINE_MIN_PROGRAMS if refine_min_programs is None else int(refine_min_programs)
+    if floor < 1:
+        raise ValueError(f"refine_min_programs must be >= 1, got {refine_min_programs!r}")
+    refine_grid = (refine_programs(R, s3, sg, floor),) if refine_compact else (R, s3g)
     s3c = -(-s3 // cg)   # and of the collect launch
     f32, i32 = torch.float32, torch.int32
     tile_max = torch.empty(R, NT, dtype=f32, device=dev)
@@ -1362,7 +1370,7 @@ def sample_top_k_top_p_triton(
         paths["planned"] = st_i[:, 0].clone()
     if select and search:
         for last in (False, True):
-            _refine_kernel[(R * s3g,) if refine_compact else (R, s3g)](
+            _refine_kernel[refine_grid](
                 logits, logits.stride(0), inv_temperature, st_i, st_f, h2, pn, pf, V, s3, bpp, R, BLOCK=2048,
                 GROUP=1 if refine_compact else sg, COMPACT=refine_compact, R_P2=max(2, _next_pow2(R)), num_warps=8,
                 **pdl)
