@@ -105,11 +105,25 @@ def tokens_only_calls(logits, md, variants: dict, distribution: bool = False) ->
     return {name: call(knobs) for name, knobs in variants.items()}
 
 
-def timed_variants(logits, md, variants: dict, rounds: int, distribution: bool = False):
-    """The experiments' A/B step: `tokens_only_calls` of `variants`, each called once and
-    checked bit for bit against the first variant's results, then timed (median µs of
-    `rounds` interleaved rounds, FAST). Returns (calls, medians, every result = the first's)."""
+def experiment_banner(what: str) -> bool:
+    """The experiments' first line: the device and `what` they time; False (after saying
+    so) without CUDA, where they have nothing to do."""
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to do")
+        return False
+    print(f"{torch.cuda.get_device_name()}: {what}", flush=True)
+    return True
+
+
+def timed_variants(B: int, V: int, dtype: torch.dtype, mix, seed: int, variants: dict, rounds: int,
+                   distribution: bool = False):
+    """The experiments' A/B step on 'llm' logits (`make_logits`, `seed`) and unseeded rows of
+    `mix`: `tokens_only_calls` of `variants`, each called once and checked bit for bit against
+    the first variant's results, then timed (median µs of `rounds` interleaved rounds, FAST).
+    Returns (calls, medians, every result = the first's)."""
     from bench.common import interleaved_medians
+    logits = make_logits(B, V, dtype, "llm", seed=seed)
+    md = metadata(B, V, seeded=False, mix=mix)
     fns = tokens_only_calls(logits, md, variants, distribution)
     res = [fn() for fn in fns.values()]
     same = all(same_result(res[0], r) for r in res)

@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_sampling import MIX, make_logits, metadata, timed_variants  # noqa: E402
+from bench.bench_sampling import MIX, experiment_banner, timed_variants  # noqa: E402
 from bench.common import kernel_line  # noqa: E402
 
 BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "8 32 128 512").split())
@@ -66,18 +66,14 @@ ROUNDS = 3
 
 
 def main() -> int:
-    if not torch.cuda.is_available():
-        print("no CUDA device: nothing to do")
+    if not experiment_banner(f"sample(..., distribution=False), median us of {ROUNDS} interleaved rounds"):
         return 0
-    print(f"{torch.cuda.get_device_name()}: sample(..., distribution=False), median us of {ROUNDS} interleaved "
-          "rounds", flush=True)
     print("case   dtype     V      B    | " + " ".join(f"{v:>11s}" for v in VARIANTS) + " | results = default's",
           flush=True)
     for kind, mix, dtype, V in CASES:
         for B in BATCHES:
-            logits = make_logits(B, V, dtype, "llm", seed=B * 13 + V)
-            md = metadata(B, V, seeded=False, mix=mix)
-            fns, med, ok = timed_variants(logits, md, {name: knobs(B) for name, knobs in VARIANTS.items()}, ROUNDS)
+            fns, med, ok = timed_variants(B, V, dtype, mix, B * 13 + V,
+                                          {name: knobs(B) for name, knobs in VARIANTS.items()}, ROUNDS)
             print(f"{kind:6s} {str(dtype)[6:]:8s} {V:6d} {B:4d} | " + " ".join(f"{med[v]:11.1f}" for v in VARIANTS)
                   + f" | {ok}", flush=True)
             if dtype == torch.float32 and B in (8, 512):

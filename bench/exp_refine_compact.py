@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_sampling import MIX, make_logits, metadata, timed_variants  # noqa: E402
+from bench.bench_sampling import MIX, experiment_banner, timed_variants  # noqa: E402
 from bench.common import kernel_line  # noqa: E402
 
 K500P = [(1.0, 500, 0.95, 0.0)]
@@ -40,17 +40,12 @@ ROUNDS = 3
 
 
 def main() -> int:
-    if not torch.cuda.is_available():
-        print("no CUDA device: nothing to do")
+    if not experiment_banner(f"sample(..., distribution=False), median us of {ROUNDS} interleaved rounds"):
         return 0
-    print(f"{torch.cuda.get_device_name()}: sample(..., distribution=False), median us of {ROUNDS} interleaved "
-          "rounds", flush=True)
     print("case    dtype     V      B    seed   | " + " ".join(f"{v:>9s}" for v in VARIANTS) + " | same results",
           flush=True)
     for kind, mix, dtype, V, B, s in CASES:
-        logits = make_logits(B, V, dtype, "llm", seed=B * s + V)
-        md = metadata(B, V, seeded=False, mix=mix)
-        fns, med, ok = timed_variants(logits, md, VARIANTS, ROUNDS)
+        fns, med, ok = timed_variants(B, V, dtype, mix, B * s + V, VARIANTS, ROUNDS)
         print(f"{kind:7s} {str(dtype)[6:]:8s} {V:6d} {B:4d} B*{s}+V | " + " ".join(f"{med[v]:9.1f}" for v in VARIANTS)
               + f" | {ok}", flush=True)
         if (kind, V, B, s) == ("mix", 151936, 128, 7):

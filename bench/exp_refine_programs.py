@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_sampling import MIX, TOP_P_MIX, make_logits, metadata, timed_variants  # noqa: E402
+from bench.bench_sampling import MIX, TOP_P_MIX, experiment_banner, timed_variants  # noqa: E402
 
 CASES = (  # (name, mix, dtype, V, batch, logits seed factor s: seed B * s + V, distribution)
     ("top-p thr", TOP_P_MIX, torch.float32, 128256, 8, 5, True),
@@ -36,18 +36,14 @@ ROUNDS = 3
 
 
 def main() -> int:
-    if not torch.cuda.is_available():
-        print("no CUDA device: nothing to do")
+    if not experiment_banner(f"sample(...), median us of {ROUNDS} interleaved rounds; "
+                             "floor 256 = the new default, no floor = session 36's launch "
+                             "(R * ceil(S3 / search_group)), all parts = R * S3 programs"):
         return 0
-    print(f"{torch.cuda.get_device_name()}: sample(...), median us of {ROUNDS} interleaved rounds; "
-          "floor 256 = the new default, no floor = session 36's launch (R * ceil(S3 / search_group)), "
-          "all parts = R * S3 programs", flush=True)
     print("case       dtype     V      B  | " + " ".join(f"{v:>10s}" for v in VARIANTS) + " | same results",
           flush=True)
     for kind, mix, dtype, V, B, s, dist in CASES:
-        logits = make_logits(B, V, dtype, "llm", seed=B * s + V)
-        md = metadata(B, V, seeded=False, mix=mix)
-        _, med, ok = timed_variants(logits, md, VARIANTS, ROUNDS, distribution=dist)
+        _, med, ok = timed_variants(B, V, dtype, mix, B * s + V, VARIANTS, ROUNDS, distribution=dist)
         print(f"{kind:10s} {str(dtype)[6:]:8s} {V:6d} {B:4d} | " + " ".join(f"{med[v]:10.1f}" for v in VARIANTS)
               + f" | {ok}", flush=True)
     return 0

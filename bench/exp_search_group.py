@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_sampling import MIX, make_logits, metadata, timed_variants  # noqa: E402
+from bench.bench_sampling import MIX, experiment_banner, timed_variants  # noqa: E402
 from bench.common import kernel_line  # noqa: E402
 
 BATCHES = (32, 128, 512)
@@ -36,20 +36,16 @@ ROUNDS = 3
 
 
 def main() -> int:
-    if not torch.cuda.is_available():
-        print("no CUDA device: nothing to do")
+    if not experiment_banner(f"sample(..., distribution=False), median us of {ROUNDS} interleaved rounds"):
         return 0
     from specops.triton_kernels.sampling_select import refine_geometry, search_group
-    print(f"{torch.cuda.get_device_name()}: sample(..., distribution=False), median us of {ROUNDS} interleaved "
-          "rounds", flush=True)
     print("case   dtype     V      B    | " + " ".join(f"{'g' + str(g) if g else 'auto':>7s}" for g in GROUPS)
           + " | auto group | results = g1's", flush=True)
     for kind, mix, dtype, V in CASES:
         s3 = refine_geometry(V)[0]
         for B in BATCHES:
-            logits = make_logits(B, V, dtype, "llm", seed=B * 13 + V)
-            md = metadata(B, V, seeded=False, mix=mix)
-            fns, med, ok = timed_variants(logits, md, {g: dict(search_group=g) for g in GROUPS}, ROUNDS)
+            fns, med, ok = timed_variants(B, V, dtype, mix, B * 13 + V, {g: dict(search_group=g) for g in GROUPS},
+                                          ROUNDS)
             print(f"{kind:6s} {str(dtype)[6:]:8s} {V:6d} {B:4d} | " + " ".join(f"{med[g]:7.1f}" for g in GROUPS)
                   + f" | {search_group(B, s3):10d} | {ok}", flush=True)
             if kind == "mix" and dtype == torch.float32 and B in (128, 512):
