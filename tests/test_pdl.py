@@ -130,15 +130,24 @@ def test_sampling_chain_is_the_same_with_and_without_pdl(monkeypatch, B, dtype):
 @pytest.mark.parametrize("B", [1, 37])
 def test_pivot_chain_is_the_same_with_and_without_pdl(monkeypatch, B):
     # the tokens-only draw (top-p alone by pivot rejection): its round kernels launch with PDL
-    # like the rest of the chain, and give the same tokens eagerly and replayed from a graph
+    # like the rest of the chain, and give the same tokens eagerly and replayed from a graph.
+    # With the rounds on their own stream (pivot_beside, the default) the two launches that
+    # follow an event wait rather than a kernel of their stream go plain: the first mass
+    # launch on the side stream and the finish after the join.
     from specops.triton_kernels import sampling_pivot as sp
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     args = _mixed_rows(B, 128256, torch.float32, seed=B + 1)
     log = _record(monkeypatch, SAMPLING_KERNELS + [(sp, "_pivot_mass_kernel"), (sp, "_pivot_draw_kernel")])
     monkeypatch.setenv("SPECOPS_PDL", "1")
-    with_pdl = sample(*args, backend="triton", distribution=False)
+    serial = sample(*args, backend="triton", distribution=False, pivot_beside=False)
     assert {"_pivot_mass_kernel", "_pivot_draw_kernel"} <= {name for name, _, _ in log}
     assert all(launch is True and pdl is True for _, launch, pdl in log), log
+    log.clear()
+    with_pdl = sample(*args, backend="triton", distribution=False, pivot_beside=True)
+    plain = [name for name, launch, pdl in log if not (launch is True and pdl is True)]
+    assert plain == ["_pivot_mass_kernel", "_finish_kernel"], log
+    assert [name for name, _, _ in log].count("_pivot_mass_kernel") > 1, log   # later rounds: PDL
+    assert torch.equal(with_pdl.tokens, serial.tokens)
     monkeypatch.setenv("SPECOPS_PDL", "0")
     without = sample(*args, backend="triton", distribution=False)
     assert torch.equal(with_pdl.tokens, without.tokens)

@@ -175,12 +175,14 @@ def pivot_group(rows: int, sub_chunks: int) -> int:
 
 def pivot_rounds(logits, inv_temperature, top_p, seeds, positions, tile_max, st_i, st_f, mass, tokens, stream: int,
                  sub: int, tile: int, rounds: int = PIVOT_ROUNDS, pdl: dict | None = None, skip: bool = True,
-                 group: int | None = None) -> None:
+                 group: int | None = None, first_pdl: bool = True) -> None:
     """Launch the verification rounds (module docstring) on the rows in mode PIVOT_PENDING.
     `tile_max` is pass 1's [R, NT] (tiles of `tile` tokens), `mass` [R, ceil(V / sub)] fp32
     scratch. `skip=False` reads every sub-chunk (the same sums: a skipped one holds no
     eligible token); `group` sub-chunks per mass program (a power of two; default
-    `pivot_group`) changes the speed only."""
+    `pivot_group`) changes the speed only. `first_pdl=False` launches the first mass kernel
+    without PDL (`pdl` or not): on a stream of its own, after an event wait rather than a
+    kernel of the chain."""
     R, V = logits.shape
     nc = mass.shape[1]
     pdl = pdl or {}
@@ -190,7 +192,7 @@ def pivot_rounds(logits, inv_temperature, top_p, seeds, positions, tile_max, st_
     for i in range(1, rounds + 1):
         _pivot_mass_kernel[(R, -(-nc // group))](logits, logits.stride(0), inv_temperature, tile_max, st_i, st_f, mass,
                                                   V, tile_max.shape[1], NC=nc, SUB=sub, TILE=tile, GROUP=group,
-                                                  SKIP=skip, num_warps=8, **pdl)
+                                                  SKIP=skip, num_warps=8, **(pdl if i > 1 or first_pdl else {}))
         _pivot_draw_kernel[(R,)](logits, logits.stride(0), inv_temperature, top_p, seeds, positions, st_i, st_f,
                                  mass, tokens, V, stream, NC=nc, NC_P2=max(16, triton.next_power_of_2(nc)), SUB=sub,
                                  ROUND=i, LAST=i == rounds, num_warps=8, **pdl)

@@ -1123,6 +1123,27 @@ batch 512 (each of its 2048 programs scans the 512 rows' modes) about 1 µs slow
 against 216.3, and rows all top_k 500 + top_p 0.95 492.2 against 491.1."""
 
 
+PIVOT_BESIDE = True
+"""Default `pivot_beside`: the pivot rounds on a stream of their own, beside the refine and
+collect launches (`pivot_stream`). On the H200, bench_sampling's mixed rows (CUDA graphs, the
+same results; bench/exp_pivot_beside.py, bench/results/logs/exp_pivot_beside_2026-12-03.txt), serial ->
+beside: fp32 V = 128256 batch 8 41.5 -> 37.4 µs, batch 32 57.3 -> 50.5, batch 128
+99.2 -> 86.5, batch 512 217.9 -> 204.2; bf16 V = 151936 batch 8 41.9 -> 34.8, batch 128
+107.3 -> 96.0."""
+
+_PIVOT_STREAMS: dict = {}
+
+
+def pivot_stream(device: torch.device) -> "torch.cuda.Stream":
+    """The side stream of the pivot rounds on `device` (one per device, made once: a CUDA
+    graph captures the work sent to it between the fork and the join)."""
+    idx = torch.device(device).index
+    idx = torch.cuda.current_device() if idx is None else idx
+    if idx not in _PIVOT_STREAMS:
+        _PIVOT_STREAMS[idx] = torch.cuda.Stream(device=idx)
+    return _PIVOT_STREAMS[idx]
+
+
 DIRECT_SMALL = 64
 """Default `direct_small`: a direct row with at most 64 candidates (the common top_k values of
 20 .. 50 on LLM logits) sorts them as 64 keys, not 256. On the H200 (V = 128256 fp32, batch 1,
@@ -1216,6 +1237,7 @@ def sample_top_k_top_p_triton(
     atomic_slots: bool | None = None,
     refine_compact: bool | None = None,
     refine_min_programs: int | None = None,
+    pivot_beside: bool | None = None,
 ):
     """Pass 1 (row statistics, tile maxima, histograms), plan, refine, collect and finish.
 
@@ -1251,6 +1273,11 @@ def sample_top_k_top_p_triton(
     default REFINE_COMPACT; see `sampling_select._refine_kernel`). `refine_min_programs` is the
     fewest programs of that compact launch (the same results; default
     `sampling_select.REFINE_MIN_PROGRAMS`; see `sampling_select.refine_programs`).
+    `pivot_beside=True` (CUDA, with `pivot` and the search launches; default PIVOT_BESIDE)
+    launches the pivot rounds right after the plan on a stream of their own, beside the refine
+    and collect launches, and joins them before the finish: they read and write only the rows
+    in mode PIVOT_PENDING, which no refine or collect program touches, so the results are the
+    same; off when `paths` is asked for (its "refined" snapshot would race with the rounds).
     `paths`, when a dict, receives "mode": [R] int32, the path each row took
     (sampling_select.DONE / DRAW / COLLECT / FALLBACK / DIRECT / PIVOTED).
 
@@ -1368,6 +1395,16 @@ def sample_top_k_top_p_triton(
     )
     if paths is not None:
         paths["planned"] = st_i[:, 0].clone()
+    pivot_mass = torch.empty(R, -(-V // sub), dtype=f32, device=dev) if pivot else None
+    beside = (PIVOT_BESIDE if pivot_beside is None else bool(pivot_beside)) and pivot and select and search \
+        and dev.type == "cuda" and paths is None
+    if beside:   # the rounds on their own stream from here to the join before the finish
+        main_stream = torch.cuda.current_stream(dev)
+        side_stream = pivot_stream(dev)
+        side_stream.wait_stream(main_stream)
+        with torch.cuda.stream(side_stream):
+            pivot_rounds(logits, inv_temperature, top_p, seeds, positions, tile_max, st_i, st_f, pivot_mass, tokens,
+                         stream, sub, tile, pdl=pdl, skip=pivot_skip, group=pivot_group, first_pdl=False)
     if select and search:
         for last in (False, True):
             _refine_kernel[refine_grid](
@@ -1390,16 +1427,19 @@ def sample_top_k_top_p_triton(
         _collect_kernel[(R, s3c)](logits, logits.stride(0), inv_temperature, seeds, positions, st_i, st_f, cand,
                                   pn, pf, pi, V, s3, bpp, stream, BLOCK=2048, CAP=cap, GROUP=cg,
                                   ATOMIC_SLOTS=atomic_slots, num_warps=8, maxnreg=regs["collect"], **pdl)
-    if pivot:
-        pivot_rounds(logits, inv_temperature, top_p, seeds, positions, tile_max, st_i, st_f,
-                     torch.empty(R, -(-V // sub), dtype=f32, device=dev), tokens, stream, sub, tile, pdl=pdl,
-                     skip=pivot_skip, group=pivot_group)
+    if beside:
+        main_stream.wait_stream(side_stream)
+    elif pivot:
+        pivot_rounds(logits, inv_temperature, top_p, seeds, positions, tile_max, st_i, st_f, pivot_mass, tokens,
+                     stream, sub, tile, pdl=pdl, skip=pivot_skip, group=pivot_group)
     _finish_kernel[(R,)](
         logits, logits.stride(0), inv_temperature, top_k, top_p, seeds, positions, tile_max,
         st_i, st_f, pn, pf, pi, tile_list, cand, tokens, thr, lnorm,
         V, NT, s3, stream,
         TILE=tile, G=G, NT_P2=NT_P2, CAP=cap, GS=64, GUESS=guess, SMALL=min(256, cap), SPREAD_ROWS=defer == 2,
-        num_warps=8, maxnreg=128, **pdl,   # 2 programs per SM (a few cold scalars spill)
+        # 2 programs per SM (a few cold scalars spill); after the join, a plain launch: it follows
+        # an event wait, not only the collect kernel
+        num_warps=8, maxnreg=128, **({} if beside else pdl),
     )
     if paths is not None:
         paths["mode"] = st_i[:, 0]
