@@ -1136,7 +1136,10 @@ _PIVOT_STREAMS: dict = {}
 
 def pivot_stream(device: torch.device) -> "torch.cuda.Stream":
     """The side stream of the pivot rounds on `device` (one per device, made once: a CUDA
-    graph captures the work sent to it between the fork and the join)."""
+    graph captures the work sent to it between the fork and the join). torch hands out its
+    streams from a small round-robin pool, so a caller's stream made later may be this one:
+    then the fork and the join wait on the stream itself and the rounds run in line, the
+    same results without the overlap."""
     idx = torch.device(device).index
     idx = torch.cuda.current_device() if idx is None else idx
     if idx not in _PIVOT_STREAMS:
