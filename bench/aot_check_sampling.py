@@ -49,6 +49,7 @@ DIRECT_VARIANTS = [   # latency knobs of the direct top-k path (bench/exp_plan_d
     dict(direct_small=64), dict(direct_top=True, direct_small=64),
     dict(direct_small=128), dict(direct_top=True, direct_small=128),
     dict(direct_in="spread"), dict(direct_in="spread", direct_top=True),
+    dict(direct_in="beside"), dict(direct_in="beside", direct_top=True),
 ]
 VOCABS = (128256, 151936)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)

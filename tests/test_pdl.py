@@ -19,7 +19,7 @@ needs_hopper = pytest.mark.skipif(not HOPPER, reason="PDL needs a CUDA device of
 
 SAMPLING_KERNELS = [(st, "_row_stats_kernel"), (tk, "_plan_kernel"), (tk, "_refine_kernel"),
                     (tk, "_refine_combine_kernel"), (tk, "_collect_kernel"), (tk, "_collect_direct_kernel"),
-                    (tk, "_finish_kernel")]
+                    (tk, "_direct_rows_kernel"), (tk, "_finish_kernel")]
 FIELDS = ("tokens", "threshold", "row_max", "log_norm")   # of a SampleResult
 REJECTION_KERNELS = [(rs, "_rejection_sample_kernel"), (rs, "_rejection_finalize_kernel"),
                      (rr, "_residual_mass_kernel"), (rr, "_recover_race_kernel")]
@@ -102,7 +102,10 @@ def test_sampling_chain_is_the_same_with_and_without_pdl(monkeypatch, B, dtype):
     assert {"_row_stats_kernel", "_plan_kernel", "_refine_kernel", "_refine_combine_kernel",
             "_finish_kernel"} <= names, names
     assert names & {"_collect_kernel", "_collect_direct_kernel"}, names
-    assert all(launch is True and pdl is True for _, launch, pdl in log), log
+    # the small top-k rows on a side stream (DIRECT_BESIDE) where the launch has the search:
+    # their kernel follows an event wait, and so does the finish after the join; both go plain
+    plain = [name for name, launch, pdl in log if not (launch is True and pdl is True)]
+    assert plain == (["_direct_rows_kernel", "_finish_kernel"] if "_direct_rows_kernel" in names else []), log
     log.clear()
     monkeypatch.setenv("SPECOPS_PDL", "0")
     without = sample(*args, backend="triton")
@@ -131,21 +134,23 @@ def test_sampling_chain_is_the_same_with_and_without_pdl(monkeypatch, B, dtype):
 def test_pivot_chain_is_the_same_with_and_without_pdl(monkeypatch, B):
     # the tokens-only draw (top-p alone by pivot rejection): its round kernels launch with PDL
     # like the rest of the chain, and give the same tokens eagerly and replayed from a graph.
-    # With the rounds on their own stream (pivot_beside, the default) the two launches that
+    # With the rounds on their own stream (pivot_beside, the default) the launches that
     # follow an event wait rather than a kernel of their stream go plain: the first mass
-    # launch on the side stream and the finish after the join.
+    # launch on the side stream, the small top-k rows' kernel on theirs (DIRECT_BESIDE) and
+    # the finish after the join.
     from specops.triton_kernels import sampling_pivot as sp
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     args = _mixed_rows(B, 128256, torch.float32, seed=B + 1)
     log = _record(monkeypatch, SAMPLING_KERNELS + [(sp, "_pivot_mass_kernel"), (sp, "_pivot_draw_kernel")])
     monkeypatch.setenv("SPECOPS_PDL", "1")
-    serial = sample(*args, backend="triton", distribution=False, pivot_beside=False)
+    serial = sample(*args, backend="triton", distribution=False, pivot_beside=False, direct_in="plan")
     assert {"_pivot_mass_kernel", "_pivot_draw_kernel"} <= {name for name, _, _ in log}
     assert all(launch is True and pdl is True for _, launch, pdl in log), log
     log.clear()
     with_pdl = sample(*args, backend="triton", distribution=False, pivot_beside=True)
     plain = [name for name, launch, pdl in log if not (launch is True and pdl is True)]
-    assert plain == ["_pivot_mass_kernel", "_finish_kernel"], log
+    direct = ["_direct_rows_kernel"] if "_direct_rows_kernel" in {name for name, _, _ in log} else []
+    assert plain == direct + ["_pivot_mass_kernel", "_finish_kernel"], log
     assert [name for name, _, _ in log].count("_pivot_mass_kernel") > 1, log   # later rounds: PDL
     assert torch.equal(with_pdl.tokens, serial.tokens)
     monkeypatch.setenv("SPECOPS_PDL", "0")

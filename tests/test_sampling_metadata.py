@@ -125,11 +125,11 @@ def test_sample_options_leave_out_the_search_only_when_no_row_needs_it():
     direct = build(2, vocab_size=1000, top_k=[DIRECT_TOP_K, 20], top_p=[0.9, 1.0], min_p=[0.0, 0.1])
     assert sample_options(direct, direct.min_p) == {"search": False}
     assert sample_options(direct, direct.min_p, {"cap": 64}) == {"cap": 64, "search": False}
-    assert sample_options(direct, direct.min_p, {"kmax": 16}) == {"kmax": 16}          # 128 > 16
+    assert sample_options(direct, direct.min_p, {"kmax": 16}) == {"kmax": 16, "direct_beside": False}   # 20 > 16
     assert sample_options(direct, direct.min_p, {"search": True}) == {"search": True}
     assert sample_options(direct, direct.min_p.clone()) == {}    # min-p from a processor: unknown
     wide = build(2, vocab_size=1000, top_k=[DIRECT_TOP_K + 1, 0])
-    assert sample_options(wide, wide.min_p) == {}
+    assert sample_options(wide, wide.min_p) == {"direct_beside": False}   # no small top-k row
     assert sample_options(build(1, top_p=[0.9]), None) == {}   # top-p without top-k, whatever V
     # the bound describes the tensors it was computed for: expand keeps it, a replaced filter drops it
     rows = direct.expand([1, 1, 0])
@@ -142,6 +142,26 @@ def test_sample_options_leave_out_the_search_only_when_no_row_needs_it():
     unknown = build(1)
     unknown.max_filtered_top_k = None
     assert sample_options(unknown, None) == {}
+
+
+def test_min_top_k_turns_off_the_direct_rows_stream_only_without_small_top_k_rows():
+    # min_top_k bounds the top_k of the random rows from below: when it is above the direct
+    # limit no row can take the direct path, and sample_options forks no stream for them
+    from specops.sampling.topk_topp import sample_options
+    from specops.triton_kernels.sampling_topk_topp import DIRECT_TOP_K
+    big = DIRECT_TOP_K + 1
+    assert build(3, vocab_size=1000, temperature=[0.0, 1.0, 1.0], top_k=[5, big, 300]).min_top_k == big
+    assert build(2, vocab_size=1000, top_k=[0, 0]).min_top_k == math.inf
+    mixed = build(2, vocab_size=1000, top_k=[big, 40], top_p=[0.9, 0.9])
+    assert mixed.min_top_k == 40 and "direct_beside" not in sample_options(mixed, mixed.min_p)
+    wide = build(3, vocab_size=1000, top_k=[big, 300, 0], top_p=[0.9, 1.0, 0.8])
+    assert sample_options(wide, wide.min_p) == {"direct_beside": False}
+    assert sample_options(wide, wide.min_p, {"kmax": 512}) == {"kmax": 512}              # 129 <= 512
+    assert sample_options(wide, wide.min_p, {"direct_beside": True}) == {"direct_beside": True}
+    rows = wide.expand([1, 1])                               # some of the rows: still a lower bound
+    assert rows.min_top_k_bound() == big and sample_options(rows, rows.min_p) == {"direct_beside": False}
+    changed = replace(wide, top_k=wide.top_k.clone())       # not its own: unknown
+    assert changed.min_top_k_bound() is None and "direct_beside" not in sample_options(changed, changed.min_p)
 
 
 def test_greedy_short_cuts_describe_their_temperatures_only():

@@ -526,7 +526,8 @@ def test_seeded_rows_are_batch_invariant(backend):
 def test_direct_rows_are_the_same_whichever_launch_decides_them(monkeypatch):
     # direct_in="auto": small top-k rows are decided in the plan when the launch has no search
     # (the rows alone), in the collect launch when it has one and at most DEFER_ROWS rows (beside a
-    # top-p row), in the plan again above that: every output of those rows is the same bit for bit
+    # top-p row), in the plan again above that; direct_in="beside" decides them in a kernel of their
+    # own (in line here: `paths` is asked for): every output of those rows is the same bit for bit
     from specops.triton_kernels import sampling_topk_topp as stk
 
     g = fresh_gen()
@@ -543,6 +544,7 @@ def test_direct_rows_are_the_same_whichever_launch_decides_them(monkeypatch):
     seeds, pos = torch.arange(R, device=dev) + 7, torch.arange(R, device=dev) * 5
     launched = []
     monkeypatch.setattr(stk, "_collect_direct_kernel", _CountingKernel(stk._collect_direct_kernel, "direct", launched))
+    monkeypatch.setattr(stk, "_direct_rows_kernel", _CountingKernel(stk._direct_rows_kernel, "rows", launched))
 
     def run(rows, **opts):
         paths = {}
@@ -557,8 +559,12 @@ def test_direct_rows_are_the_same_whichever_launch_decides_them(monkeypatch):
     assert launched == ["direct"]
     many, mode_many = run(R)                                  # R > DEFER_ROWS: in the plan
     assert launched == ["direct"]
-    assert mode_alone == mode_beside == mode_many == [D, D]
-    for got in (beside, many):
+    own, mode_own = run(R, direct_in="beside")                # in _direct_rows_kernel
+    assert launched == ["direct", "rows"]
+    own_alone, mode_own_alone = run(2, direct_in="beside", search=False)   # the same, without search
+    assert launched == ["direct", "rows", "rows"]
+    assert mode_alone == mode_beside == mode_many == mode_own == mode_own_alone == [D, D]
+    for got in (beside, many, own, own_alone):
         for x, y in zip((alone.tokens, alone.threshold, alone.row_max, alone.log_norm),
                         (got.tokens, got.threshold, got.row_max, got.log_norm)):
             assert torch.equal(x[:2], y[:2])
@@ -608,8 +614,9 @@ def test_cuda_missing_filters_inside_a_first_graph_capture():
 @pytest.mark.parametrize("R", [8, 130])
 def test_cuda_pivot_rounds_beside_the_search_give_the_same_results(R):
     # top-p / min-p rows without top-k (pivot rounds, on their own stream with pivot_beside)
-    # beside rows that refine and collect (top_k 500 + top_p), greedy and unfiltered rows:
-    # the same results as the rounds after the collect launch, eagerly and from a CUDA graph
+    # and small top-k rows (direct_in="beside": on a stream of their own) beside rows that refine
+    # and collect (top_k 500 + top_p), greedy and unfiltered rows: the same results as every
+    # launch on one stream, eagerly and from a CUDA graph
     g = fresh_gen()
     V = 128256
     base = torch.randn(R, V, generator=g) * 2
@@ -624,20 +631,21 @@ def test_cuda_pivot_rounds_beside_the_search_give_the_same_results(R):
     mp = torch.tensor([r[3] for r in rows], device="cuda")
     seeds, pos = torch.arange(R, device="cuda") + 11, torch.arange(R, device="cuda") * 3
 
-    def call(beside):
-        return sample(logits, inv, k, p, mp, seeds, pos, backend="triton", distribution=False, pivot_beside=beside)
-    want = call(False)
-    assert_same_result(want, call(True))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
-        got = call(True)
-    torch.cuda.current_stream().wait_stream(side)
-    for _ in range(3):
-        graph.replay()
-        torch.cuda.synchronize()
-        assert_same_result(want, got)
+    def call(**opts):
+        return sample(logits, inv, k, p, mp, seeds, pos, backend="triton", distribution=False, **opts)
+    want = call(pivot_beside=False, direct_in="plan")
+    for opts in (dict(pivot_beside=True), dict(direct_in="beside"), dict(direct_in="beside", pivot_beside=False)):
+        assert_same_result(want, call(**opts))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+            got = call(**opts)
+        torch.cuda.current_stream().wait_stream(side)
+        for _ in range(3):
+            graph.replay()
+            torch.cuda.synchronize()
+            assert_same_result(want, got)
     ref = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")   # the same law, tokens may differ
     assert bool(((want.tokens >= 0) == (ref.tokens >= 0)).all())
 
@@ -1304,6 +1312,8 @@ DIRECT_VARIANTS = [
     dict(direct_in="collect", atomic_slots=True),
     dict(direct_in="spread"),
     dict(direct_in="spread", direct_top=True),
+    dict(direct_in="beside"),
+    dict(direct_in="beside", direct_top=True, direct_group=8),
 ]
 # ... and over another thread layout on a GPU (the interpreter's sums do not see it)
 LAYOUT_VARIANTS = [dict(plan_warps=4), dict(direct_small=16), dict(direct_top=True, direct_small=16)]
@@ -1357,7 +1367,7 @@ def test_cuda_direct_top_k_variants_match_default():
     # one variant of each knob (the interpreter test runs them all): tile top, spread, pipelined
     # groups, wide groups, another plan layout
     for var in [dict(direct_top=True, direct_group=128), dict(direct_in="spread"),
-                dict(direct_group=64, direct_pipe=True), dict(plan_warps=4)]:
+                dict(direct_group=64, direct_pipe=True), dict(plan_warps=4), dict(direct_in="beside")]:
         pb = {}
         b = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", paths=pb, **var)
         # tokens and paths bitwise; a variant's sums may run in another order on a GPU, so its

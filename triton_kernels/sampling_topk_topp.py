@@ -816,6 +816,60 @@ def _plan_kernel(
     tl.store(st_f_ptr + r * 6 + 5, -1.0)
 
 
+@triton.jit
+def _decide_direct_row(logits_ptr, stride_row, inv_temp_ptr, top_k_ptr, top_p_ptr, seed_ptr, pos_ptr, tile_max_ptr,
+                       st_i_ptr, st_f_ptr, cand_ptr, list_ptr, tok_ptr, thr_ptr, lnorm_ptr, r, V, NT, stream, KMAX,
+                       CAP: tl.constexpr, TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr,
+                       SMALL: tl.constexpr, TOPT: tl.constexpr, GD: tl.constexpr, PIPE: tl.constexpr,
+                       DS: tl.constexpr):
+    """Decide row r, which the plan (launched with DEFER = 1) marked DIRECT, as the plan would
+    have: the same `_direct_top_k` call on the same inputs (m, z and the min-p threshold as the
+    plan stored them), the same results. A row it cannot decide goes to FALLBACK (the finish's
+    search); the plan's stores stand for it: token -1, tau -inf, log Z."""
+    r64 = r.to(tl.int64)
+    k = tl.load(top_k_ptr + r)
+    p = tl.load(top_p_ptr + r)
+    ok, tau, tok, mass = _direct_top_k(
+        logits_ptr + r64 * stride_row, tile_max_ptr + r64 * NT, list_ptr + r64 * NT_P2,
+        cand_ptr + r64 * CAP, V, NT, tl.load(inv_temp_ptr + r), tl.load(st_f_ptr + r * 6 + 0),
+        tl.load(st_f_ptr + r * 6 + 1), k, p, tl.load(st_f_ptr + r * 6 + 4), p < 1.0, 2 * KMAX,
+        tl.load(seed_ptr + r), tl.load(pos_ptr + r), stream, TILE, G, NT_P2, CAP, SMALL, TOPT, GD, PIPE, DS)
+    if ok:
+        tl.store(tok_ptr + r, tok.to(tl.int64))
+        tl.store(thr_ptr + r, tau)
+        tl.store(lnorm_ptr + r, tl.log(mass))
+    else:
+        tl.store(st_i_ptr + r * 4, r * 0 + FALLBACK)
+
+
+@triton.jit(do_not_specialize=["V", "NT", "stream", "KMAX"])
+def _direct_rows_kernel(
+    logits_ptr, stride_row,            # [R, V] fp32/bf16/fp16, unit column stride
+    inv_temp_ptr,                      # [R] fp32: 1/T, -1 on greedy rows
+    top_k_ptr, top_p_ptr,              # [R] int32 / fp32
+    seed_ptr, pos_ptr,                 # [R] int64
+    tile_max_ptr,                      # [R, NT] fp32 (pass 1)
+    st_i_ptr, st_f_ptr,                # [R, 4] int32, [R, 6] fp32 row states
+    cand_ptr,                          # [R, CAP] int64 scratch
+    list_ptr,                          # [R, NT_P2] int32 scratch
+    tok_ptr, thr_ptr, lnorm_ptr,       # [R] int64 / fp32 / fp32 out (direct rows)
+    V, NT, stream, KMAX,
+    CAP: tl.constexpr, TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr, SMALL: tl.constexpr,
+    TOPT: tl.constexpr, GD: tl.constexpr, PIPE: tl.constexpr, DS: tl.constexpr,
+    PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
+):
+    """Grid (R,): program r decides row r when the plan (DEFER = 1) marked it DIRECT
+    (`_decide_direct_row`); the other programs return. direct_in="beside" launches it on a
+    stream of its own beside the refine and collect launches: they read and write only rows in
+    the modes REFINE_COUNT / REFINE_MASS / COLLECT / DRAW, this kernel only the DIRECT rows."""
+    pdl_start(PDL)
+    r = tl.program_id(0)
+    if tl.load(st_i_ptr + r * 4) == DIRECT:
+        _decide_direct_row(logits_ptr, stride_row, inv_temp_ptr, top_k_ptr, top_p_ptr, seed_ptr, pos_ptr,
+                           tile_max_ptr, st_i_ptr, st_f_ptr, cand_ptr, list_ptr, tok_ptr, thr_ptr, lnorm_ptr,
+                           r, V, NT, stream, KMAX, CAP, TILE, G, NT_P2, SMALL, TOPT, GD, PIPE, DS)
+
+
 @triton.jit(do_not_specialize=["V", "NT", "S3", "BPP", "stream", "KMAX"])
 def _collect_direct_kernel(
     logits_ptr, stride_row,            # [R, V] fp32/bf16/fp16, unit column stride
@@ -856,21 +910,9 @@ def _collect_direct_kernel(
                             n_ptr, f_ptr, i_ptr, V, S3, BPP, stream, r, c, mode, BLOCK, CAP, ATOMIC_SLOTS)
     elif mode == DIRECT:
         if c == 0:
-            r64 = r.to(tl.int64)
-            k = tl.load(top_k_ptr + r)
-            p = tl.load(top_p_ptr + r)
-            ok, tau, tok, mass = _direct_top_k(
-                logits_ptr + r64 * stride_row, tile_max_ptr + r64 * NT, list_ptr + r64 * NT_P2,
-                cand_ptr + r64 * CAP, V, NT, tl.load(inv_temp_ptr + r), tl.load(st_f_ptr + r * 6 + 0),
-                tl.load(st_f_ptr + r * 6 + 1), k, p, tl.load(st_f_ptr + r * 6 + 4), p < 1.0, 2 * KMAX,
-                tl.load(seed_ptr + r), tl.load(pos_ptr + r), stream, TILE, G, NT_P2, CAP, SMALL, TOPT, GD, PIPE,
-                DS)
-            if ok:
-                tl.store(tok_ptr + r, tok.to(tl.int64))
-                tl.store(thr_ptr + r, tau)
-                tl.store(lnorm_ptr + r, tl.log(mass))
-            else:   # the plan's stores stand: token -1, tau -inf, log Z (the finish rewrites them)
-                tl.store(st_i_ptr + r * 4, r * 0 + FALLBACK)
+            _decide_direct_row(logits_ptr, stride_row, inv_temp_ptr, top_k_ptr, top_p_ptr, seed_ptr, pos_ptr,
+                               tile_max_ptr, st_i_ptr, st_f_ptr, cand_ptr, list_ptr, tok_ptr, thr_ptr, lnorm_ptr,
+                               r, V, NT, stream, KMAX, CAP, TILE, G, NT_P2, SMALL, TOPT, GD, PIPE, DS)
     else:
         collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, st_i_ptr, st_f_ptr, cand_ptr,
                         n_ptr, f_ptr, i_ptr, V, S3, BPP, stream, r, c, mode, BLOCK, CAP, ATOMIC_SLOTS)
@@ -1125,26 +1167,39 @@ against 216.3, and rows all top_k 500 + top_p 0.95 492.2 against 491.1."""
 
 PIVOT_BESIDE = True
 """Default `pivot_beside`: the pivot rounds on a stream of their own, beside the refine and
-collect launches (`pivot_stream`). On the H200, bench_sampling's mixed rows (CUDA graphs, the
+collect launches (`side_stream(device, "pivot")`). On the H200, bench_sampling's mixed rows (CUDA graphs, the
 same results; bench/exp_pivot_beside.py, bench/results/logs/exp_pivot_beside_2026-12-03.txt), serial ->
 beside: fp32 V = 128256 batch 8 41.5 -> 37.4 µs, batch 32 57.3 -> 50.5, batch 128
 99.2 -> 86.5, batch 512 217.9 -> 204.2; bf16 V = 151936 batch 8 41.9 -> 34.8, batch 128
 107.3 -> 96.0."""
 
-_PIVOT_STREAMS: dict = {}
+DIRECT_BESIDE = True
+"""`direct_in="auto"` picks "beside" on CUDA for a launch with the search launches (and no
+`paths`): the small top-k rows are decided by `_direct_rows_kernel` on a stream of its own,
+beside the refine and collect launches, instead of in the collect launch (up to DEFER_ROWS
+rows) or the plan. The same results either way. On the H200, bench_sampling's mixed rows
+(CUDA graphs, interleaved, the same results; bench/exp_direct_beside.py,
+bench/results/logs/exp_direct_beside_2026-12-03.txt), auto before -> beside: fp32
+V = 128256 batch 8 38.8 -> 35.1 µs, 32 50.6 -> 42.5, 128 86.5 -> 80.5, 512 203.9 -> 199.2;
+bf16 V = 151936 batch 8 35.1 -> 32.2, 128 97.2 -> 86.1, 512 213.4 -> 205.4. At batch 128
+the plan takes 6.5 µs instead of 13.9. A launch without search (batch 1 there) keeps the
+plan: "beside" in line would add a launch (15.5 against 14.1 µs)."""
+
+_SIDE_STREAMS: dict = {}
 
 
-def pivot_stream(device: torch.device) -> "torch.cuda.Stream":
-    """The side stream of the pivot rounds on `device` (one per device, made once: a CUDA
-    graph captures the work sent to it between the fork and the join). torch hands out its
-    streams from a small round-robin pool, so a caller's stream made later may be this one:
-    then the fork and the join wait on the stream itself and the rounds run in line, the
-    same results without the overlap."""
+def side_stream(device: torch.device, name: str) -> "torch.cuda.Stream":
+    """The side stream `name` ("pivot": the pivot rounds; "direct": the direct rows of
+    direct_in="beside") on `device`: one per (device, name), made once, so that a CUDA graph
+    captures the work sent to it between the fork and the join. torch hands out its streams
+    from a small round-robin pool, so a caller's stream made later may be this one: then the
+    fork and the join wait on the stream itself and the work runs in line, the same results
+    without the overlap."""
     idx = torch.device(device).index
     idx = torch.cuda.current_device() if idx is None else idx
-    if idx not in _PIVOT_STREAMS:
-        _PIVOT_STREAMS[idx] = torch.cuda.Stream(device=idx)
-    return _PIVOT_STREAMS[idx]
+    if (idx, name) not in _SIDE_STREAMS:
+        _SIDE_STREAMS[idx, name] = torch.cuda.Stream(device=idx)
+    return _SIDE_STREAMS[idx, name]
 
 
 DIRECT_SMALL = 64
@@ -1241,6 +1296,7 @@ def sample_top_k_top_p_triton(
     refine_compact: bool | None = None,
     refine_min_programs: int | None = None,
     pivot_beside: bool | None = None,
+    direct_beside: bool | None = None,
 ):
     """Pass 1 (row statistics, tile maxima, histograms), plan, refine, collect and finish.
 
@@ -1258,7 +1314,7 @@ def sample_top_k_top_p_triton(
     are left out (5 of the 9 kernels). A row that breaks the promise still gets an exact
     draw, from the finish's single-program search (slow on a wide row, never wrong). It is
     False anyway when no filter tensor is given, and True with select=False or direct_in
-    other than "plan" (whose rows need the collect launch).
+    "collect" or "spread" (whose rows need the collect launch).
     `pivot=True` draws the rows with top-p and / or min-p and no top-k by pivot rejection
     (sampling_pivot.py): the same law, another token, and no threshold: their threshold and
     log_norm outputs are left unset (NaN) unless the row fell back to the exact search.
@@ -1299,12 +1355,18 @@ def sample_top_k_top_p_triton(
     the plan, so that they run beside the other rows' refine and collect rather than before
     them (`_collect_direct_kernel`); `direct_in="spread"`: the plan only lists the top tiles
     (those reaching the counted bound, or t_k with direct_top), every collect program of the
-    row reads a few of them and the finish sorts the candidates. With either,
-    paths["planned"] / ["refined"] show DIRECT / SPREAD also for rows that then fall back;
-    paths["mode"] is the default's. The default, "auto", is "collect" when the launch has
-    the refine and collect kernels anyway (`search`) and at most DEFER_ROWS rows, else
-    "plan": the direct rows' results are the same either way (the same `_direct_top_k` call,
-    the same layout), so a row's results do not depend on its batch.
+    row reads a few of them and the finish sorts the candidates; `direct_in="beside"`: a
+    kernel of their own (`_direct_rows_kernel`, the plan's `_direct_top_k` call and layout)
+    decides them, on CUDA with the search launches (and no `paths`) on a stream of its own
+    (`side_stream(device, "direct")`) beside the refine and collect launches, else in line.
+    With any of the three, paths["planned"] / ["refined"] show DIRECT / SPREAD also for rows
+    that then fall back; paths["mode"] is the default's. The default, "auto", is "beside"
+    when DIRECT_BESIDE is set and the launch runs the search launches on CUDA without
+    `paths` (`direct_beside`, default DIRECT_BESIDE; the Sampler passes False when no row
+    has a small top-k), else "collect" when the launch has the refine and collect kernels anyway
+    (`search`) and at most DEFER_ROWS rows, else "plan": the direct rows' results are the
+    same either way (the same `_direct_top_k` call, the same layout), so a row's results do
+    not depend on its batch.
     """
     R, V = logits.shape
     dev = logits.device
@@ -1317,8 +1379,8 @@ def sample_top_k_top_p_triton(
                     ("direct_small", direct_small or 1)):
         if v < 1 or v & (v - 1):
             raise ValueError(f"{name} must be a power of two, got {v}")
-    if direct_in not in ("auto", "plan", "collect", "spread"):
-        raise ValueError(f"direct_in must be 'auto', 'plan', 'collect' or 'spread', got {direct_in!r}")
+    if direct_in not in ("auto", "plan", "collect", "spread", "beside"):
+        raise ValueError(f"direct_in must be 'auto', 'plan', 'collect', 'spread' or 'beside', got {direct_in!r}")
     NT = -(-V // tile)
     NT_P2 = max(16, _next_pow2(NT))
     sub = draw_sub_chunk(V)
@@ -1336,9 +1398,15 @@ def sample_top_k_top_p_triton(
     # the DRAW rows of select=False need the collect launch
     search = (bool(search) and (top_k is not None or top_p is not None or min_p is not None)) or not select
     if direct_in == "auto":
-        direct_in = "collect" if search and R <= DEFER_ROWS else "plan"
-    defer = {"plan": 0, "collect": 1, "spread": 2}[direct_in] if kmax > 0 else 0
-    search = search or defer != 0
+        if (DIRECT_BESIDE if direct_beside is None else direct_beside) and search and top_k is not None \
+                and dev.type == "cuda" and paths is None:
+            direct_in = "beside"
+        else:
+            direct_in = "collect" if search and R <= DEFER_ROWS else "plan"
+    defer = {"plan": 0, "collect": 1, "spread": 2, "beside": 1}[direct_in] if kmax > 0 else 0
+    direct_rows = defer == 1 and direct_in == "beside"    # decided by _direct_rows_kernel
+    # the collect launch decides the direct rows of "collect" and reads the tiles of "spread"
+    search = search or (defer != 0 and not direct_rows)
     tokens = torch.empty(R, dtype=torch.int64, device=dev)
     thr = torch.empty(R, dtype=torch.float32, device=dev)
     rmax = torch.empty_like(thr)
@@ -1399,13 +1467,27 @@ def sample_top_k_top_p_triton(
     if paths is not None:
         paths["planned"] = st_i[:, 0].clone()
     pivot_mass = torch.empty(R, -(-V // sub), dtype=f32, device=dev) if pivot else None
-    beside = (PIVOT_BESIDE if pivot_beside is None else bool(pivot_beside)) and pivot and select and search \
-        and dev.type == "cuda" and paths is None
-    if beside:   # the rounds on their own stream from here to the join before the finish
-        main_stream = torch.cuda.current_stream(dev)
-        side_stream = pivot_stream(dev)
-        side_stream.wait_stream(main_stream)
-        with torch.cuda.stream(side_stream):
+    overlap = select and search and dev.type == "cuda" and paths is None   # a side stream has work beside
+    beside = (PIVOT_BESIDE if pivot_beside is None else bool(pivot_beside)) and pivot and overlap
+    direct_kw = dict(CAP=cap, TILE=tile, G=G, NT_P2=NT_P2, SMALL=min(256, cap), TOPT=topt, GD=gd, PIPE=direct_pipe,
+                     DS=ds, num_warps=plan_warps)   # the plan's layout: the plan's results
+
+    def launch_direct_rows(**launch_pdl):
+        _direct_rows_kernel[(R,)](
+            logits, logits.stride(0), inv_temperature, top_k, top_p, seeds, positions, tile_max, st_i, st_f,
+            cand, tile_list, tokens, thr, lnorm, V, NT, stream, kmax, **direct_kw, **launch_pdl)
+
+    main_stream = torch.cuda.current_stream(dev) if dev.type == "cuda" else None
+    forks = []   # side streams from here to the join before the finish
+    if direct_rows and overlap:
+        forks.append(side_stream(dev, "direct"))
+        forks[-1].wait_stream(main_stream)
+        with torch.cuda.stream(forks[-1]):
+            launch_direct_rows()   # plain: it follows an event wait, not a kernel of the chain
+    if beside:
+        forks.append(side_stream(dev, "pivot"))
+        forks[-1].wait_stream(main_stream)
+        with torch.cuda.stream(forks[-1]):
             pivot_rounds(logits, inv_temperature, top_p, seeds, positions, tile_max, st_i, st_f, pivot_mass, tokens,
                          stream, sub, tile, pdl=pdl, skip=pivot_skip, group=pivot_group, first_pdl=False)
     if select and search:
@@ -1419,7 +1501,7 @@ def sample_top_k_top_p_triton(
     if paths is not None:
         paths["refined"] = st_i[:, 0].clone()
         paths["state"] = st_f.clone()
-    if defer:
+    if defer and not direct_rows:
         _collect_direct_kernel[(R, s3)](
             logits, logits.stride(0), inv_temperature, top_k, top_p, seeds, positions, tile_max, st_i, st_f,
             cand, pn, pf, pi, tile_list, tokens, thr, lnorm, V, NT, s3, bpp, stream, kmax,
@@ -1430,9 +1512,11 @@ def sample_top_k_top_p_triton(
         _collect_kernel[(R, s3c)](logits, logits.stride(0), inv_temperature, seeds, positions, st_i, st_f, cand,
                                   pn, pf, pi, V, s3, bpp, stream, BLOCK=2048, CAP=cap, GROUP=cg,
                                   ATOMIC_SLOTS=atomic_slots, num_warps=8, maxnreg=regs["collect"], **pdl)
-    if beside:
-        main_stream.wait_stream(side_stream)
-    elif pivot:
+    if direct_rows and not overlap:
+        launch_direct_rows(**pdl)
+    for fork in forks:
+        main_stream.wait_stream(fork)
+    if pivot and not beside:
         pivot_rounds(logits, inv_temperature, top_p, seeds, positions, tile_max, st_i, st_f, pivot_mass, tokens,
                      stream, sub, tile, pdl=pdl, skip=pivot_skip, group=pivot_group)
     _finish_kernel[(R,)](
@@ -1440,9 +1524,9 @@ def sample_top_k_top_p_triton(
         st_i, st_f, pn, pf, pi, tile_list, cand, tokens, thr, lnorm,
         V, NT, s3, stream,
         TILE=tile, G=G, NT_P2=NT_P2, CAP=cap, GS=64, GUESS=guess, SMALL=min(256, cap), SPREAD_ROWS=defer == 2,
-        # 2 programs per SM (a few cold scalars spill); after the join, a plain launch: it follows
-        # an event wait, not only the collect kernel
-        num_warps=8, maxnreg=128, **({} if beside else pdl),
+        # 2 programs per SM (a few cold scalars spill); after a join, a plain launch: it follows
+        # an event wait, not only the kernel before it
+        num_warps=8, maxnreg=128, **({} if forks else pdl),
     )
     if paths is not None:
         paths["mode"] = st_i[:, 0]

@@ -227,6 +227,11 @@ class SamplingMetadata:
         `filters_of_hint` (`top_k_with_top_p_bound`; min_p plays no part, so a processor's
         min_p leaves it known); `sample_options` reads it to size the candidate capacity:
         only a row with both sorts its top_k candidates (a top-k-only row needs no sort).
+    min_top_k : int, float or None
+        Host: a lower bound on the top_k of the random rows with top-k (their smallest; inf
+        when none has one), None when unknown; read through `min_top_k_bound` while the
+        temperature and top_k of `filters_of_hint` hold. `sample_options` reads it: without
+        a small top-k row the kernels fork no stream for such rows (`direct_beside`).
     request_seeds, has_seed, token_positions : torch.Tensor
         [R] int64 / bool / int64: the ingredients of seeds/positions, kept so that
         `expand` can recompute the keys of new rows.
@@ -266,6 +271,7 @@ class SamplingMetadata:
     rows: LogitsRows | None = None
     max_filtered_top_k: int | float | None = None
     max_top_k_with_top_p: int | None = None
+    min_top_k: int | float | None = None
     max_search_top_k: int | float | None = None
     any_pivot_row: bool | None = None
     filters_of_hint: tuple = field(default=(), repr=False, compare=False)
@@ -320,6 +326,10 @@ class SamplingMetadata:
     def top_k_with_top_p_bound(self) -> int | None:
         """`max_top_k_with_top_p` while it still describes these rows, else None (unknown)."""
         return self.max_top_k_with_top_p if self._top_k_top_p_hold() else None
+
+    def min_top_k_bound(self) -> int | float | None:
+        """`min_top_k` while it still describes these rows, else None (unknown)."""
+        return self.min_top_k if self._top_k_top_p_hold() else None
 
     @property
     def no_penalties(self) -> bool:
@@ -523,6 +533,7 @@ class SamplingMetadata:
             bad_words_token_ids=bad, output_token_ids=output_token_ids, max_num_logprobs=max_num_logprobs,
             logitsprocs=logitsprocs, rows=rows, max_filtered_top_k=_max_filtered_top_k(temps, ks, ps, mps),
             max_top_k_with_top_p=_max_top_k_with_top_p(temps, ks, ps),
+            min_top_k=min((k for t, k in zip(temps, ks or ()) if t > 0.0 and k > 0), default=math.inf),
             max_search_top_k=_max_filtered_top_k(temps, ks, ps, mps, pivot=True),
             any_pivot_row=_any_pivot_row(temps, ks, ps, mps),
             vocab_size=V,
@@ -612,12 +623,13 @@ class SamplingMetadata:
         search_bound = self.filter_bound(self.min_p, pivot=True)
         pivot_rows = self.pivot_rows_hint(self.min_p)
         k_bound = self.top_k_with_top_p_bound()
+        k_low = self.min_top_k_bound()   # some of these rows: still a lower bound
         return replace(
             self, temperature=temp, inv_temperature=inv_temp, seeds=row_seeds,
             all_greedy=greedy is True, all_random=greedy is False,
             positions=row_pos, request_seeds=req_seeds, has_seed=has, token_positions=tok_pos,
             top_k=top_k, top_p=top_p, min_p=min_p, max_filtered_top_k=bound,
-            max_top_k_with_top_p=k_bound, max_search_top_k=search_bound, any_pivot_row=pivot_rows,
+            max_top_k_with_top_p=k_bound, min_top_k=k_low, max_search_top_k=search_bound, any_pivot_row=pivot_rows,
             filters_of_hint=(temp, top_k, top_p, min_p, inv_temp),
             repetition_penalties=take(self.repetition_penalties), frequency_penalties=take(self.frequency_penalties),
             presence_penalties=take(self.presence_penalties), prompt_mask=take(self.prompt_mask),

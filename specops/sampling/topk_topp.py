@@ -160,7 +160,9 @@ def sample_options(metadata, min_p: torch.Tensor | None, kernel_options: dict | 
     rounds are left out).
     An explicit "search" in `kernel_options` stands. When a random row with top-p has a top_k
     wider than the default candidate capacity holds, "cap" is raised to hold it
-    (`cap_for_top_k`); an explicit "cap" stands.
+    (`cap_for_top_k`); an explicit "cap" stands. "direct_beside" is False when the host
+    knows that no random row has a top_k the plan's direct path takes (`min_top_k_bound`
+    above "kmax"): no side stream is forked for such rows; an explicit one stands.
     """
     from specops.triton_kernels.sampling_topk_topp import DEFAULT_CAP, DIRECT_TOP_K, cap_for_top_k
 
@@ -174,6 +176,10 @@ def sample_options(metadata, min_p: torch.Tensor | None, kernel_options: dict | 
         kmax = opts.get("kmax", DIRECT_TOP_K) if opts.get("select", True) else 0
         if widest <= kmax:
             opts["search"] = False
+    k_low = metadata.min_top_k_bound()
+    if ("direct_beside" not in opts and metadata.top_k is not None and opts.get("search", True) is not False
+            and k_low is not None and k_low > opts.get("kmax", DIRECT_TOP_K)):
+        opts["direct_beside"] = False   # no small top-k row: nothing to decide beside the search
     k_bound = metadata.top_k_with_top_p_bound()
     if "cap" not in opts and k_bound is not None and cap_for_top_k(k_bound) != DEFAULT_CAP:
         opts["cap"] = cap_for_top_k(k_bound)
