@@ -1167,11 +1167,11 @@ against 216.3, and rows all top_k 500 + top_p 0.95 492.2 against 491.1."""
 
 PIVOT_BESIDE = True
 """Default `pivot_beside`: the pivot rounds on a stream of their own, beside the refine and
-collect launches (`side_stream(device, "pivot")`). On the H200, bench_sampling's mixed rows (CUDA graphs, the
-same results; bench/exp_pivot_beside.py, bench/results/logs/exp_pivot_beside_2026-12-03.txt), serial ->
-beside: fp32 V = 128256 batch 8 41.5 -> 37.4 µs, batch 32 57.3 -> 50.5, batch 128
-99.2 -> 86.5, batch 512 217.9 -> 204.2; bf16 V = 151936 batch 8 41.9 -> 34.8, batch 128
-107.3 -> 96.0."""
+collect launches (`side_stream(device, "pivot")`). On the H200, bench_sampling's mixed rows
+(CUDA graphs, the same results; bench/exp_pivot_beside.py,
+bench/results/logs/exp_pivot_beside_2026-12-03.txt), serial -> beside: fp32 V = 128256
+batch 8 41.5 -> 37.4 µs, batch 32 57.3 -> 50.5, batch 128 99.2 -> 86.5, batch 512
+217.9 -> 204.2; bf16 V = 151936 batch 8 41.9 -> 34.8, batch 128 107.3 -> 96.0."""
 
 DIRECT_BESIDE = True
 """`direct_in="auto"` picks "beside" on CUDA for a launch with the search launches (and no
@@ -1363,10 +1363,10 @@ def sample_top_k_top_p_triton(
     that then fall back; paths["mode"] is the default's. The default, "auto", is "beside"
     when DIRECT_BESIDE is set and the launch runs the search launches on CUDA without
     `paths` (`direct_beside`, default DIRECT_BESIDE; the Sampler passes False when no row
-    has a small top-k), else "collect" when the launch has the refine and collect kernels anyway
-    (`search`) and at most DEFER_ROWS rows, else "plan": the direct rows' results are the
-    same either way (the same `_direct_top_k` call, the same layout), so a row's results do
-    not depend on its batch.
+    has a small top-k), else "collect" when the launch has the refine and collect kernels
+    anyway (`search`) and at most DEFER_ROWS rows, else "plan": the direct rows' results are
+    the same either way (the same `_direct_top_k` call, the same layout), so a row's results
+    do not depend on its batch.
     """
     R, V = logits.shape
     dev = logits.device
