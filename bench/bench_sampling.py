@@ -23,7 +23,9 @@ Implementations, same logits, same per-row parameters:
   only, and with the thresholds ("specops thresholds", `distribution=True`), vs FlashInfer's
   `softmax` + `top_p_sampling_from_probs`; min-p alone (0.05 / 0.1) the same way vs
   `softmax` + `min_p_sampling_from_probs` (also written to sampling_top_p.* and
-  sampling_min_p.*; SAMPLING_TOP_P=1: these rows only; SAMPLING_ALONE=0: the others only).
+  sampling_min_p.*; SAMPLING_TOP_P=1: these rows only, =top_p / =min_p: one of them; SAMPLING_ALONE=0:
+  the others only). The thresholds row has its own FlashInfer peer too, softmax + top_p_renorm_probs
+  + sampling_from_probs ("flashinfer renorm": the processed distribution, then a token from it).
 
 SAMPLING_RESUME=1 keeps the mixed rows of bench/results/sampling.json (a run cut by its time
 limit) and measures only the shapes it lacks (and every other row), so that two device calls
@@ -296,8 +298,13 @@ def bench_top_p(rows, fs, V, B, dname):
     logits = make_logits(B, V, DTYPES[dname], "llm", seed=B * 5 + V)
     md = metadata(B, V, seeded=False, mix=TOP_P_MIX)
     p = None if fs is None else md.top_p.contiguous()
+    renorm = None   # the peer of the thresholds row: FlashInfer's processed distribution, then its draw
+    if fs is not None:
+        renorm = ("softmax + top_p_renorm_probs + sampling_from_probs",
+                  lambda: fs.sampling_from_probs(fs.top_p_renorm_probs(fs.softmax(logits), p)))
     _bench_one_filter(rows, "top-p", logits, md, dname, "softmax + top_p_sampling_from_probs",
-                      None if fs is None else lambda: fs.top_p_sampling_from_probs(fs.softmax(logits), p))
+                      None if fs is None else lambda: fs.top_p_sampling_from_probs(fs.softmax(logits), p),
+                      renorm=renorm)
 
 
 MIN_P_MIX = [(1.0, 0, 1.0, 0.05), (1.0, 0, 1.0, 0.1)]
@@ -314,9 +321,11 @@ def bench_min_p(rows, fs, V, B, dname):
                       None if fs is None else lambda: fs.min_p_sampling_from_probs(fs.softmax(logits), mp))
 
 
-def _bench_one_filter(rows, tag, logits, md, dname, peer_name, peer):
+def _bench_one_filter(rows, tag, logits, md, dname, peer_name, peer, renorm=None):
     """specops tokens only (the Sampler without processed logprobs: pivot rejection) and with
-    the thresholds (`distribution=True`) against `peer` (all timed; op "<tag> sample")."""
+    the thresholds (`distribution=True`) against `peer` (all timed; op "<tag> sample");
+    `renorm` = (name, call): the peer that also gives the processed distribution, timed
+    against the thresholds row."""
     from specops.sampling import sample
     from specops.sampling.topk_topp import sample_options
     V, B = logits.shape[1], logits.shape[0]
@@ -326,13 +335,16 @@ def _bench_one_filter(rows, tag, logits, md, dname, peer_name, peer):
         opts = sample_options(md, md.min_p, None, distribution)
         return lambda: sample(logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions,
                               backend="triton", distribution=distribution, **opts)
-    _one_peer(rows, f"{tag} sample", tag, logits, md, dname, ours(False), peer_name, peer, with_thresholds=ours(True))
+    _one_peer(rows, f"{tag} sample", tag, logits, md, dname, ours(False), peer_name, peer, with_thresholds=ours(True),
+              renorm=renorm)
 
 
-def _one_peer(rows, op, tag, logits, md, dname, ours, peer_name, peer, with_thresholds=None):
+def _one_peer(rows, op, tag, logits, md, dname, ours, peer_name, peer, with_thresholds=None, renorm=None):
     """Check `ours` (all rows; tokens only), time it and `peer` (FlashInfer, None when absent)
     on the same 'llm' logits, and add their rows to `rows`; `with_thresholds`, the same call
-    with distribution=True, is checked and timed too (row "specops thresholds")."""
+    with distribution=True, is checked and timed too (row "specops thresholds"), and against
+    it `renorm` = (name, call), FlashInfer's pipeline that also yields the processed
+    distribution (row "flashinfer renorm", column "x flashinfer renorm" of the thresholds row)."""
     V, B = logits.shape[1], logits.shape[0]
     status = check(logits, md, f"{tag} V={V} B={B} {dname}")
     min_bytes = logits.numel() * logits.element_size()
@@ -352,12 +364,22 @@ def _one_peer(rows, op, tag, logits, md, dname, ours, peer_name, peer, with_thre
             extra["x flashinfer"] = t_fi / t
         except Exception as exc:  # noqa: BLE001
             print(f"flashinfer {peer_name} failed: {type(exc).__name__}: {exc}", flush=True)
+    t_rn = None
+    if renorm is not None and with_thresholds is not None:
+        try:
+            renorm[1]()
+            t_rn = time_us(renorm[1], **FAST)
+        except Exception as exc:  # noqa: BLE001
+            print(f"flashinfer {renorm[0]} failed: {type(exc).__name__}: {exc}", flush=True)
     rows.append(Row(op, "specops", shape, t, min_bytes, flo, extra))
     if with_thresholds is not None:
         rows.append(Row(op, "specops thresholds", shape, t_thr, min_bytes, flo,
-                        {"check": st} | ({"x flashinfer": t_fi / t_thr} if t_fi is not None else {})))
+                        {"check": st} | ({"x flashinfer": t_fi / t_thr} if t_fi is not None else {})
+                        | ({"x flashinfer renorm": t_rn / t_thr} if t_rn is not None else {})))
     if t_fi is not None:
         rows.append(Row(op, "flashinfer", shape, t_fi, min_bytes, flo, {}))
+    if t_rn is not None:
+        rows.append(Row(op, "flashinfer renorm", shape, t_rn, min_bytes, flo, {}))
     thr = f" (thresholds {t_thr:7.1f})" if with_thresholds is not None else ""
     print(f"{tag} V={V:6d} B={B:3d} {dname}: specops {t:7.1f} us{thr}" + (f" flashinfer {t_fi:7.1f}" if t_fi else ""),
           flush=True)
@@ -390,7 +412,9 @@ NOTES = ("Per-row parameters cycle through (temperature, top_k, top_p, min_p) = 
          "softmax + min_p_sampling_from_probs. specops rows are the Sampler's call without processed logprobs "
          "(sample(..., distribution=False): tokens only, top-p / min-p without top-k by pivot rejection); 'specops "
          "thresholds' = with the exact thresholds (distribution=True, as for processed logprobs and "
-         "rejection targets). Every specops row is checked against the torch reference on all its rows "
+         "rejection targets); its peer 'flashinfer renorm' = softmax + top_p_renorm_probs + sampling_from_probs "
+         "(FlashInfer's processed distribution, then a token from it; 'x flashinfer renorm' = its time / the "
+         "thresholds row's). Every specops row is checked against the torch reference on all its rows "
          "first.")
 
 
@@ -439,7 +463,10 @@ def main() -> int:
                 print(f"diag {kind} V={V} B=8 {prm}: cap1024 {ts[0]:.1f} us, cap4096 {ts[1]:.1f} us", flush=True)
         return 0
     if os.environ.get("SAMPLING_TOP_P"):   # the top-p-alone and min-p-alone rows only, separate files
+        only = {"top_p": ("sampling_top_p",), "min_p": ("sampling_min_p",)}.get(os.environ["SAMPLING_TOP_P"])
         for bench, name in ((bench_top_p, "sampling_top_p"), (bench_min_p, "sampling_min_p")):
+            if only and name not in only:
+                continue
             rows = []
             for dname, V in TOP_P_SHAPES:
                 for B in BATCHES:
