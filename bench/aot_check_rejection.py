@@ -77,7 +77,7 @@ def geometry(vocab: int, max_k: int, sub: int | None = None) -> dict:
     block = min(chunk, 4096)
     return dict(chunk=chunk, splits=splits, sub=sub, subs=subs, block=block, warps=4,
                 split_block=triton.next_power_of_2(splits), sub_block=triton.next_power_of_2(subs),
-                out_block=triton.next_power_of_2(max_k + 1), race_block=min(sub, 8192), race_warps=16, fin_warps=8,
+                out_block=triton.next_power_of_2(max_k + 1), race_block=min(sub, 8192), race_warps=8, fin_warps=8,
                 res_block=min(sub, 4096), max_k=max_k)
 
 

@@ -1,6 +1,7 @@
 """Experiment: latency knobs of the sampler's small top-k path (`_direct_top_k` in the plan).
 
-    python bench/exp_plan_direct.py [--variants a,b,..] [--batches 8,32]
+    python bench/exp_plan_direct.py [--variants a,b,..] [--batches 8,32] [--params engine,mix,k500]
+                                    [--tokens-only]
     (GPU machine, repo root; exits 0 without CUDA. Every variant's kernels are first compiled
     in parallel worker processes (Triton's disk cache), for each batch size, then measured.
     Session 9 compiled at batch 8 only: the other batch sizes compiled again while measured,
@@ -8,7 +9,9 @@
 
 V = 128256 fp32 "llm" logits (bench_sampling.make_logits, as exp_sampling_direct.py),
 seeded rows, two parameter sets: "engine" (every row T 0.8, top-k 50, top-p 0.9, min-p
-0.02) and "mix" (bench_sampling.MIX cycled), B = 1, 8, 32, 128. For each variant of
+0.02) and "mix" (bench_sampling.MIX cycled), B = 1, 8, 32, 128; "k500" (every row top-k 500,
+top-p 0.95: MIX's slowest row) on request. --tokens-only times the bench's call
+(distribution=False: no thresholds to compare, the tokens only). For each variant of
 `sample_top_k_top_p_triton`'s knobs (plan_warps, direct_top, direct_group, direct_pipe,
 direct_small, direct_in):
 
@@ -57,7 +60,14 @@ VARIANTS = {                       # name -> sample_top_k_top_p_triton keyword a
     "spread": dict(direct_in="spread"),                # plan lists the top tiles, collect reads, finish sorts
     "spread-top": dict(direct_in="spread", direct_top=True),
     "kmax=0": dict(kmax=0),                            # no direct path (the plan / refine / collect)
+    # session 42: top_k up to 512 / 1024 on the direct path (the search launches skipped for them)
+    "kmax=512": dict(kmax=512),
+    "kmax=512-g64": dict(kmax=512, direct_group=64),
+    "kmax=1024-g64": dict(kmax=1024, direct_group=64),
+    "kmax=512-g64-pipe": dict(kmax=512, direct_group=64, direct_pipe=True),
 }
+K500 = [(1.0, 500, 0.95, 0.0)]     # every row top_k 500 + top_p 0.95 (bench MIX's slowest row)
+SAMPLE_KW: dict = {}               # --tokens-only: dict(distribution=False), bench_sampling's timed call
 # spilling hundreds of bytes (bench/aot_check_sampling.py): left out unless asked for
 SPILLING = ("top-g128", "top-w4", "g64-pipe")
 TIMING = dict(warmup=2, iters=10, replays_per_graph=5)
@@ -71,11 +81,12 @@ def _compile(job: tuple[str, int]) -> str:
     from specops.sampling import sample
 
     variant, B = job
-    for mix in (ENGINE, MIX):
+    for mix in (ENGINE, MIX, K500):
         md = metadata(B, V, seeded=True, mix=mix)
         logits = make_logits(B, V, torch.float32, "llm", seed=1)
-        sample(logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions, backend="triton",
-               **VARIANTS[variant])
+        for kw in ({}, dict(distribution=False)):
+            sample(logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions,
+                   backend="triton", **kw, **VARIANTS[variant])
     torch.cuda.synchronize()
     return variant
 
@@ -97,10 +108,12 @@ def equal(x: torch.Tensor, y: torch.Tensor) -> bool:
 
 def same(a, b, pa, pb, paths: bool) -> str:
     """"same", or which of tokens / thresholds / log_norm (/ row max / paths) differ."""
-    fields = [(a.tokens, b.tokens), (a.threshold, b.threshold), (a.log_norm, b.log_norm)]
+    fields = [("tok", a.tokens, b.tokens)]
+    if a.threshold is not None:      # a tokens-only call returns no thresholds
+        fields += [("thr", a.threshold, b.threshold), ("lnorm", a.log_norm, b.log_norm)]
     if paths:
-        fields += [(a.row_max, b.row_max), (pa["mode"], pb["mode"])]
-    bad = [n for n, (x, y) in zip(("tok", "thr", "lnorm", "rmax", "path"), fields) if not equal(x, y)]
+        fields += [("rmax", a.row_max, b.row_max), ("path", pa["mode"], pb["mode"])]
+    bad = [n for n, x, y in fields if not equal(x, y)]
     return "same" if not bad else "DIFF:" + "/".join(bad)
 
 
@@ -114,10 +127,10 @@ def run(name: str, mix, B: int, variants: list[str]) -> None:
     md = metadata(B, V, seeded=True, mix=mix)
     args = (logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions)
     pa = {}
-    a = sample(*args, backend="triton", paths=pa)
+    a = sample(*args, backend="triton", paths=pa, **SAMPLE_KW)
     n_direct = int((pa["mode"] == int(sel.DIRECT.value)).sum())
     for v in variants:
-        kw = VARIANTS[v]
+        kw = {**VARIANTS[v], **SAMPLE_KW}
         pb = {}
         b = sample(*args, backend="triton", paths=pb, **kw)
         eq = same(a, b, pa, pb, paths="kmax" not in kw)
@@ -134,7 +147,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--variants", default=",".join(v for v in VARIANTS if v not in SPILLING))
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
-    ap.add_argument("--params", default="engine,mix", help="parameter sets: engine, mix or both")
+    ap.add_argument("--params", default="engine,mix", help="parameter sets: engine, mix, k500")
+    ap.add_argument("--tokens-only", action="store_true", help="distribution=False (pivot rows; no thresholds)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("exp_plan_direct: no CUDA device, nothing to do")
@@ -154,7 +168,9 @@ def main() -> int:
           f"dir = rows that take the direct path", flush=True)
     print(f"{'params':6s} {'B':>4s} {'dir':>4s}  {'variant':10s} {'plan':>6s} {'collect':>7s} {'finish':>6s} "
           f"{'kernels':>7s} {'graph':>7s}  vs default", flush=True)
-    for name, mix in (("engine", ENGINE), ("mix", MIX)):
+    if a.tokens_only:
+        SAMPLE_KW["distribution"] = False
+    for name, mix in (("engine", ENGINE), ("mix", MIX), ("k500", K500)):
         if name not in a.params.split(","):
             continue
         for B in batches:

@@ -23,6 +23,10 @@ most likely ones first; --k=1 or --k=8 for one K only):
 
 --blocks (with any table) makes pass 1 reduce in blocks, as before per-lane statistics.
 
+--race-warps=W / --recover-warps=W (with --breakdown) launch the finalize's race (default 8
+warps) / the draft-probs recover race (default 16) with W warps: speed only, the same tokens
+(session 42's sweep).
+
 --sub=1024,2048,4096 (with --race or --breakdown) repeats the table for each sub-chunk size
 of the recovered-token race (default: sub_chunk_size(V) only, 4096 = one sub-chunk per chunk
 of chunk_size(V) = 4096). The sub-chunk size changes which tokens are drawn, not their
@@ -232,6 +236,18 @@ def breakdown_table(subs, t0) -> None:
               f"{wall / floor:7.2f}  {parts}", flush=True)
 
 
+def set_race_warps(race_warps: int | None, recover_warps: int | None) -> None:
+    """Make specops.spec_decode.rejection launch its races with these warps (None: the default)."""
+    import functools
+
+    import specops.spec_decode.rejection as rej
+    if race_warps is not None:
+        rej.rejection_sample_pass = functools.partial(rejection_sample_pass, race_warps=race_warps)
+    if recover_warps is not None:
+        rej.rejection_recover_pass = functools.partial(rejection_recover_pass, race_warps=recover_warps)
+    print(f"race warps: finalize {race_warps or 'default'}, recover {recover_warps or 'default'}")
+
+
 def main() -> None:
     if not torch.cuda.is_available():
         print("exp_rejection_pass1 needs CUDA: nothing to do")
@@ -250,6 +266,9 @@ def main() -> None:
     if "--lanes-table" in sys.argv:
         lanes_table(t0)
     elif "--breakdown" in sys.argv:
+        warps = {a.split("=")[0]: int(a.split("=")[1]) for a in sys.argv[1:]
+                 if a.startswith(("--race-warps=", "--recover-warps="))}
+        set_race_warps(warps.get("--race-warps"), warps.get("--recover-warps"))
         breakdown_table(subs, t0)
     elif "--race" in sys.argv:
         race_table(ks, subs, t0)

@@ -203,14 +203,18 @@ def rejection_recover_pass(
     chunk: int,
     sub_chunk: int | None = None,
     race_block: int | None = None,
-    race_warps: int = 16,
+    race_warps: int = 8,
 ) -> None:
     """Launch pass 2 (a program finds no work and exits when its request needs no draw).
 
     Only with draft probs: without them the finalize kernel of pass 1 draws the tokens.
 
     ``sub_chunk`` must be pass 1's (default: the same default). ``race_block`` (tokens per
-    step of the level-2 race, default sub_chunk) and ``race_warps`` change speed only.
+    step of the level-2 race, default sub_chunk) and ``race_warps`` change speed only. On the
+    H200 (fp32 V = 128256, CUDA graphs, the same tokens) the race on 8 warps took the whole
+    call 0.2-0.8 us less than on 16 at each of the 5 shapes with draft probs, in both rounds
+    of an interleaved sweep (K = 1 batch 128: 33.0-33.1 against 33.2-33.3 us; K = 4 batch 32:
+    33.3-33.6 against 33.8-34.2; bench/results/logs/exp_race_warps_2026-12-04.txt).
     """
     num_reqs = out.shape[0]
     vocab = logits.shape[1]
