@@ -24,8 +24,8 @@ most likely ones first; --k=1 or --k=8 for one K only):
 --blocks (with any table) makes pass 1 reduce in blocks, as before per-lane statistics.
 
 --race-warps=W / --recover-warps=W (with --breakdown) launch the finalize's race (default 8
-warps) / the draft-probs recover race (default 16) with W warps: speed only, the same tokens
-(session 42's sweep).
+warps) / the draft-probs recover race (default 8 since session 42, was 16) with W warps: speed
+only, the same tokens (session 42's sweep).
 
 --sub=1024,2048,4096 (with --race or --breakdown) repeats the table for each sub-chunk size
 of the recovered-token race (default: sub_chunk_size(V) only, 4096 = one sub-chunk per chunk
