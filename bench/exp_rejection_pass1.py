@@ -27,6 +27,12 @@ most likely ones first; --k=1 or --k=8 for one K only):
 warps) / the draft-probs recover race (default 8 since session 42, was 16) with W warps: speed
 only, the same tokens (session 42's sweep).
 
+--chunk=C (with --breakdown) makes rejection_sample run pass 1 in chunks of C (a power of two;
+give --sub <= C with it): a function of V either way, so batch invariant; it changes speed and
+the rounding of the partials only, the sub-chunk which tokens are drawn (session 43).
+
+--vocab=V runs any table at another vocabulary (default 128256).
+
 --sub=1024,2048,4096 (with --race or --breakdown) repeats the table for each sub-chunk size
 of the recovered-token race (default: sub_chunk_size(V) only, 4096 = one sub-chunk per chunk
 of chunk_size(V) = 4096). The sub-chunk size changes which tokens are drawn, not their
@@ -252,6 +258,8 @@ def main() -> None:
     if not torch.cuda.is_available():
         print("exp_rejection_pass1 needs CUDA: nothing to do")
         return
+    global VOCAB
+    VOCAB = next((int(a.split("=")[1]) for a in sys.argv[1:] if a.startswith("--vocab=")), VOCAB)
     with_probs = "--probs" in sys.argv
     ks = tuple(int(a.split("=")[1]) for a in sys.argv[1:] if a.startswith("--k=")) or KS
     subs = [int(v) for a in sys.argv[1:] if a.startswith("--sub=") for v in a.split("=")[1].split(",")]
@@ -269,6 +277,11 @@ def main() -> None:
         warps = {a.split("=")[0]: int(a.split("=")[1]) for a in sys.argv[1:]
                  if a.startswith(("--race-warps=", "--recover-warps="))}
         set_race_warps(warps.get("--race-warps"), warps.get("--recover-warps"))
+        chunk = next((int(a.split("=")[1]) for a in sys.argv[1:] if a.startswith("--chunk=")), None)
+        if chunk is not None:
+            import specops.spec_decode.rejection as rej
+            rej.chunk_size = lambda vocab: chunk
+            print(f"pass 1 in chunks of {chunk} (rejection_sample's chunk_size replaced)")
         breakdown_table(subs, t0)
     elif "--race" in sys.argv:
         race_table(ks, subs, t0)
