@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+MAX_NUM_SEQS = 1 << 16
+"""Largest max_num_seqs: the persistent batch's tables are allocated for every row up front."""
+
 
 @dataclass
 class EngineConfig:
@@ -18,7 +21,7 @@ class EngineConfig:
     dtype : str or None
         "float32", "bfloat16", "float16"; None = float32 on CPU, bfloat16 on CUDA.
     max_num_seqs : int
-        Most requests in one step (rows of the persistent batch).
+        Most requests in one step (rows of the persistent batch), at most MAX_NUM_SEQS (65536).
     max_num_batched_tokens : int
         Token budget of one step (prefill chunks + decodes).
     max_model_len : int or None
@@ -28,6 +31,8 @@ class EngineConfig:
         Tokens per KV block.
     num_kv_blocks : int or None
         Size of the KV pool; None = kv_cache_memory bytes' worth (at least one full context).
+        The engine refuses a pool larger than the memory it may take (kv_cache_memory when
+        given, else the device's free memory, or the host's available memory on CPU).
     kv_cache_memory : int or None
         Bytes for the KV cache when num_kv_blocks is None; None = 512 MiB on CPU, and on CUDA
         gpu_memory_utilization of the free memory left after the weights.
@@ -116,6 +121,8 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.max_num_seqs > MAX_NUM_SEQS:   # rows of host and device tables are allocated up front
+            raise ValueError(f"max_num_seqs must be at most {MAX_NUM_SEQS}, got {self.max_num_seqs}")
         for name in ("max_model_len", "num_kv_blocks", "kv_cache_memory"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import itertools
 import numbers
+import os
 import time
 from dataclasses import dataclass
 
@@ -141,20 +142,44 @@ class LLMEngine:
             self._synthetic = SyntheticAcceptance(cfg.spec_synthetic_acceptance, seed=cfg.seed)
 
     def _num_kv_blocks(self, max_len: int) -> int:
+        """Blocks of the KV pool: num_kv_blocks, or what the budget holds (at most a full context
+        per row, plus one). ValueError, before anything is allocated, when the pool asked for
+        would not fit the memory it may take, or one block does not fit the budget."""
         cfg, mc = self.config, self.model_config
-        if cfg.num_kv_blocks is not None:
-            return cfg.num_kv_blocks
         itemsize = torch.empty((), dtype=self.model.dtype if hasattr(self.model, "dtype") else torch.float32).element_size()
         per_block = mc.num_layers * 2 * cfg.block_size * mc.num_kv_heads * mc.head_dim * itemsize
+        if cfg.num_kv_blocks is not None:
+            limit, where = self._kv_limit()
+            if limit is not None and cfg.num_kv_blocks * per_block > limit:
+                raise ValueError(f"num_kv_blocks={cfg.num_kv_blocks}: the KV cache would take "
+                                 f"{cfg.num_kv_blocks * per_block / 2**30:.2f} GiB ({per_block} bytes a block), "
+                                 f"more than {where} ({limit / 2**30:.2f} GiB)")
+            return cfg.num_kv_blocks
         if cfg.kv_cache_memory is not None:
-            budget = cfg.kv_cache_memory
+            budget, where = cfg.kv_cache_memory, "kv_cache_memory"
         elif self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
-            budget = int(free * cfg.gpu_memory_utilization)
+            budget, where = int(free * cfg.gpu_memory_utilization), "gpu_memory_utilization of the free GPU memory"
         else:
-            budget = _CPU_KV_BYTES
+            budget, where = _CPU_KV_BYTES, "the CPU KV cache budget (set kv_cache_memory)"
+        if budget < per_block:
+            raise ValueError(f"block_size={cfg.block_size}: one KV block takes {per_block} bytes, more than "
+                             f"{where} ({budget} bytes)")
         per_seq = -(-max_len // cfg.block_size)
         return max(1, min(budget // per_block, per_seq * cfg.max_num_seqs + 1))
+
+    def _kv_limit(self) -> tuple[int | None, str]:
+        """(bytes, what they are) that an explicit num_kv_blocks may take: kv_cache_memory when
+        given, else the device's free memory (CUDA) or the host's available memory (None where
+        the platform does not say)."""
+        if self.config.kv_cache_memory is not None:
+            return self.config.kv_cache_memory, "kv_cache_memory"
+        if self.device.type == "cuda":
+            return torch.cuda.mem_get_info(self.device)[0], "the free GPU memory"
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "the available host memory"
+        except (AttributeError, ValueError, OSError):
+            return None, ""
 
     # ---- requests -----------------------------------------------------------------------
 
@@ -189,11 +214,8 @@ class LLMEngine:
             return next((c for c in [rid] + ([f"{rid}#{i}" for i in range(n)] if n > 1 else [])
                          if self._id_in_use(c)), None)
 
-        if request_id is not None:
-            try:
-                hash(request_id)
-            except TypeError:
-                raise TypeError(f"request_id must be a str (or None), got {type(request_id).__name__}") from None
+        if request_id is not None and not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a str (or None), got {type(request_id).__name__}")
         if request_id is None:
             rid = str(next(self._counter))
             while taken(rid) is not None:      # an explicit id took it or one of its samples': the next one

@@ -267,6 +267,12 @@ def _generate_one(llm, args) -> int:
     return 0
 
 
+def _refuse_json_constant(name: str):
+    """json.loads' parse_constant: NaN, Infinity and -Infinity are not JSON (Python's json
+    takes them, but no output row could carry them back)."""
+    raise ValueError(f"{name} is not a JSON value")
+
+
 def _read_prompts(path: str, chat: bool = False) -> list[dict]:
     """The lines of a prompts file, checked before the model loads: each a JSON string or an
     object with "prompt" (a string with `chat`) or "messages" (chat messages), "id" and
@@ -281,8 +287,8 @@ def _read_prompts(path: str, chat: bool = False) -> list[dict]:
             if not line:
                 continue
             try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
+                obj = json.loads(line, parse_constant=_refuse_json_constant)
+            except ValueError as exc:   # json.JSONDecodeError, or NaN / Infinity (not JSON)
                 raise ValueError(f"{path}:{lineno}: not JSON ({exc})") from None
             if isinstance(obj, str):
                 obj = {"prompt": obj}
@@ -347,7 +353,7 @@ def _generate_batch(llm, args, items: list[dict]) -> int:
                 errors += 1
                 sink.write(json.dumps({"id": item.get("id", i), "prompt": prompts[i], "text": "", "token_ids": [],
                                        "finish_reason": "error", "num_prompt_tokens": 0, "num_output_tokens": 0,
-                                       "error": chat_errors[i]}) + "\n")
+                                       "error": chat_errors[i]}, allow_nan=False) + "\n")
                 continue
             errors += out.error is not None
             n_tokens += sum(len(c.token_ids) for c in out.outputs)
@@ -456,8 +462,8 @@ def generate(args) -> int:
     from specops.engine.llm import LLM
     try:
         llm = LLM(args.model, **_engine_kwargs(args))
-    except (FileNotFoundError, ValueError, TypeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (FileNotFoundError, ValueError, TypeError, MemoryError) as exc:
+        print(f"error: {exc or type(exc).__name__}", file=sys.stderr)
         return 2
     if items is not None:
         try:

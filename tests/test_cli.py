@@ -227,7 +227,12 @@ def test_malformed_chat_lines_and_output_paths_are_refused_before_the_model_load
              ('{"messages": [{"content": "hi"}]}', [], "messages[0]['role'] must be a string"),
              ('{"messages": []}', [], "messages must be a non-empty list"),
              ('{"messages": [1, 2]}', [], "messages[0] must be a dict"),
-             ('{"prompt": 5}', ["--chat"], 'with --chat, "prompt" must be a string')]
+             ('{"prompt": 5}', ["--chat"], 'with --chat, "prompt" must be a string'),
+             # Python's json takes NaN / Infinity, but no output row could carry them back: once, the
+             # line's error row failed to serialise and ended the batch, losing every later line
+             ('{"prompt": [5, NaN]}', [], "in.jsonl:2: not JSON (NaN is not a JSON value)"),
+             ('{"id": Infinity, "prompt": "x"}', [], "in.jsonl:2: not JSON (Infinity is not a JSON value)"),
+             ('{"prompt": "x", "temperature": -Infinity}', [], "-Infinity is not a JSON value")]
     for line, extra, words in cases:
         src = tmp_path / "in.jsonl"
         src.write_text(good + "\n" + line + "\n")

@@ -252,6 +252,22 @@ def test_bad_requests_fail_alone(tiny_checkpoint):  # noqa: F811
     assert outs[0].error is None and outs[-1].error is None
 
 
+def test_engine_sizes_past_memory_are_refused_before_allocating(tiny_checkpoint):  # noqa: F811
+    """A KV pool or a table far past the memory the engine may take: ValueError naming the option,
+    before anything is allocated (they hung building a billion blocks, or died in the allocator)."""
+    lm = loaded_model(tiny_checkpoint, "cpu")
+    with pytest.raises(ValueError, match="num_kv_blocks=1000000000: the KV cache would take .* GiB"):
+        LLMEngine(EngineConfig(max_model_len=64, num_kv_blocks=10**9), loaded=lm)
+    with pytest.raises(ValueError, match="num_kv_blocks=100: the KV cache would take .* more than kv_cache_memory"):
+        LLMEngine(EngineConfig(max_model_len=64, num_kv_blocks=100, kv_cache_memory=1000), loaded=lm)
+    with pytest.raises(ValueError, match="block_size=1000000000: one KV block takes .* bytes, more than the CPU"):
+        LLMEngine(EngineConfig(block_size=10**9), loaded=lm)
+    with pytest.raises(ValueError, match="max_num_seqs must be at most 65536, got 1000000000"):
+        LLMEngine(EngineConfig(max_model_len=64, max_num_seqs=10**9), loaded=lm)
+    eng = LLMEngine(EngineConfig(max_model_len=64, num_kv_blocks=8, block_size=8), loaded=lm)   # fits: as before
+    assert eng.block_manager.num_blocks == 8
+
+
 def test_numpy_token_ids_are_a_prompt(tiny_checkpoint):  # noqa: F811
     """A prompt of numpy ints is one prompt of token ids, as a list of ints (it was a batch of bad prompts)."""
     import numpy as np
@@ -271,6 +287,9 @@ def test_request_ids_never_clash(tiny_checkpoint):  # noqa: F811
     eng.add_request([5, 6, 7], GREEDY, request_id="a#0")
     with pytest.raises(TypeError, match="request_id must be a str"):   # was a bare "unhashable type"
         eng.add_request([5, 6, 7], GREEDY, request_id=["x"])
+    for bad in (5, b"x", 1.5):   # hashable, but not ids: an int id once crashed every request of a step
+        with pytest.raises(TypeError, match=f"request_id must be a str \\(or None\\), got {type(bad).__name__}"):
+            eng.add_request([5, 6, 7], GREEDY, request_id=bad)
     with pytest.raises(ValueError, match="its sample 'a#0' would clash"):
         eng.add_request([5, 6, 7], SamplingParams(n=2, max_tokens=3), request_id="a")
     eng.add_request([5, 6, 7], SamplingParams(n=2, max_tokens=3), request_id="b")

@@ -4,12 +4,13 @@ seeded repeatability and batch invariance, bad inputs.
 On CPU the Triton kernels run under the interpreter at small shapes; CUDA adds full shapes.
 """
 
+import functools
 import os
 
 import pytest
 import torch
 
-from specops.spec_decode import MAX_SPEC_LEN, rejection_sample
+from specops.spec_decode import MAX_SPEC_LEN, rejection_sample, rejection_sample_torch
 
 from test_rejection_statistics import chi2_ok
 
@@ -614,6 +615,34 @@ def test_bad_inputs():
                                     "bonus_token_ids")]
         with pytest.raises(exc, match=match):
             rejection_sample(*pos, **kw)
+        if "backend" not in kw:                    # the reference (public too) checks the same
+            with pytest.raises(exc, match=match):
+                rejection_sample_torch(*pos, **kw)
+
+
+def test_torch_path_checks_the_index_values():
+    # the torch path reads cu_num_draft_tokens and target_rows back: bad values raise there
+    # (the Triton path never reads them back: no host sync)
+    logits = torch.zeros(4, 10)
+    d = torch.tensor([1, 2, 3])
+    b = torch.tensor([0, 0])
+    cases = [
+        (dict(cu_num_draft_tokens=torch.tensor([-2, 3])), "non-decreasing from a first value >= 0"),
+        (dict(cu_num_draft_tokens=torch.tensor([3, 2])), "non-decreasing"),
+        (dict(cu_num_draft_tokens=torch.tensor([1, 2])), "must end at the number of drafts"),
+        (dict(cu_num_draft_tokens=torch.tensor([0, 3]), max_spec_len=2), "more than max_spec_len=2"),
+        (dict(target_rows=torch.tensor([0, 1, 4])), r"target_rows must be rows of logits, in \[0, 4\)"),
+        (dict(target_rows=torch.tensor([-1, 1, 2])), "target_rows must be rows of logits"),
+    ]
+    base = dict(cu_num_draft_tokens=torch.tensor([2, 3]), max_spec_len=3, target_rows=torch.tensor([0, 1, 2]))
+    for change, match in cases:
+        kw = dict(base, **change)
+        for fn in (functools.partial(rejection_sample, backend="torch"), rejection_sample_torch):
+            with pytest.raises(ValueError, match=match):
+                fn(logits, d, kw["cu_num_draft_tokens"], kw["max_spec_len"], b, target_rows=kw["target_rows"])
+    out = rejection_sample(logits, d, base["cu_num_draft_tokens"], 3, b, target_rows=base["target_rows"],
+                           backend="torch")
+    assert out.shape == (2, 4)
 
 
 # ---- CUDA: full shapes and graph capture -------------------------------------------------------

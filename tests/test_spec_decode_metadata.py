@@ -94,6 +94,23 @@ def test_parse_output():
         parse_output([[1, -1]])
     with pytest.raises(TypeError, match="int32 or int64, got torch.float32"):
         parse_output(out.float())
+    for bad in (0, "10", 7.5, True):
+        with pytest.raises(ValueError, match="vocab_size must be None or an int >= 1"):
+            parse_output(out, vocab_size=bad)
+    # a token after the first -1 is corrupted output, never dropped silently
+    with pytest.raises(ValueError, match="token after its first -1"):
+        parse_output(torch.tensor([[5, -1, 7]]), vocab_size=10)
+    with pytest.raises(ValueError, match="token after its first -1"):
+        parse_output(torch.tensor([[-1, 3, -1]]))
+
+
+def test_metadata_indices_fit_int32():
+    md = build_spec_decode_metadata([1], [2**31])
+    assert md.logits_indices.tolist() == [2**31 - 2, 2**31 - 1]
+    with pytest.raises(ValueError, match="at most at 2\\*\\*31"):
+        build_spec_decode_metadata([1], [2**31 + 1])
+    with pytest.raises(ValueError, match="at most at 2\\*\\*31"):
+        build_spec_decode_metadata([1, 0], [4, 2**40])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.int32])

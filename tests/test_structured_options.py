@@ -172,6 +172,9 @@ def test_empty_language_fails_at_compile(backend):
     with pytest.raises(ValueError, match="cannot compile: .*Cannot find field"):
         backend.compile(StructuredOutputOptions(json_schema={"type": "object", "properties": {
             "a": {"$ref": "#/$defs/missing"}}}))
+    # xgrammar raises RuntimeError('') on a bound past the float range: the reason is never empty
+    with pytest.raises(ValueError, match="json_schema: cannot compile: RuntimeError without a message"):
+        backend.compile(StructuredOutputOptions(json_schema={"type": "integer", "minimum": 10**400}))
 
 
 def test_cache_key_and_spec():

@@ -373,8 +373,10 @@ _XGR_PREFIX = re.compile(r"^\[[^\]]*\]\s*\S+:\d+:\s*")
 
 
 def clean_xgrammar_error(e: BaseException) -> str:
-    """xgrammar's message without its ``[time] file.cc:line:`` prefix."""
-    return _XGR_PREFIX.sub("", str(e).strip())
+    """xgrammar's message without its ``[time] file.cc:line:`` prefix; an empty one (xgrammar
+    raises RuntimeError('') on, e.g., a number past the float range) names the exception type."""
+    text = _XGR_PREFIX.sub("", str(e).strip())
+    return text or f"{type(e).__name__} without a message from xgrammar (e.g. a number out of the float range)"
 
 
 def _short(s: str, n: int = 60) -> str:

@@ -28,6 +28,7 @@ import torch
 
 MAX_SPEC_LEN = 128
 """Largest number of drafts per request that the rejection kernels accept."""
+_MAX_INDEX = 2**31 - 1   # the index tensors are int32
 
 
 @dataclass
@@ -115,7 +116,8 @@ def build_spec_decode_metadata(
     ------
     ValueError
         On mismatched lengths, negative or too many drafts, non-increasing cumulative
-        counts, or more than ``MAX_SPEC_LEN`` drafts for one request.
+        counts, more than 2**31 scheduled tokens (the indices are int32), or more than
+        ``MAX_SPEC_LEN`` drafts for one request.
 
     Examples
     --------
@@ -136,6 +138,9 @@ def build_spec_decode_metadata(
     if (num_sched < 1).any():
         raise ValueError("cu_num_scheduled_tokens must be strictly increasing from a first value >= 1, "
                          f"got {cu.tolist()}")
+    if cu.size and int(cu[-1]) > _MAX_INDEX + 1:
+        raise ValueError(f"cu_num_scheduled_tokens must end at most at 2**31 (the indices are int32), got "
+                         f"{int(cu[-1])}")
     if (nd + 1 > num_sched).any():
         bad = int(np.argmax(nd + 1 > num_sched))
         raise ValueError(f"request {bad} schedules {int(num_sched[bad])} tokens but has {int(nd[bad])} "

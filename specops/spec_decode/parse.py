@@ -22,7 +22,8 @@ def parse_output(
         [num_reqs, max_spec_len + 1] integer tensor from ``rejection_sample`` /
         ``RejectionSampler``.
     vocab_size : int, optional
-        When given, a token outside [0, vocab_size) raises (it would mean corrupted output).
+        When given (an int >= 1), a token outside [0, vocab_size) raises (it would mean
+        corrupted output). A token after a row's first -1 raises either way.
 
     Returns
     -------
@@ -41,11 +42,17 @@ def parse_output(
     if output_token_ids.dim() != 2:
         raise ValueError(f"output_token_ids must be [num_reqs, max_spec_len + 1], got shape "
                          f"{tuple(output_token_ids.shape)}")
+    if vocab_size is not None and (not isinstance(vocab_size, int) or isinstance(vocab_size, bool)
+                                   or vocab_size < 1):
+        raise ValueError(f"vocab_size must be None or an int >= 1, got {vocab_size!r}")
     rows = output_token_ids.cpu().tolist()
     out = []
     for r, row in enumerate(rows):
         n = row.index(PLACEHOLDER_TOKEN_ID) if PLACEHOLDER_TOKEN_ID in row else len(row)
         toks = row[:n]
+        if any(t != PLACEHOLDER_TOKEN_ID for t in row[n:]):
+            raise ValueError(f"output row {r} holds a token after its first {PLACEHOLDER_TOKEN_ID}: {row} "
+                             "(corrupted output)")
         if vocab_size is not None and any(t < 0 or t >= vocab_size for t in toks):
             raise ValueError(f"output row {r} holds a token outside [0, {vocab_size}): {toks}")
         out.append(toks)

@@ -16,31 +16,13 @@ from __future__ import annotations
 
 import torch
 
-from specops.spec_decode.metadata import MAX_SPEC_LEN
+from specops.spec_decode.rejection_args import check_rejection_args
 from specops.spec_decode.rejection_torch import rejection_sample_torch
-from specops._arg_checks import check_1d, dense
+from specops._arg_checks import dense
 from specops.sampling.topk_topp import resolve_backend
 from specops.triton_kernels.rejection_recover import rejection_recover_pass
 from specops.triton_kernels.rejection_sample import (check_sub_chunk, chunk_size, rejection_sample_pass,
                                                     sub_chunk_size)
-
-_INT_DTYPES = (torch.int32, torch.int64)
-_LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def check_draft_probs(draft_probs, num_drafts: int, vocab: int, device: torch.device) -> None:
-    """Raise TypeError/ValueError unless `draft_probs` is None or a [num_drafts, vocab] float
-    tensor on `device` (its values are not read: no host sync)."""
-    if draft_probs is None:
-        return
-    if not isinstance(draft_probs, torch.Tensor) or tuple(draft_probs.shape) != (num_drafts, vocab):
-        raise ValueError(f"draft_probs must have shape [{num_drafts}, {vocab}], got "
-                         f"{tuple(draft_probs.shape) if isinstance(draft_probs, torch.Tensor) else draft_probs!r}")
-    if draft_probs.dtype not in _LOGIT_DTYPES:
-        raise TypeError(f"draft_probs must be float32, float16 or bfloat16, got {draft_probs.dtype}")
-    if draft_probs.device != device:
-        raise ValueError(f"draft_probs must be on {device}, got {draft_probs.device}")
-
 
 def rejection_sample(
     logits: torch.Tensor,               # [num_logits, V] fp32/bf16/fp16 target logits
@@ -94,11 +76,15 @@ def rejection_sample(
     logits : torch.Tensor
         Target logits, already processed (penalties, masks, ...) except for the
         temperature when ``temperature`` is given. Rows ``target_rows`` (default: all,
-        then num_logits == T) are the draft rows, in draft order.
+        then num_logits == T) are the draft rows, in draft order: values in
+        [0, num_logits), checked on the torch path only (see cu_num_draft_tokens).
     draft_token_ids, cu_num_draft_tokens, bonus_token_ids : torch.Tensor
-        See the shapes above. Every request has at most ``max_spec_len`` drafts and
-        ``cu[-1] == T``; these values are not read back to the host, so a violation is
-        not detected (rows beyond ``max_spec_len`` are ignored).
+        See the shapes above. ``cu_num_draft_tokens`` is non-decreasing from a first
+        value >= 0 and ends at T (``cu[-1] == T``), and every request has at most
+        ``max_spec_len`` drafts. The torch path reads these values back and raises
+        ValueError on a violation; the Triton path does not (no host sync) and does not
+        detect it: rows beyond ``max_spec_len`` are ignored, but a negative or decreasing
+        ``cu`` is undefined behaviour there (the kernels index with it).
     max_spec_len : int
         Largest draft count of the batch, 0 <= max_spec_len <= MAX_SPEC_LEN (128).
     draft_probs : torch.Tensor, optional
@@ -141,7 +127,8 @@ def rejection_sample(
     Raises
     ------
     TypeError, ValueError
-        On a wrong type, dtype, shape or device, before any launch.
+        On a wrong type, dtype, shape or device, before any launch (and, on the torch path,
+        on the values of cu_num_draft_tokens and target_rows).
 
     Examples
     --------
@@ -150,66 +137,12 @@ def rejection_sample(
     ...                  is_greedy=True, backend="torch")
     tensor([[ 1,  0, -1]], dtype=torch.int32)
     """
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
-        raise ValueError(f"logits must be a [num_logits, vocab] tensor, got "
-                         f"{tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__}")
-    if logits.dtype not in _LOGIT_DTYPES:
-        raise TypeError(f"logits must be float32, float16 or bfloat16, got {logits.dtype}")
+    engine_seed = check_rejection_args(
+        logits, draft_token_ids, cu_num_draft_tokens, max_spec_len, bonus_token_ids, target_rows=target_rows,
+        draft_probs=draft_probs, temperature=temperature, inv_temperature=inv_temperature, threshold=threshold,
+        is_greedy=is_greedy, seeds=seeds, has_seed=has_seed, positions=positions, step=step, engine_seed=engine_seed)
     device = logits.device
-    num_logits, vocab = logits.shape
-    if vocab == 0:
-        raise ValueError("logits must have vocab >= 1 columns")
-    if not isinstance(max_spec_len, int) or isinstance(max_spec_len, bool) or not 0 <= max_spec_len <= MAX_SPEC_LEN:
-        raise ValueError(f"max_spec_len must be an int in [0, {MAX_SPEC_LEN}] (MAX_SPEC_LEN), got {max_spec_len!r}")
-    if not isinstance(cu_num_draft_tokens, torch.Tensor) or cu_num_draft_tokens.dim() != 1:
-        raise ValueError("cu_num_draft_tokens must be a [num_reqs] tensor")
-    num_reqs = cu_num_draft_tokens.shape[0]
-    check_1d("cu_num_draft_tokens", cu_num_draft_tokens, num_reqs, _INT_DTYPES, device)
-    if not isinstance(draft_token_ids, torch.Tensor) or draft_token_ids.dim() != 1:
-        raise ValueError("draft_token_ids must be a [num_draft_tokens] tensor")
-    num_drafts = draft_token_ids.shape[0]
-    check_1d("draft_token_ids", draft_token_ids, num_drafts, _INT_DTYPES, device)
-    check_1d("bonus_token_ids", bonus_token_ids, num_reqs, _INT_DTYPES, device)
-    if num_drafts > num_reqs * max_spec_len:
-        raise ValueError(f"draft_token_ids has {num_drafts} drafts, more than num_reqs * max_spec_len = "
-                         f"{num_reqs} * {max_spec_len}")
-    if target_rows is not None:
-        check_1d("target_rows", target_rows, num_drafts, _INT_DTYPES, device)
-    elif num_logits != num_drafts:
-        raise ValueError(f"logits has {num_logits} rows; without target_rows it must have one row per "
-                         f"draft ({num_drafts})")
-    check_draft_probs(draft_probs, num_drafts, vocab, device)
-    if temperature is not None:
-        check_1d("temperature", temperature, num_reqs, (torch.float32,), device)
-        if inv_temperature is not None:
-            raise ValueError("give temperature or inv_temperature, not both")
-    if inv_temperature is not None:
-        check_1d("inv_temperature", inv_temperature, num_drafts, (torch.float32,), device)
-    if threshold is not None:
-        check_1d("threshold", threshold, num_drafts, (torch.float32,), device)
-    if isinstance(is_greedy, torch.Tensor):
-        check_1d("is_greedy", is_greedy, num_reqs, (torch.bool,), device)
-    elif not isinstance(is_greedy, bool):
-        raise TypeError(f"is_greedy must be a bool tensor or a bool, got {type(is_greedy).__name__}")
-    if seeds is not None:
-        check_1d("seeds", seeds, num_reqs, (torch.int64,), device)
-        if has_seed is None or positions is None:
-            raise ValueError("seeds needs has_seed and positions ([num_reqs] bool and int64)")
-        check_1d("has_seed", has_seed, num_reqs, (torch.bool,), device)
-        check_1d("positions", positions, num_reqs, (torch.int64,), device)
-    elif has_seed is not None:
-        raise ValueError("has_seed was given without seeds")
-    elif positions is not None:
-        raise ValueError("positions was given without seeds: they key seeded rows only (pass seeds and has_seed)")
-    if step is not None:
-        if not isinstance(step, torch.Tensor) or step.numel() != 1 or step.dtype != torch.int64:
-            raise ValueError("step must be an int64 tensor with one element")
-        if step.device != device:
-            raise ValueError(f"step must be on {device}, got {step.device}")
-    if not isinstance(engine_seed, int) or not -(1 << 63) <= engine_seed < (1 << 64):
-        raise ValueError(f"engine_seed must be an int in [-2^63, 2^64), got {engine_seed!r}")
-    if engine_seed >= 1 << 63:
-        engine_seed -= 1 << 64   # the same 64 bits as a signed int64, as torch holds seeds
+    num_reqs, vocab = cu_num_draft_tokens.shape[0], logits.shape[1]
     chunk = chunk_size(vocab)
     sub_chunk = sub_chunk_size(vocab) if sub_chunk is None else sub_chunk
     check_sub_chunk(sub_chunk, chunk)

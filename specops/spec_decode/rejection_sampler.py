@@ -30,7 +30,8 @@ from specops.sampling.topk_topp import resolve_backend, sample_options
 from specops.sampling.topk_topp import sample as sample_with_thresholds
 from specops.spec_decode.metadata import SpecDecodeMetadata
 from specops._arg_checks import check_1d
-from specops.spec_decode.rejection import check_draft_probs, rejection_sample
+from specops.spec_decode.rejection import rejection_sample
+from specops.spec_decode.rejection_args import check_draft_probs
 from specops.triton_kernels.expand import expand_to_draft_rows
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from specops import rng
+from specops.spec_decode.rejection_args import check_rejection_args, check_rejection_values
 from specops.sampling.sampler_torch import two_level_race
 from specops.triton_kernels.rejection_sample import check_sub_chunk, chunk_size, sub_chunk_size
 
@@ -67,10 +68,19 @@ def rejection_sample_torch(
 ) -> torch.Tensor:                             # [num_reqs, max_spec_len + 1] int32
     """Reference of ``specops.spec_decode.rejection_sample``; same arguments and output.
 
+    It checks what rejection_sample checks and, reading them back to the host, the values of
+    cu_num_draft_tokens (non-decreasing from >= 0, ending at T, at most max_spec_len drafts a
+    request) and target_rows (rows of logits): ValueError otherwise.
+
     Every draft row is decided independently (accept or the token it would emit on
     rejection; an invalid row: -1); a request then emits its rows up to and including its
     first rejection, or all of them and the bonus token.
     """
+    engine_seed = check_rejection_args(
+        logits, draft_token_ids, cu_num_draft_tokens, max_spec_len, bonus_token_ids, target_rows=target_rows,
+        draft_probs=draft_probs, temperature=temperature, inv_temperature=inv_temperature, threshold=threshold,
+        is_greedy=is_greedy, seeds=seeds, has_seed=has_seed, positions=positions, step=step, engine_seed=engine_seed)
+    check_rejection_values(logits.shape[0], draft_token_ids.shape[0], cu_num_draft_tokens, max_spec_len, target_rows)
     device = logits.device
     num_reqs = cu_num_draft_tokens.shape[0]
     vocab = logits.shape[1]
@@ -79,8 +89,6 @@ def rejection_sample_torch(
         return out
     cu = cu_num_draft_tokens.long()
     counts = torch.diff(cu, prepend=torch.zeros(1, dtype=torch.long, device=device))
-    if int(counts.max()) > max_spec_len:
-        raise ValueError(f"a request has {int(counts.max())} drafts, more than max_spec_len={max_spec_len}")
     if int(cu[-1]) == 0:    # no drafts at all: every request emits its bonus token
         out[:, 0] = bonus_token_ids.to(torch.int32)
         return out
