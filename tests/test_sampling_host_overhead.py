@@ -66,7 +66,7 @@ def test_row_params_checks():
         RowParams.from_sampling_params(SamplingParams(top_p=0.0), V)
     with pytest.raises(ValueError, match="allowed_token_ids"):
         RowParams.from_sampling_params(SamplingParams(allowed_token_ids=[V]), V)
-    with pytest.raises(ValueError, match="max_num_logprobs"):
+    with pytest.raises(ValueError, match=f"num_logprobs of row 0 must be <= {V}"):   # each row's, not only the max
         SamplingMetadata.from_rows([RowParams.from_sampling_params(SamplingParams(logprobs=V + 1), V)], vocab_size=V)
 
 

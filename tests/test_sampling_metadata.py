@@ -287,6 +287,24 @@ def test_triton_backend_on_cpu_without_the_interpreter_is_refused(monkeypatch):
         resolve_backend("cuda", torch.device("cpu"))
 
 
+def test_per_row_logprobs_and_step_are_checked():
+    # only the batch's largest logprobs was checked: a row's -5 or 2.5 passed silently, and a
+    # step tensor of any shape or dtype broadcast the keys into the wrong shape
+    from types import SimpleNamespace
+    rows = lambda *lps: [SimpleNamespace(logprobs=x) for x in lps]   # noqa: E731
+    for lps, exc, words in (((-5, 3), ValueError, "logprobs of row 0 must be >= 0"),
+                            ((None, 2.5), TypeError, "logprobs of row 1 must be an int"),
+                            ((1, V + 1), ValueError, f"logprobs of row 1 must be <= {V}")):
+        with pytest.raises(exc, match=words):
+            SamplingMetadata.from_sampling_params(rows(*lps), vocab_size=V)
+    assert SamplingMetadata.from_sampling_params(rows(None, 3, 1), vocab_size=V).max_num_logprobs == 3
+    for step in (torch.tensor([[1], [2]]), torch.tensor(2.7), torch.tensor([3, 4, 5]), torch.tensor(True)):
+        with pytest.raises(ValueError, match="step must be an int or an integer tensor with one element"):
+            build(step=step)
+    for step in (torch.tensor(5), torch.tensor([5], dtype=torch.int32), 5):
+        assert build(step=step).step.shape == ()
+
+
 def test_numpy_scalars_are_taken_like_python_numbers():
     # np.float32 is not a Python float (np.float64 is): temperature / top_p / min_p / penalties
     # given as numpy float32 were refused while numpy ints for top_k were taken

@@ -224,6 +224,18 @@ def test_logits_with_a_strided_last_dimension_and_penalties():
         assert torch.equal(Sampler(backend=backend)(x, md()).sampled_token_ids, expected), backend
 
 
+def test_rows_that_share_memory_are_copied_before_any_write():
+    # an expanded [1, V] row (stride 0) as a batch: the allowed-token mask of row 0 once landed in
+    # row 1 too (and in the caller's tensor), so row 1 drew from row 0's list
+    V = 8
+    base = torch.arange(float(V))[None]
+    for backend in ("torch", "triton"):
+        md = SamplingMetadata.from_params([0.0, 0.0], vocab_size=V, allowed_token_ids=[[1, 2], None])
+        out = Sampler(backend=backend)(base.expand(2, V), md).sampled_token_ids
+        assert out.tolist() == [2, V - 1], backend
+        assert torch.equal(base, torch.arange(float(V))[None])            # the caller's row untouched
+
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.float64])
 def test_logits_dtype_is_checked_whatever_the_batch(dtype):
     # a batch that writes the logits (here an allowed-token list that allows everything) cast them
@@ -460,6 +472,15 @@ def test_loader_by_name_and_entry_point(tmp_path, monkeypatch):
     del sys.modules["my_procs_mod"]
 
 
+def test_one_custom_processor_name_is_not_read_as_its_characters():
+    # custom="module:Class" (a str, not a list) was iterated character by character ("got 'g'")
+    name = "specops.sampling.logits_processors:MinPLogitsProcessor"
+    one = build_logits_processors(2, 10, "cpu", custom=name, use_entry_points=False, builtin=False)
+    assert [type(p) for p in one.all] == [MinPLogitsProcessor]
+    one = build_logits_processors(2, 10, "cpu", custom=MinPLogitsProcessor, use_entry_points=False, builtin=False)
+    assert [type(p) for p in one.all] == [MinPLogitsProcessor]
+
+
 def test_a_built_in_named_as_custom_is_built_once():
     # naming a built-in among the custom processors (or in the entry-point group) built it a
     # second time: a request's logit_bias was added twice (found by a review)
@@ -524,3 +545,20 @@ def test_logprobs_mode_is_checked():
         Sampler(logprobs_mode="probs")
     with pytest.raises(ValueError, match="raw_logits"):
         compute_logprobs("raw_logprobs", 2, torch.zeros(1, dtype=torch.int64))
+    # the processed modes' per-row inputs: a shorter one broadcast silently (one row's
+    # temperature for every row, a logprob of +0.25)
+    R, V = 4, 10
+    x = torch.randn(R, V, generator=fresh_gen())
+    md = SamplingMetadata.from_params([1.0] * R, vocab_size=V, seeds=[1, 2, 3, 4], max_num_logprobs=2)
+    out = Sampler(logprobs_mode="processed_logprobs", backend="torch")(x.clone(), md)
+    res, tok = out.result, out.sampled_token_ids
+    inv_t = torch.ones(R)
+    for kw, words in ((dict(inv_temperature=torch.ones(1)), r"inv_temperature must have shape \[4\]"),
+                      (dict(inv_temperature=torch.ones(R, 1)), r"inv_temperature must have shape \[4\]"),
+                      (dict(result=replace(res, threshold=res.threshold[:1])), r"result.threshold must have shape"),
+                      (dict(result=replace(res, log_norm=res.log_norm[:1])), r"result.log_norm must have shape")):
+        args = {**dict(processed_logits=x, inv_temperature=inv_t, result=res), **kw}
+        with pytest.raises(ValueError, match=words):
+            compute_logprobs("processed_logprobs", 2, tok, **args)
+    good = compute_logprobs("processed_logprobs", 2, tok, processed_logits=x, inv_temperature=inv_t, result=res)
+    assert torch.equal(good.logprobs, out.logprobs.logprobs)

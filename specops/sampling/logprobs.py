@@ -157,6 +157,10 @@ def compute_logprobs(
     if processed_logits is None or inv_temperature is None or result is None:
         raise ValueError(f"{mode} needs processed_logits, inv_temperature and the draw's result")
     need_distribution(result)
+    R, dev = processed_logits.shape[0], processed_logits.device
+    check_1d("inv_temperature", inv_temperature, R, (torch.float32,), dev)
+    for name in ("threshold", "row_max", "log_norm"):   # [R] each: a shorter one would broadcast
+        check_1d(f"result.{name}", getattr(result, name), R, (torch.float32,), dev)
     x = scale_logits(processed_logits, inv_temperature)
     offset = result.row_max + result.log_norm if mode == "processed_logprobs" else None
     return gather_logprobs(x, tokens, num_logprobs, offset, result.threshold)

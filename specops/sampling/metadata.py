@@ -466,7 +466,8 @@ class SamplingMetadata:
             rep = freq = pres = None
         _check_penalty_state(rep is not None, prompt_mask, output_counts, n, V)
         allowed = [r.allowed_token_ids for r in params]
-        nlp = [r.num_logprobs for r in params if r.num_logprobs is not None]
+        nlp = [_check_int(f"num_logprobs of row {i}", r.num_logprobs, 0, V)
+               for i, r in enumerate(params) if r.num_logprobs is not None]
         seeds = [0 if r.seed is None else r.seed for r in params]
         has = [r.seed is not None for r in params]
         engine_seed = _check_int("engine_seed", engine_seed, _INT64_MIN, _INT64_MAX)
@@ -500,7 +501,11 @@ class SamplingMetadata:
             raise ValueError(f"output_token_ids must have one list per row ({n}), got {len(output_token_ids)}")
         if rows is not None and len(rows) != n:
             raise ValueError(f"rows must describe {n} rows, got {len(rows)}")
-        step_t = step.to(dev, torch.int64) if isinstance(step, torch.Tensor) else None
+        if isinstance(step, torch.Tensor) and (step.numel() != 1 or step.dim() > 1 or step.is_floating_point()
+                                               or step.is_complex() or step.dtype == torch.bool):
+            raise ValueError(f"step must be an int or an integer tensor with one element ([] or [1]), got "
+                             f"{step.dtype} of shape {tuple(step.shape)}")
+        step_t = step.to(dev, torch.int64).reshape(()) if isinstance(step, torch.Tensor) else None
         if step_t is None:
             step = _check_int("step", step, 0)
 
@@ -548,7 +553,8 @@ class SamplingMetadata:
         seed, repetition/frequency/presence_penalty, allowed_token_ids, logprobs)."""
         g = lambda name, default: [getattr(p, name, default) for p in params]  # noqa: E731
         allowed = g("allowed_token_ids", None)
-        nlp = [x for x in g("logprobs", None) if x is not None]
+        nlp = [_check_int(f"logprobs of row {i}", x, 0, _check_int("vocab_size", vocab_size, lo=1))
+               for i, x in enumerate(g("logprobs", None)) if x is not None]
         kwargs.setdefault("max_num_logprobs", max(nlp) if nlp else None)
         return cls.from_params(
             g("temperature", 1.0), vocab_size=vocab_size, device=device, top_k=g("top_k", 0),

@@ -176,9 +176,10 @@ class Sampler:
             else:
                 raw = logits if want_raw else None
                 x = logits.float()
-            if V > 1 and x.stride(1) != 1:
-                # the compiled penalty ops need a contiguous last dimension: copy before anything
-                # is written (the caller's logits are then left as they were)
+            if (V > 1 and x.stride(1) != 1) or (R > 1 and x.stride(0) < V):
+                # the compiled penalty ops need a contiguous last dimension, and rows that share
+                # memory (an expanded [1, V] row: stride 0) would take each other's writes: copy
+                # before anything is written (the caller's logits are then left as they were)
                 x = x.contiguous()
         elif want_raw:
             raw = logits

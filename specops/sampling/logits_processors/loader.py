@@ -104,7 +104,7 @@ def build_logits_processors(
 ) -> LogitsProcessors:
     """Instantiate the built-ins (min_tokens, logit_bias, min_p) and the custom processors.
 
-    Custom classes come from `custom` ("module:Class" names or classes) and, with
+    Custom classes come from `custom` ("module:Class" names or classes, or one of them) and, with
     `use_entry_points`, from the "specops.logits_processors" entry-point group; each is
     constructed as `cls(max_num_reqs, vocab_size, device)`. Each class is built once: a
     class named twice, or a built-in named among the custom ones while the built-ins are on
@@ -117,6 +117,8 @@ def build_logits_processors(
                   LogitBiasLogitsProcessor(max_num_reqs, vocab_size, device),
                   MinPLogitsProcessor(max_num_reqs, vocab_size, device)]
         seen = {type(p) for p in procs}
+    if isinstance(custom, (str, type)):   # one name or class, not a sequence of its characters
+        custom = [custom]
     classes = [load_processor_class(c) for c in custom]
     if use_entry_points:
         classes += load_entry_point_classes()
