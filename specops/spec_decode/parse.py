@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 PLACEHOLDER_TOKEN_ID = -1
@@ -42,7 +44,7 @@ def parse_output(
     if output_token_ids.dim() != 2:
         raise ValueError(f"output_token_ids must be [num_reqs, max_spec_len + 1], got shape "
                          f"{tuple(output_token_ids.shape)}")
-    if vocab_size is not None and (not isinstance(vocab_size, int) or isinstance(vocab_size, bool)
+    if vocab_size is not None and (not isinstance(vocab_size, numbers.Integral) or isinstance(vocab_size, bool)
                                    or vocab_size < 1):
         raise ValueError(f"vocab_size must be None or an int >= 1, got {vocab_size!r}")
     rows = output_token_ids.cpu().tolist()

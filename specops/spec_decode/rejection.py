@@ -77,7 +77,8 @@ def rejection_sample(
         Target logits, already processed (penalties, masks, ...) except for the
         temperature when ``temperature`` is given. Rows ``target_rows`` (default: all,
         then num_logits == T) are the draft rows, in draft order: values in
-        [0, num_logits), checked on the torch path only (see cu_num_draft_tokens).
+        [0, num_logits), checked on the torch path (ValueError) but not on the Triton path,
+        where a value outside is undefined behaviour (the kernels index with it).
     draft_token_ids, cu_num_draft_tokens, bonus_token_ids : torch.Tensor
         See the shapes above. ``cu_num_draft_tokens`` is non-decreasing from a first
         value >= 0 and ends at T (``cu[-1] == T``), and every request has at most
