@@ -553,8 +553,8 @@ class SamplingMetadata:
         seed, repetition/frequency/presence_penalty, allowed_token_ids, logprobs)."""
         g = lambda name, default: [getattr(p, name, default) for p in params]  # noqa: E731
         allowed = g("allowed_token_ids", None)
-        nlp = [_check_int(f"logprobs of row {i}", x, 0, _check_int("vocab_size", vocab_size, lo=1))
-               for i, x in enumerate(g("logprobs", None)) if x is not None]
+        V = _check_int("vocab_size", vocab_size, lo=1)
+        nlp = [_check_int(f"logprobs of row {i}", x, 0, V) for i, x in enumerate(g("logprobs", None)) if x is not None]
         kwargs.setdefault("max_num_logprobs", max(nlp) if nlp else None)
         return cls.from_params(
             g("temperature", 1.0), vocab_size=vocab_size, device=device, top_k=g("top_k", 0),
