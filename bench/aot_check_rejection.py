@@ -162,7 +162,7 @@ def common_types(dtype: str, dp_dtype: str, ids: str, rows: str, stride: str, tr
         part_m_ptr="*fp32", part_s_ptr="*fp32", part_idx_ptr="*i32", part_sub_ptr="*fp32", part_lx_ptr="*fp32",
         part_kidx_ptr="*i32",
         part_sx_ptr="*fp32", rec_j_ptr="*i32", rec_ms_ptr="*fp32", part_res_ptr="*fp32", part_px_ptr="*fp32",
-        num_target_rows="i32", vocab_size="i32",
+        num_target_rows="i32", num_logits="i32", vocab_size="i32",
         PDL="constexpr",   # set by compile_one
     )
 

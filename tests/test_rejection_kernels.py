@@ -607,6 +607,7 @@ def test_bad_inputs():
         (dict(engine_seed=2**64), ValueError, "engine_seed must be"),
         (dict(backend="cuda"), ValueError, "backend must be"),
         (dict(target_rows=torch.tensor([0, 1])), ValueError, "target_rows must have shape"),
+        (dict(logits=torch.zeros(0, 10), target_rows=torch.tensor([0, 1, 2])), ValueError, "logits has no rows"),
     ]
     base = dict(logits=logits, draft_token_ids=d, cu_num_draft_tokens=cu, max_spec_len=2, bonus_token_ids=b)
     for change, exc, match in cases:
@@ -618,6 +619,45 @@ def test_bad_inputs():
         if "backend" not in kw:                    # the reference (public too) checks the same
             with pytest.raises(exc, match=match):
                 rejection_sample_torch(*pos, **kw)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+@pytest.mark.parametrize("draft_probs", [False, True])
+def test_triton_path_stays_in_bounds_on_bad_index_values(device, greedy, draft_probs):
+    # The Triton path cannot check cu_num_draft_tokens and target_rows (device values, no host
+    # sync), so its kernels clamp them. The logits sit between two guard rows whose argmax is 9;
+    # every real row's is the draft token 7 (accepted, greedy or not: p(7) ~ 1 and q uniform).
+    # Reading a guard row would reject the draft and emit 9.
+    vocab = 300
+
+    def guarded_logits(num_logits):
+        big = torch.full((num_logits + 2, vocab), -30.0, device=device)
+        big[:, 7] = 30.0
+        big[[0, -1], 7] = -30.0
+        big[[0, -1], 9] = 30.0
+        return big[1:-1]
+
+    def run(logits, cu, max_k, **kw):
+        num_reqs, t = cu.shape[0], logits.shape[0] if "target_rows" not in kw else kw["target_rows"].shape[0]
+        ids = torch.full((t + 4,), 9, device=device)[2:-2]          # guard ids around the drafts
+        ids.fill_(7)
+        if draft_probs:
+            kw["draft_probs"] = torch.full((t, vocab), 1.0 / vocab, device=device)
+        return rejection_sample(logits, ids, cu, max_k, torch.arange(100, 100 + num_reqs, device=device),
+                                is_greedy=greedy, temperature=torch.full((num_reqs,), 0.8, device=device),
+                                backend="triton", **kw).tolist()
+
+    # target rows outside [0, 4): the row is never read, is invalid and ends its request (-1)
+    logits = guarded_logits(4)
+    rows = torch.tensor([0, 4, -1, 2**40, 3], device=device)
+    assert run(logits, torch.tensor([2, 4, 5], device=device), 2, target_rows=rows) == \
+        [[7, -1, -1], [-1, -1, -1], [7, 102, -1]]
+    # counts below 0, decreasing, or past T (int64, past 2**31 too) are clamped into [0, T]:
+    # request r gets rows [clamp(cu[r-1]), clamp(cu[r])), none when that is empty
+    logits = guarded_logits(4)
+    cu = torch.tensor([-3, 2, 1, 2**40], device=device)
+    assert run(logits, cu, 3) == [[100, -1, -1, -1], [7, 7, 101, -1], [102, -1, -1, -1], [7, 7, 7, 103]]
+    assert run(logits, torch.tensor([2, 2**32 + 1], device=device), 3) == [[7, 7, 100, -1], [7, 7, 101, -1]]
 
 
 def test_torch_path_checks_the_index_values():

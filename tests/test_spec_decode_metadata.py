@@ -130,6 +130,21 @@ def test_expand_kernel_matches_repeat_interleave(device, dtype):
     assert torch.equal(expand_to_draft_rows(values, cu.to(torch.int32), t, k, replace_from=0, replace_to=1), rep)
 
 
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+def test_expand_kernel_never_writes_outside_its_output(device):
+    # counts are device values (not checked: no sync); the kernel clamps them into
+    # [0, num_tokens], so negative counts or counts past num_tokens leave the guards alone
+    from specops.triton_kernels.expand import _expand_kernel
+    for cu, want in (([-2, 2, 9], [2, 2, 3, 3]), ([3, 1, 1], [1, 1, 1, -5]), ([2**40, 5, 6], [1, 1, 1, 1])):
+        buf = torch.full((12,), -5, dtype=torch.int64, device=device)
+        out = buf[4:8]
+        values = torch.tensor([1, 2, 3], device=device)
+        _expand_kernel[(3,)](out, values, torch.tensor(cu, device=device), 3, 4, 0, 0,
+                             REPLACE=False, ADD_INDEX=False, BLOCK=8, num_warps=1)
+        assert buf[:4].tolist() == [-5] * 4 and buf[8:].tolist() == [-5] * 4, cu
+        assert out.tolist() == want, cu
+
+
 def test_expand_kernel_bad_inputs(device):
     v = torch.ones(3, device=device)
     with pytest.raises(ValueError, match="values and cu_num_draft_tokens"):

@@ -11,12 +11,13 @@ import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=["num_reqs", "replace_from", "replace_to"])
+@triton.jit(do_not_specialize=["num_reqs", "num_tokens", "replace_from", "replace_to"])
 def _expand_kernel(
     out_ptr,           # [num_tokens]
     values_ptr,        # [num_reqs]
     cu_ptr,            # [num_reqs] inclusive cumulative counts
     num_reqs,
+    num_tokens,
     replace_from,
     replace_to,
     REPLACE: tl.constexpr,
@@ -24,8 +25,10 @@ def _expand_kernel(
     BLOCK: tl.constexpr,
 ):
     req = tl.program_id(0)
-    start = tl.load(cu_ptr + req - 1, mask=req > 0, other=0)
-    end = tl.load(cu_ptr + req)
+    # clamped into [0, num_tokens]: counts that are negative or do not end at num_tokens (not
+    # checked on the host: no sync) leave rows unwritten instead of storing out of bounds
+    start = tl.minimum(tl.maximum(tl.load(cu_ptr + req - 1, mask=req > 0, other=0), 0), num_tokens)
+    end = tl.minimum(tl.maximum(tl.load(cu_ptr + req), 0), num_tokens)
     value = tl.load(values_ptr + req)
     if REPLACE:
         value = tl.where(value == replace_from, replace_to, value).to(value.dtype)
@@ -53,7 +56,9 @@ def expand_to_draft_rows(
         [num_reqs] per-request values.
     cu_num_draft_tokens : torch.Tensor
         [num_reqs] inclusive cumulative draft counts; every request has at most
-        ``max_spec_len`` drafts and ``cu[-1] == num_tokens``.
+        ``max_spec_len`` drafts and ``cu[-1] == num_tokens``. Device values, not checked
+        (no host sync): the kernel clamps them into [0, num_tokens], so bad counts leave
+        rows unwritten but never store outside the output.
     num_tokens : int
         Total draft rows (host int, the output length).
     max_spec_len : int
@@ -85,7 +90,7 @@ def expand_to_draft_rows(
         return out
     block = triton.next_power_of_2(max(max_spec_len, 1))
     _expand_kernel[(num_reqs,)](
-        out, values.contiguous(), cu_num_draft_tokens.contiguous(), num_reqs,
+        out, values.contiguous(), cu_num_draft_tokens.contiguous(), num_reqs, num_tokens,
         0 if replace_from is None else replace_from, 0 if replace_to is None else replace_to,
         REPLACE=replace_from is not None, ADD_INDEX=add_index, BLOCK=block, num_warps=1)
     return out

@@ -28,7 +28,8 @@ import triton.language as tl
 
 from specops.triton_kernels.sampling_common import pdl_kwargs, pdl_start
 from specops.triton_kernels.rejection_sample import (NO_FP_FUSION, Pass1Result, _merge_block_max, _race_chunks,
-                                                    _request_keys, _row_key, _row_scale, _scaled_block, _target_row,
+                                                    _request_keys, _request_span, _row_key, _row_scale, _scaled_block,
+                                                    _target_row,
                                                     _token_noise, _valid_draft, check_sub_chunk, sub_chunk_size,
                                                     temp_mode_of)
 
@@ -93,7 +94,7 @@ def _residual_mass_kernel(
     pdl_start(PDL)
     req = tl.program_id(0)
     k = tl.program_id(1)
-    j = tl.load(rec_j_ptr + req)
+    j = tl.load(rec_j_ptr + req)   # >= 0 only for a rejected row the finalize found valid (in the logits)
     if j >= 0:
         x = _valid_draft(tl.load(draft_ids_ptr + j), vocab_size)
         if x >= 0:
@@ -119,7 +120,7 @@ def _residual_mass_kernel(
                 tl.store(part_px_ptr + req, acc_px)
 
 
-@triton.jit(do_not_specialize=["engine_seed"])
+@triton.jit(do_not_specialize=["num_target_rows", "engine_seed"])
 def _recover_race_kernel(
     out_ptr, out_stride,                      # [num_reqs, K + 1] int32
     logits_ptr, logits_stride,                # [num_logits, V]
@@ -135,7 +136,7 @@ def _recover_race_kernel(
     part_m_ptr, part_sub_ptr,                 # [T * NUM_SPLITS], [T * NUM_SUBS] fp32 from pass 1
     part_res_ptr,                             # [num_reqs * NUM_SUBS] fp32 from _residual_mass_kernel
     part_px_ptr,                              # [num_reqs] fp32 from _residual_mass_kernel
-    vocab_size,
+    num_target_rows, vocab_size,
     NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr, NUM_SUBS: tl.constexpr,
     BLOCK: tl.constexpr, SUB_BLOCK: tl.constexpr,
     HAS_TARGET_ROWS: tl.constexpr, TEMP_MODE: tl.constexpr, HAS_THRESHOLD: tl.constexpr,
@@ -148,7 +149,7 @@ def _recover_race_kernel(
     req = tl.program_id(0)
     j = tl.load(rec_j_ptr + req)
     if j >= 0:
-        start = tl.load(cu_ptr + req - 1, mask=req > 0, other=0).to(tl.int32)
+        start, _ = _request_span(cu_ptr, req, num_target_rows)   # as the finalize clamped it
         i = j - start
         x = _valid_draft(tl.load(draft_ids_ptr + j), vocab_size)
         valid = x >= 0
@@ -250,7 +251,7 @@ def rejection_recover_pass(
         step_ptr=step, engine_seed=engine_seed,
         rec_j_ptr=pass1.rec_j, rec_ms_ptr=pass1.rec_ms,
         part_m_ptr=pass1.part_m, part_sub_ptr=pass1.part_sub, part_res_ptr=part_res, part_px_ptr=part_px,
-        vocab_size=vocab,
+        num_target_rows=draft_token_ids.shape[0], vocab_size=vocab,
         NUM_SPLITS=num_splits, CHUNK=chunk, SUB=sub, NUM_SUBS=num_subs, BLOCK=race_block,
         SUB_BLOCK=triton.next_power_of_2(num_subs),
         HAS_TARGET_ROWS=target_rows is not None, TEMP_MODE=temp_mode, HAS_THRESHOLD=threshold is not None,

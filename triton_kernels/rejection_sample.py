@@ -134,6 +134,32 @@ def _target_row(logits_ptr, logits_stride, target_rows_ptr, j, HAS_TARGET_ROWS: 
 
 
 @triton.jit
+def _checked_target_row(logits_ptr, logits_stride, target_rows_ptr, j, num_logits, HAS_TARGET_ROWS: tl.constexpr):
+    """(pointer to the logits of target row j, whether that row exists): with HAS_TARGET_ROWS a
+    row index outside [0, num_logits) gives row 0's pointer (in bounds: the host refuses empty
+    logits) and False, so that the caller reads row 0 instead of out of bounds and replaces
+    what it found by an empty row's statistics (the row then shows as invalid); without target
+    rows row j (< T == num_logits) always exists."""
+    if HAS_TARGET_ROWS:
+        row = tl.load(target_rows_ptr + j).to(tl.int64)
+        ok = (row >= 0) & (row < num_logits)
+        return logits_ptr + tl.where(ok, row, 0) * logits_stride, ok
+    return logits_ptr + j.to(tl.int64) * logits_stride, j >= 0
+
+
+@triton.jit
+def _request_span(cu_ptr, req, num_target_rows):
+    """Draft rows [start, end) of request req from the inclusive cumulative counts, both
+    clamped into [0, T] before narrowing to int32: a negative, decreasing or too large count
+    (not checked on the host: no sync) then never indexes outside the T draft rows."""
+    start = tl.load(cu_ptr + req - 1, mask=req > 0, other=0)
+    end = tl.load(cu_ptr + req)
+    start = tl.minimum(tl.maximum(start, 0), num_target_rows).to(tl.int32)
+    end = tl.minimum(tl.maximum(end, 0), num_target_rows).to(tl.int32)
+    return start, end
+
+
+@triton.jit
 def _valid_draft(x, vocab_size):
     """Draft id x (int32 or int64, as stored) -> int32 id, or -1 when outside [0, V): the test
     is made before any narrowing, so an int64 id past 2**31 cannot wrap into the vocabulary."""
@@ -226,8 +252,7 @@ def _request_rows(cu_ptr, draft_ids_ptr, req, num_target_rows, vocab_size, MAX_K
     rmask = rr < n, jj = start + rr their target rows, x [OUT_BLOCK] their valid draft ids or -1).
     Inputs only: readable before pdl_wait."""
     rr = tl.arange(0, OUT_BLOCK)
-    start = tl.load(cu_ptr + req - 1, mask=req > 0, other=0).to(tl.int32)
-    end = tl.minimum(tl.load(cu_ptr + req).to(tl.int32), num_target_rows)
+    start, end = _request_span(cu_ptr, req, num_target_rows)
     n = tl.maximum(tl.minimum(end - start, MAX_K), 0)
     rmask = rr < n
     jj = start + rr
@@ -421,7 +446,7 @@ def _chunk_stats_lanes(row_ptr, chunk0, limit, x, inv_t, thr, CHUNK: tl.constexp
     return m, am, s_sub, sx, tl.max(nan_l, 0)
 
 
-@triton.jit(do_not_specialize=["num_target_rows", "engine_seed"])
+@triton.jit(do_not_specialize=["num_target_rows", "num_logits", "engine_seed"])
 def _rejection_sample_kernel(
     out_ptr, out_stride,                      # [num_reqs, MAX_K + 1] int32
     logits_ptr, logits_stride,                # [num_logits, V] target logits (rows via target_rows)
@@ -440,7 +465,7 @@ def _rejection_sample_kernel(
     part_lx_ptr,                              # [T] fp32 l_x * (1/T) of the draft (-inf below the threshold)
     part_sx_ptr,                              # [T] fp32 sum of x's sub-chunk without x (NEED_SX)
     rec_j_ptr,                                # [num_reqs] int32: -1 for a request without drafts (WRITE_REC)
-    num_target_rows, vocab_size,
+    num_target_rows, num_logits, vocab_size,
     MAX_K: tl.constexpr, GRID_K: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr,
     SUB: tl.constexpr, NUM_SUBS: tl.constexpr,
     BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
@@ -460,8 +485,7 @@ def _rejection_sample_kernel(
     split = tl.program_id(1)
     req = pid // GRID_K
     i = pid % GRID_K
-    start = tl.load(cu_ptr + req - 1, mask=req > 0, other=0).to(tl.int32)
-    end = tl.minimum(tl.load(cu_ptr + req).to(tl.int32), num_target_rows)
+    start, end = _request_span(cu_ptr, req, num_target_rows)
     n = tl.maximum(tl.minimum(end - start, MAX_K), 0)
 
     greedy = _request_greedy(greedy_ptr, req, GREEDY_MODE)
@@ -470,7 +494,8 @@ def _rejection_sample_kernel(
 
     if i < n:
         j = start + i
-        row_ptr = _target_row(logits_ptr, logits_stride, target_rows_ptr, j, HAS_TARGET_ROWS)
+        row_ptr, row_exists = _checked_target_row(logits_ptr, logits_stride, target_rows_ptr, j, num_logits,
+                                                  HAS_TARGET_ROWS)
         inv_t, thr = _row_scale(temp_ptr, threshold_ptr, req, j, greedy, TEMP_MODE, HAS_THRESHOLD)
         x = _valid_draft(tl.load(draft_ids_ptr + j), vocab_size)
         seed_r, pos_r = _row_key(seeded, seed, position, engine_seed, step, i.to(tl.int64), j)
@@ -521,6 +546,15 @@ def _rejection_sample_kernel(
                                                          greedy, BLOCK, SB, GREEDY_MODE, NEED_SX, FUSE_RACE)
                 if GREEDY_MODE == 1:
                     nan_seen = tl.maximum(nan_seen, _max3((v != v).to(tl.int32)))
+        if HAS_TARGET_ROWS:
+            # a target row outside the logits was read as row 0: its partials are an empty row's
+            # (no logit above -inf: invalid). Selected after the loop, not by masking the loads:
+            # the masked loads cost pass 1 2 us at K = 1, B = 128 with draft probs on the H200
+            # (bench/results/logs/exp_index_bounds_2026-12-04.txt)
+            m = tl.where(row_exists, m, float("-inf"))
+            s_sub = tl.where(row_exists, s_sub, 0.0)
+            sx = tl.where(row_exists, sx, 0.0)
+            nan_seen = tl.where(row_exists, nan_seen, 0)
         p = j * NUM_SPLITS + split
         tl.store(part_m_ptr + p, m)
         tl.store(part_idx_ptr + p, am)
@@ -536,6 +570,8 @@ def _rejection_sample_kernel(
         if split == 0:
             # stored, so rounded once, as pass 1's max and the torch reference round it
             lx = tl.load(row_ptr + tl.where(x >= 0, x, 0)).to(tl.float32) * inv_t
+            if HAS_TARGET_ROWS:
+                lx = tl.where(row_exists, lx, float("-inf"))
             if HAS_THRESHOLD:
                 lx = tl.where(lx >= thr, lx, float("-inf"))
             tl.store(part_lx_ptr + j, lx)
@@ -800,7 +836,7 @@ def rejection_sample_pass(
         step, engine_seed,
         part_m, part_s, part_idx, part_sub, part_kidx, part_lx, part_sx,
         rec_j,
-        num_target_rows, vocab,
+        num_target_rows, logits.shape[0], vocab,
         MAX_K=max_k, GRID_K=max(max_k, 1), NUM_SPLITS=num_splits, CHUNK=chunk, SUB=sub, NUM_SUBS=num_subs,
         BLOCK=block,
         OUT_BLOCK=triton.next_power_of_2(max_k + 1), SPLIT_BLOCK=triton.next_power_of_2(num_splits),

@@ -77,15 +77,17 @@ def rejection_sample(
         Target logits, already processed (penalties, masks, ...) except for the
         temperature when ``temperature`` is given. Rows ``target_rows`` (default: all,
         then num_logits == T) are the draft rows, in draft order: values in
-        [0, num_logits), checked on the torch path (ValueError) but not on the Triton path,
-        where a value outside is undefined behaviour (the kernels index with it).
+        [0, num_logits), checked on the torch path (ValueError). The Triton path cannot check
+        them (no host sync): a row outside is never read and counts as an invalid row (the
+        request's output ends there with -1).
     draft_token_ids, cu_num_draft_tokens, bonus_token_ids : torch.Tensor
         See the shapes above. ``cu_num_draft_tokens`` is non-decreasing from a first
         value >= 0 and ends at T (``cu[-1] == T``), and every request has at most
         ``max_spec_len`` drafts. The torch path reads these values back and raises
-        ValueError on a violation; the Triton path does not (no host sync) and does not
-        detect it: rows beyond ``max_spec_len`` are ignored, but a negative or decreasing
-        ``cu`` is undefined behaviour there (the kernels index with it).
+        ValueError on a violation; the Triton path cannot (no host sync) and stays in
+        bounds instead: rows beyond ``max_spec_len`` are ignored, counts are clamped into
+        [0, T], and a decreasing ``cu`` gives the requests concerned unspecified tokens of
+        the vocabulary.
     max_spec_len : int
         Largest draft count of the batch, 0 <= max_spec_len <= MAX_SPEC_LEN (128).
     draft_probs : torch.Tensor, optional

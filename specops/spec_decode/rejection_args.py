@@ -64,6 +64,8 @@ def check_rejection_args(
                          f"{num_reqs} * {max_spec_len}")
     if target_rows is not None:
         check_1d("target_rows", target_rows, num_drafts, _INT_DTYPES, device)
+        if num_drafts > 0 and num_logits == 0:
+            raise ValueError("logits has no rows, so target_rows can name none: give at least one row")
     elif num_logits != num_drafts:
         raise ValueError(f"logits has {num_logits} rows; without target_rows it must have one row per "
                          f"draft ({num_drafts})")
