@@ -672,6 +672,35 @@ def test_nan_parameters_count_as_off(backend):
     assert torch.equal(a.tokens.cpu(), b.tokens.cpu()), (a.tokens, b.tokens)
 
 
+@pytest.mark.parametrize("distribution", [True, False])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_out_of_range_parameters_act_as_documented(backend, distribution):
+    # sample() documents how it reads values SamplingMetadata would refuse: min_p > 1 acts as 1
+    # (the max's ties: the argmax here) with or without top-k / top-p beside it, and so does
+    # top_p <= 0 alone; beside a top-k, top_p <= 0 keeps the top-k set on Triton (the max's ties
+    # on torch); top_k <= 0 or >= V, top_p > 1 and min_p < 0 are off. Before min_p was clamped,
+    # min_p > 1 gave token 2**31 - 1 on Triton and 0 on torch.
+    g = fresh_gen()
+    V = 300
+    device = "cuda" if CUDA else "cpu"
+    logits = (torch.randn(7, V, generator=g) * 2).to(device)
+    f = lambda *v: torch.tensor(v, dtype=torch.float32, device=device)   # noqa: E731
+    inv = f(1.0, 1.0, 1.0, 1.0, 0.8, 1.0, 1.0)
+    k = torch.tensor([0, 5, 0, 7, 0, -5, V + 10], dtype=torch.int32, device=device)
+    p = f(1.0, 1.0, 0.5, 0.0, -1.0, 2.0, 1.0)
+    mp = f(1.5, 1.5, 1.5, 0.0, 0.0, 0.0, -0.5)
+    seeds, pos = torch.arange(7, device=device) + 11, torch.arange(7, device=device) * 3
+    kw = dict(tile=16, cap=64) if backend == "triton" and not CUDA else {}
+    got = sample(logits, inv, k, p, mp, seeds, pos, backend=backend, distribution=distribution, **kw).tokens.cpu()
+    argmax = logits.argmax(1).cpu()
+    assert got[[0, 1, 2, 4]].tolist() == argmax[[0, 1, 2, 4]].tolist(), (got, argmax)
+    assert int(got[3]) in logits[3].topk(7).indices.tolist(), got
+    if backend == "torch":
+        assert got[3] == argmax[3], (got, argmax)
+    unfiltered = sample(logits[5:], inv[5:], None, None, None, seeds[5:], pos[5:], backend="torch").tokens.cpu()
+    assert got[5:].tolist() == unfiltered.tolist(), (got, unfiltered)
+
+
 @pytest.mark.skipif(CUDA, reason="interpreter test")
 def test_triton_defaults_and_knob_checks():
     x = torch.randn(2, 17)

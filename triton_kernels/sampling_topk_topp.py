@@ -726,6 +726,7 @@ def _plan_kernel(
     k = tl.load(top_k_ptr + r)
     p = tl.load(top_p_ptr + r)
     lmp = tl.load(log_min_p_ptr + r)
+    lmp = tl.where(lmp > 0.0, 0.0, lmp)   # min_p > 1 acts as 1: the max is always kept (NaN stays off)
     has_k = (k > 0) & (k < V)
     has_p = p < 1.0
     has_mp = lmp > float("-inf")

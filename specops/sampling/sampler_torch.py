@@ -128,7 +128,8 @@ def row_thresholds_torch(
     tau = torch.full((R,), float("-inf"), dtype=torch.float32, device=dev)
     if min_p is not None:
         mp = min_p.to(dev, torch.float32)
-        tau = torch.where(mp > 0, m + torch.log(mp), tau)  # log(min_p) rounded as the kernels get it
+        # log(min_p) rounded as the kernels get it; min_p > 1 acts as 1 (the max is always kept)
+        tau = torch.where(mp > 0, m + torch.log(mp.clamp(max=1.0)), tau)
     if top_k is None and top_p is None:
         return tau
     sv = torch.sort(x, dim=-1, descending=True).values
@@ -270,7 +271,8 @@ def pivot_draw(
     mp = torch.zeros(R, device=dev) if min_p is None else min_p.to(dev, torch.float32)
     has_p, has_mp = p < 1.0, mp > 0.0
     m = x.max(dim=-1).values
-    floor = torch.where(has_mp, m + torch.log(torch.where(has_mp, mp, 1.0)), float("-inf"))   # as the kernels round it
+    # as the kernels round it; min_p > 1 acts as 1
+    floor = torch.where(has_mp, m + torch.log(torch.where(has_mp, mp.clamp(max=1.0), 1.0)), float("-inf"))
     xd = x.double()
     w = torch.exp(xd - xd.max(dim=-1, keepdim=True).values)
     eligible_floor = x >= floor.unsqueeze(1)
@@ -371,6 +373,26 @@ def need_distribution(res: SampleResult) -> None:
     if res.threshold is None or res.log_norm is None:
         raise ValueError("this SampleResult holds tokens only (drawn with distribution=False): get the "
                          "distribution from Sampler.target_distribution or sample(..., distribution=True)")
+
+
+def keep_drawn_tokens(x: torch.Tensor, res: SampleResult, tokens: torch.Tensor) -> SampleResult:
+    """`res` (a distribution) with `tokens` ([R] int64, -1 on invalid rows) drawn from it: a row
+    whose token lies below its threshold gets the threshold lowered to the token's value and
+    log_norm summed again over that wider kept set; other rows are returned bit for bit.
+
+    The tokens-only draw (pivot rejection) and the threshold search decide the top-p boundary
+    with sums in different orders, so at a float near-tie the draw may keep a token that the
+    threshold leaves out; the distribution reported with it (processed logprobs) then keeps
+    that token too instead of giving the drawn token logprob -inf. x: [R, V] fp32 scaled
+    logits (scale_logits). No host sync."""
+    need_distribution(res)
+    tok = tokens.clamp(min=0).unsqueeze(1)
+    x_tok = x.gather(1, tok).squeeze(1)
+    below = (tokens >= 0) & (x_tok < res.threshold)        # NaN thresholds (invalid rows) never are
+    threshold = torch.where(below, x_tok, res.threshold)
+    kept = torch.where(x >= threshold.unsqueeze(1), x - res.row_max.unsqueeze(1), float("-inf"))
+    log_norm = torch.where(below, torch.logsumexp(kept, dim=-1), res.log_norm)
+    return SampleResult(tokens=tokens, threshold=threshold, row_max=res.row_max, log_norm=log_norm)
 
 
 def processed_logits_from_result(x: torch.Tensor, res: SampleResult) -> torch.Tensor:

@@ -90,6 +90,12 @@ def sample(
     """Temperature, min-p, top-k, top-p and the exponential-noise draw in one call.
 
     Parameter values follow specops.sampling.metadata (validated there, once, on the host).
+    Here they are device values and not checked (no host sync); both backends read values
+    outside those ranges alike: top_k <= 0 or >= V, top_p >= 1 or NaN and min_p <= 0 or NaN
+    are off; min_p > 1 acts as 1 (only the max's ties are kept); a NaN or non-positive 1/T
+    is greedy; a 1/T of +inf makes the row invalid (token -1). top_p <= 0 alone keeps only
+    the max's ties too, but beside a top-k the Triton kernels keep the top-k set where the
+    torch reference keeps the max's ties: both draw a token of the row's top k.
     Random rows draw argmax over kept tokens of exp(x - max) / E with E the Exp(1) noise of
     specops.rng keyed by (seeds[r], positions[r], stream): a seeded row's token depends on
     its seed, position and logits only. Rows without top-k, top-p or min-p draw the same
