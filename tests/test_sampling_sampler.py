@@ -228,12 +228,12 @@ def test_rows_that_share_memory_are_copied_before_any_write():
     # an expanded [1, V] row (stride 0) as a batch: the allowed-token mask of row 0 once landed in
     # row 1 too (and in the caller's tensor), so row 1 drew from row 0's list
     V = 8
-    base = torch.arange(float(V))[None]
-    for backend in ("torch", "triton"):
-        md = SamplingMetadata.from_params([0.0, 0.0], vocab_size=V, allowed_token_ids=[[1, 2], None])
+    for backend, device in (("torch", "cpu"), ("triton", "cuda" if CUDA else "cpu")):   # Triton on CPU: interpreter
+        base = torch.arange(float(V), device=device)[None]
+        md = SamplingMetadata.from_params([0.0, 0.0], vocab_size=V, allowed_token_ids=[[1, 2], None], device=device)
         out = Sampler(backend=backend)(base.expand(2, V), md).sampled_token_ids
         assert out.tolist() == [2, V - 1], backend
-        assert torch.equal(base, torch.arange(float(V))[None])            # the caller's row untouched
+        assert torch.equal(base.cpu(), torch.arange(float(V))[None])      # the caller's row untouched
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.float64])
@@ -538,6 +538,70 @@ def test_logprobs_modes(mode):
     assert torch.equal(lp.ranks[ok], (vals > vals.gather(1, t.unsqueeze(1))).sum(-1) + 1)
     if mode.startswith("processed"):  # the sampled token is inside the processed support
         assert bool((lp.logprobs[ok, 0] > -torch.inf).all())
+
+
+def test_keep_drawn_tokens_widens_only_rows_whose_token_is_cut():
+    from specops.sampling.sampler_torch import keep_drawn_tokens, scale_logits
+    g = fresh_gen()
+    R, V = 4, 60
+    logits = torch.randn(R, V, generator=g) * 2
+    logits[2, 5] = float("nan")                                     # invalid row
+    inv_t = torch.tensor([1.0, 0.8, 1.0, -1.0])                     # the last row greedy
+    res = sample_torch(logits, inv_t, None, torch.full((R,), 0.6), None, torch.arange(R), torch.zeros(R, dtype=torch.int64))
+    x = scale_logits(logits, inv_t)
+    cut = torch.where(x[1] < res.threshold[1], x[1], -torch.inf)
+    tokens = res.tokens.clone()
+    tokens[1] = int(cut.argmax())                                   # the largest value the threshold cut
+    wide = keep_drawn_tokens(x, res, tokens)
+    assert torch.equal(wide.tokens, tokens)
+    for name in ("threshold", "row_max", "log_norm"):               # other rows: bit for bit
+        a, b = getattr(wide, name)[[0, 2, 3]], getattr(res, name)[[0, 2, 3]]
+        assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)), name
+    assert wide.threshold[1] == x[1, tokens[1]] < res.threshold[1]
+    kept = x[1][x[1] >= x[1, tokens[1]]].double()
+    assert math.isclose(float(wide.log_norm[1]), float(torch.logsumexp(kept - float(res.row_max[1]), 0)),
+                        rel_tol=1e-6)
+    lp = compute_logprobs("processed_logprobs", 2, tokens, processed_logits=logits, inv_temperature=inv_t,
+                          result=wide)
+    want = torch.log_softmax(torch.where(x[1] >= wide.threshold[1], x[1], -torch.inf).double(), 0)[tokens[1]]
+    assert math.isclose(float(lp.logprobs[1, 0]), float(want), rel_tol=1e-5)
+    before = compute_logprobs("processed_logprobs", 2, tokens, processed_logits=logits, inv_temperature=inv_t,
+                              result=res)
+    assert float(before.logprobs[1, 0]) == -math.inf                # what the draw's token got before
+
+
+def test_sampler_reports_a_drawn_token_the_threshold_cut(monkeypatch):
+    # the tokens-only draw and the threshold search may disagree at a float near-tie of the top-p
+    # boundary: stand in for that by moving row 0's drawn token just below the threshold
+    g = fresh_gen()
+    R, V = 3, 50
+    md = SamplingMetadata.from_params([1.0, 0.7, 1.0], vocab_size=V, top_p=[0.6, 0.8, 1.0], seeds=[1, 2, 3],
+                                      max_num_logprobs=1)
+    logits = torch.randn(R, V, generator=g) * 2
+    sampler = Sampler(logprobs_mode="processed_logprobs", backend="torch")
+    real = Sampler.sample_processed
+    cut = {}
+
+    def draw(self, processed, metadata, stream=None, distribution=True):
+        res = real(self, processed, metadata, stream, distribution)
+        if distribution:
+            cut["thr"] = res.threshold[0]
+            return res
+        x0 = processed.logits[0].float()
+        below = torch.where(x0 < cut["thr"], x0, -torch.inf)
+        tokens = res.tokens.clone()
+        tokens[0] = int(below.argmax())
+        cut["tok"] = tokens[0]
+        return replace(res, tokens=tokens)
+
+    monkeypatch.setattr(Sampler, "sample_processed", draw)
+    out = sampler(logits.clone(), md)
+    assert out.sampled_token_ids[0] == cut["tok"]
+    assert out.result.threshold[0] == logits[0, cut["tok"]] < cut["thr"]
+    x0 = logits[0].double()
+    want = torch.log_softmax(torch.where(x0 >= x0[cut["tok"]], x0, -torch.inf), 0)[cut["tok"]]
+    assert math.isclose(float(out.logprobs.logprobs[0, 0]), float(want), rel_tol=1e-5)
+    assert bool((out.logprobs.logprobs[:, 0] > -torch.inf).all())
 
 
 def test_logprobs_mode_is_checked():

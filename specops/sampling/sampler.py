@@ -24,7 +24,7 @@ The Sampler may modify fp32 `logits` in place (like vLLM); pass a copy to keep t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -34,7 +34,7 @@ from .logits_processors.builtin import MinPLogitsProcessor
 from .logprobs import LogprobsTensors, compute_logprobs
 from .metadata import LOGPROBS_MODES, SamplingMetadata
 from .sampler_torch import (SampleResult, apply_allowed_token_mask_, apply_bad_words_, apply_penalties_torch,
-                            scale_logits, target_probs_torch)
+                            keep_drawn_tokens, scale_logits, target_probs_torch)
 from .topk_topp import _LOGIT_DTYPES, check_backend_name, resolve_backend, sample, sample_options
 
 
@@ -137,8 +137,10 @@ class Sampler:
         if need and metadata.greedy_rows_hint() is not True and metadata.pivot_rows_hint(processed.min_p) is not False:
             # the tokens are the tokens-only draw's whatever the logprobs asked for, so that a
             # seeded row's token does not depend on its batch's logprobs (rows of top-p / min-p
-            # without top-k: pivot rejection); the distribution comes from the call above
-            result = replace(result, tokens=self.sample_processed(processed, metadata, distribution=False).tokens)
+            # without top-k: pivot rejection); the distribution comes from the call above, widened
+            # to a drawn token that it leaves out at a float near-tie of the top-p boundary
+            tokens = self.sample_processed(processed, metadata, distribution=False).tokens
+            result = keep_drawn_tokens(scale_logits(processed.logits, processed.inv_temperature), result, tokens)
         logprobs = None
         if metadata.max_num_logprobs is not None:
             logprobs = compute_logprobs(self.logprobs_mode, metadata.max_num_logprobs, result.tokens,
