@@ -384,7 +384,8 @@ def keep_drawn_tokens(x: torch.Tensor, res: SampleResult, tokens: torch.Tensor) 
     with sums in different orders, so at a float near-tie the draw may keep a token that the
     threshold leaves out; the distribution reported with it (processed logprobs) then keeps
     that token too instead of giving the drawn token logprob -inf. x: [R, V] fp32 scaled
-    logits (scale_logits). No host sync."""
+    logits (scale_logits). No host sync, so every row pays for the check: two [R, V] passes
+    (the mask and the logsumexp) besides x."""
     need_distribution(res)
     tok = tokens.clamp(min=0).unsqueeze(1)
     x_tok = x.gather(1, tok).squeeze(1)

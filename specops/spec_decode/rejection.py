@@ -86,8 +86,8 @@ def rejection_sample(
         ``max_spec_len`` drafts. The torch path reads these values back and raises
         ValueError on a violation; the Triton path cannot (no host sync) and stays in
         bounds instead: rows beyond ``max_spec_len`` are ignored, counts are clamped into
-        [0, T], and a decreasing ``cu`` gives the requests concerned unspecified tokens of
-        the vocabulary.
+        [0, T], and a decreasing ``cu`` gives the requests concerned unspecified outputs
+        (tokens of the vocabulary, bonus tokens or -1).
     max_spec_len : int
         Largest draft count of the batch, 0 <= max_spec_len <= MAX_SPEC_LEN (128).
     draft_probs : torch.Tensor, optional
