@@ -234,3 +234,128 @@ def test_tied_top1_is_the_first_index_and_int32_tokens_are_taken(device):
         for backend in ("torch", "triton"):
             out = compute_logprobs("raw_logprobs", 1, tok, raw_logits=scores, backend=backend)
             assert out.token_ids[0].tolist() == [0, 2], (backend, dtype)
+
+
+# ---- the processed modes ("processed_logprobs" / "processed_logits") ---------------------------
+
+def processed_case(R, V, dtype, device, seed=0):
+    """Processed logits, 1/T (greedy rows -1), a draw's distribution and tokens: rows keep their top
+    k_r values (k_r random), row 1 is invalid (a NaN: threshold NaN, token -1), and the tokens of
+    rows 2 and 3 lie below their threshold (what `widen` widens to)."""
+    from specops.sampling.sampler_torch import SampleResult, scale_logits
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(R, V, generator=g) * 3).to(dtype)
+    inv_t = torch.rand(R, generator=g) * 1.5 + 0.4
+    inv_t[0] = -1.0                                               # a greedy row
+    logits = logits.to(device)
+    inv_t = inv_t.to(device)
+    if R > 1:
+        logits[1, V // 3] = float("nan")
+    x = scale_logits(logits, inv_t)
+    k = torch.randint(1, V + 1, (R,), generator=g).to(device)
+    thr = x.nan_to_num(float("-inf")).sort(dim=-1, descending=True).values.gather(1, (k - 1).unsqueeze(1)).squeeze(1)
+    thr = torch.where(k == V, torch.full_like(thr, float("-inf")), thr)
+    row_max = x.nan_to_num(float("-inf")).max(dim=-1).values
+    log_norm = torch.logsumexp(torch.where(x >= thr.unsqueeze(1), x - row_max.unsqueeze(1), float("-inf")), dim=-1)
+    kept = x >= thr.unsqueeze(1)
+    pick = torch.rand(R, V, generator=g).to(device)
+    tokens = torch.where(kept, pick, -1.0).argmax(dim=-1)
+    below = torch.where(~kept & (x > float("-inf")), pick, -1.0).argmax(dim=-1)
+    for r in (2, 3):
+        if r < R and bool((~kept[r] & (x[r] > float("-inf"))).any()):
+            tokens[r] = below[r]
+    if R > 1:
+        thr[1], row_max[1], log_norm[1], tokens[1] = float("nan"), float("nan"), float("nan"), -1
+    return logits, inv_t, SampleResult(tokens=tokens, threshold=thr, row_max=row_max, log_norm=log_norm), tokens
+
+
+def check_processed(logits, inv_t, res, tokens, n, mode, widen, **kw):
+    """Triton (compute_processed_logprobs) against the torch path on the same inputs."""
+    from specops.sampling.logprobs import compute_processed_logprobs
+    a, ra = compute_processed_logprobs(mode, n, tokens, logits, inv_t, res, widen=widen, backend="triton", **kw)
+    b, rb = compute_processed_logprobs(mode, n, tokens, logits, inv_t, res, widen=widen, backend="torch")
+    assert torch.equal(a.ranks, b.ranks)
+    assert torch.equal(a.token_ids[:, 0], b.token_ids[:, 0])
+    torch.testing.assert_close(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-5, equal_nan=True)
+    assert torch.equal(ra.threshold.nan_to_num(7.0), rb.threshold.nan_to_num(7.0))
+    torch.testing.assert_close(ra.log_norm, rb.log_norm, rtol=1e-5, atol=1e-5, equal_nan=True)
+    assert torch.equal(ra.tokens, rb.tokens)
+    if n >= 1:
+        ia, ib = a.token_ids[:, 1:], b.token_ids[:, 1:]
+        diff = ia != ib
+        if diff.any():                                  # only ties may come in another order
+            from specops.sampling.sampler_torch import scale_logits
+            x = scale_logits(logits, inv_t)
+            va, vb = x.gather(1, ia.clamp(min=0)), x.gather(1, ib.clamp(min=0))
+            assert bool(((va == vb) | (torch.isnan(va) & torch.isnan(vb)))[diff].all())
+    return a, ra
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_processed_modes_match_torch(device, dtype):
+    for V in vocabs(device):
+        for R in (1, 6):
+            logits, inv_t, res, tokens = processed_case(R, V, dtype, device, seed=V + R)
+            for mode in ("processed_logprobs", "processed_logits"):
+                for n in (0, 1, 4):
+                    for widen in (False, True):
+                        check_processed(logits, inv_t, res, tokens, n, mode, widen)
+
+
+def test_processed_widen_changes_only_rows_whose_token_is_cut(device):
+    """`widen` lowers the threshold of rows 2 and 3 (tokens below it) to their token and sums
+    log_norm again; every other row keeps the distribution bit for bit, and the widened token's
+    logprob is finite where it was -inf."""
+    from specops.sampling.logprobs import compute_processed_logprobs
+    from specops.sampling.sampler_torch import scale_logits
+    logits, inv_t, res, tokens = processed_case(6, 1000, torch.float32, device, seed=3)
+    x = scale_logits(logits, inv_t)
+    assert bool((x[[2, 3]].gather(1, tokens[[2, 3]].unsqueeze(1)).squeeze(1) < res.threshold[[2, 3]]).all())
+    before, _ = compute_processed_logprobs("processed_logprobs", 1, tokens, logits, inv_t, res, backend="triton")
+    after, wide = check_processed(logits, inv_t, res, tokens, 1, "processed_logprobs", True)
+    assert bool((before.logprobs[[2, 3], 0] == float("-inf")).all())
+    assert bool(torch.isfinite(after.logprobs[[2, 3], 0]).all())
+    same = [0, 1, 4, 5]
+    for name in ("threshold", "log_norm"):
+        assert torch.equal(getattr(wide, name)[same].nan_to_num(7.0), getattr(res, name)[same].nan_to_num(7.0))
+    for r in (2, 3):
+        assert wide.threshold[r] == x[r, tokens[r]]
+        kept = x[r][x[r] >= x[r, tokens[r]]].double()
+        want = torch.logsumexp(kept - float(res.row_max[r]), 0)
+        assert abs(float(wide.log_norm[r]) - float(want)) < 1e-5 * max(1.0, abs(float(want)))
+
+
+def test_processed_several_blocks_per_program_and_strided_rows(device):
+    logits, inv_t, res, tokens = processed_case(5, 500, torch.float32, device, seed=11)
+    for widen in (False, True):
+        check_processed(logits, inv_t, res, tokens, 1, "processed_logprobs", widen)
+    wide = torch.randn(5, 537, device=device)
+    wide[:, 3:503] = logits
+    for widen in (False, True):
+        check_processed(wide[:, 3:503], inv_t, res, tokens, 3, "processed_logprobs", widen)
+
+
+def test_processed_blocks_of_16(device, monkeypatch):
+    """Several blocks per program of pass 1: the running sums over x >= the chosen value."""
+    import specops.triton_kernels.logprob_stats as mod
+    logits, inv_t, res, tokens = processed_case(5, 500, torch.float32, device, seed=12)
+    orig = mod.processed_logprob_stats
+    monkeypatch.setattr(mod, "processed_logprob_stats", lambda *a, **kw: orig(*a, **kw, block=16, max_chunks=4))
+    assert chunk_geometry(500, 16, 4) == (16, 8, 4)
+    for widen in (False, True):
+        check_processed(logits, inv_t, res, tokens, 1, "processed_logprobs", widen)
+
+
+def test_processed_batch_invariance(device):
+    from specops.sampling.logprobs import compute_processed_logprobs
+    from specops.sampling.sampler_torch import SampleResult
+    V = vocabs(device)[-1]
+    logits, inv_t, res, tokens = processed_case(9, V, torch.bfloat16, device, seed=5)
+    full, wfull = compute_processed_logprobs("processed_logprobs", 1, tokens, logits, inv_t, res, widen=True,
+                                             backend="triton")
+    for r in (0, 3, 8):
+        one_res = SampleResult(*(t[r:r + 1] for t in (res.tokens, res.threshold, res.row_max, res.log_norm)))
+        one, wone = compute_processed_logprobs("processed_logprobs", 1, tokens[r:r + 1], logits[r:r + 1],
+                                               inv_t[r:r + 1], one_res, widen=True, backend="triton")
+        assert torch.equal(one.logprobs, full.logprobs[r:r + 1]) and torch.equal(one.ranks, full.ranks[r:r + 1])
+        assert torch.equal(wone.log_norm, wfull.log_norm[r:r + 1])

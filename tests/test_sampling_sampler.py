@@ -332,17 +332,19 @@ def test_sampler_raises_the_cap_for_a_wide_top_k_with_top_p(wide, monkeypatch):
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
-def test_cuda_sampler_matches_torch_sampler_full_vocab():
+@pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logprobs"])
+def test_cuda_sampler_matches_torch_sampler_full_vocab(mode):
     g = fresh_gen()
     V, n = 128256, 48
     plist, outputs, prompts = random_batch(V, n, g)
     logits = torch.randn(n, V, generator=g).cuda() * 2.5
     md, _ = batch(V, plist, outputs, prompts, device="cuda", max_num_logprobs=5)
-    a = Sampler(backend="torch")(logits.clone(), md)
+    a = Sampler(backend="torch", logprobs_mode=mode)(logits.clone(), md)
     md2, _ = batch(V, plist, outputs, prompts, device="cuda", max_num_logprobs=5)
-    b = Sampler()(logits.clone(), md2)
+    b = Sampler(logprobs_mode=mode)(logits.clone(), md2)
     same_draw(b, a, Sampler(backend="torch"), logits, md)
-    torch.testing.assert_close(a.logprobs.logprobs[:, 1:], b.logprobs.logprobs[:, 1:])
+    torch.testing.assert_close(a.logprobs.logprobs[:, 1:], b.logprobs.logprobs[:, 1:], equal_nan=True)
+    assert torch.equal(a.logprobs.ranks, b.logprobs.ranks)
 
 
 def test_custom_argmax_invariant_processor_runs_on_scaled_logits():
@@ -501,22 +503,27 @@ def test_a_built_in_named_as_custom_is_built_once():
 
 # ---- logprobs ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("mode", ["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"])
-def test_logprobs_modes(mode):
+@pytest.mark.parametrize("mode, backend", [("raw_logprobs", "torch"), ("raw_logits", "torch"),
+                                           ("processed_logprobs", "torch"), ("processed_logits", "torch"),
+                                           ("raw_logprobs", "triton"), ("processed_logprobs", "triton"),
+                                           ("processed_logits", "triton")])
+def test_logprobs_modes(mode, backend):
     g = fresh_gen()
     V, n = 40, 5
+    device = "cuda" if CUDA and backend == "triton" else "cpu"     # Triton on CPU: the interpreter
     md = SamplingMetadata.from_params([1.0, 0.5, 0.0, 1.0, 2.0], vocab_size=V, top_k=[5, 0, 0, 0, 3],
                                       top_p=[1.0, 0.7, 1.0, 1.0, 1.0], seeds=[1, 2, 3, 4, 5], max_num_logprobs=4,
                                       repetition_penalties=[1.5] * n,
-                                      prompt_mask=torch.rand(n, V, generator=g) < 0.3,
-                                      output_counts=torch.zeros(n, V, dtype=torch.int32))
-    logits = torch.randn(n, V, generator=g) * 2
+                                      prompt_mask=(torch.rand(n, V, generator=g) < 0.3).to(device),
+                                      output_counts=torch.zeros(n, V, dtype=torch.int32, device=device),
+                                      device=device)
+    logits = (torch.randn(n, V, generator=g) * 2).to(device)
     logits[3, 6] = float("nan")                          # invalid row
-    out = Sampler(logprobs_mode=mode, backend="torch")(logits.clone(), md)
+    out = Sampler(logprobs_mode=mode, backend=backend)(logits.clone(), md)
     lp = out.logprobs
     tok = out.sampled_token_ids
     assert tok[3] == -1 and lp.ranks[3] == -1 and lp.token_ids[3, 0] == -1
-    ok = torch.tensor([0, 1, 2, 4])
+    ok = torch.tensor([0, 1, 2, 4], device=device)
     if mode.startswith("raw"):
         vals = logits.float()
         if mode == "raw_logprobs":
@@ -570,15 +577,17 @@ def test_keep_drawn_tokens_widens_only_rows_whose_token_is_cut():
     assert float(before.logprobs[1, 0]) == -math.inf                # what the draw's token got before
 
 
-def test_sampler_reports_a_drawn_token_the_threshold_cut(monkeypatch):
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_sampler_reports_a_drawn_token_the_threshold_cut(monkeypatch, backend):
     # the tokens-only draw and the threshold search may disagree at a float near-tie of the top-p
     # boundary: stand in for that by moving row 0's drawn token just below the threshold
     g = fresh_gen()
     R, V = 3, 50
+    device = "cuda" if CUDA and backend == "triton" else "cpu"     # Triton on CPU: the interpreter
     md = SamplingMetadata.from_params([1.0, 0.7, 1.0], vocab_size=V, top_p=[0.6, 0.8, 1.0], seeds=[1, 2, 3],
-                                      max_num_logprobs=1)
-    logits = torch.randn(R, V, generator=g) * 2
-    sampler = Sampler(logprobs_mode="processed_logprobs", backend="torch")
+                                      max_num_logprobs=1, device=device)
+    logits = (torch.randn(R, V, generator=g) * 2).to(device)
+    sampler = Sampler(logprobs_mode="processed_logprobs", backend=backend)
     real = Sampler.sample_processed
     cut = {}
 

@@ -12,6 +12,16 @@ Pass 2, grid (rows,): combines the chunks of a row and writes the sampled token'
 (id, value, rank) and, with TOP1, the top-1 column (argmax, max) straight into the
 LogprobsTensors outputs, and the row's logsumexp.
 
+`processed_logprob_stats` runs the same two passes for the processed modes: pass 1 reads
+the scores as the Sampler's scale_logits makes them (x * 1/T on random rows, unchanged on
+greedy rows: the same fp32 product) and sums exp only over values >= the chosen one (the
+mass a drawn token below its row's threshold widens the kept set to); pass 2 masks the
+values below the row's threshold and subtracts row_max + log_norm of the draw's distribution,
+which it takes from the caller instead of a logsumexp. With WIDEN, a row whose valid token
+lies below its threshold gets the threshold lowered to the token's value and log_norm summed
+again over that wider set (sampler_torch.keep_drawn_tokens, fused); other rows keep both
+bit for bit.
+
 The number of chunks depends on V only, never on the number of rows, so a row's result
 does not depend on the batch it is in. Values follow torch (specops.sampling.logprobs,
 torch path): logsumexp is NaN on a row with a NaN, +inf on a row with +inf, -inf on an
@@ -33,10 +43,13 @@ MAX_CHUNKS = 256      # programs per row, at most (more vocabulary: several bloc
 def _partials_kernel(
     scores_ptr, stride_row,     # [R, V] fp32/bf16/fp16, unit column stride
     tokens_ptr,                 # [R] int64, -1 = invalid row
+    inv_t_ptr,                  # [R] fp32 1/T, <= 0 (or NaN) on greedy rows (SCALED)
     part_f_ptr,                 # [R, S, 2] fp32 out: chunk max (NaN ignored), sum exp(x - max)
     part_i_ptr,                 # [R, S, 3] int32 out: first index of the max, first NaN index, count above chosen
     V, S, ITERS,
     BLOCK: tl.constexpr,
+    SCALED: tl.constexpr,       # x = scores * 1/T where 1/T > 0 (scale_logits)
+    FROM_CHOSEN: tl.constexpr,  # sum exp(x - max) only over x >= the chosen value
 ):
     r = tl.program_id(0)
     s = tl.program_id(1)
@@ -44,6 +57,10 @@ def _partials_kernel(
     tok = tl.load(tokens_ptr + r)
     valid = (tok >= 0) & (tok < V)
     chosen = tl.load(row + tl.where(valid, tok, 0), mask=valid, other=float("nan")).to(tl.float32)
+    inv_t = 1.0
+    if SCALED:
+        inv_t = tl.load(inv_t_ptr + r)
+        chosen = tl.where(inv_t > 0, chosen * inv_t, chosen)
 
     cols = tl.arange(0, BLOCK)
     start = s * ITERS * BLOCK
@@ -57,6 +74,8 @@ def _partials_kernel(
         offs = start + it * BLOCK + cols
         ok = offs < V
         x = tl.load(row + offs, mask=ok, other=float("-inf")).to(tl.float32)
+        if SCALED:
+            x = tl.where(inv_t > 0, x * inv_t, x)
         is_nan = x != x
         nan_idx = tl.minimum(nan_idx, tl.where(is_nan, offs, _BIG))
         above += (x > chosen).to(tl.int32)               # NaN compares false, as in torch
@@ -66,7 +85,10 @@ def _partials_kernel(
         lane_max = tl.where(better, x, lane_max)
         m_new = tl.maximum(m, tl.max(x, axis=0))
         ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        z = z * tl.exp(m - ref) + tl.sum(tl.exp(x - ref), axis=0)
+        e = tl.exp(x - ref)
+        if FROM_CHOSEN:
+            e = tl.where(x >= chosen, e, 0.0)
+        z = z * tl.exp(m - ref) + tl.sum(e, axis=0)
         m = m_new
     # all -inf (or all NaN) chunk: its first index, like torch.argmax on equal values
     idx = tl.min(tl.where(lane_max == m, lane_idx, _BIG), axis=0)
@@ -131,6 +153,70 @@ def _combine_kernel(
         tl.store(vals + 1, tl.where(valid, top_v, float("nan")))
 
 
+@triton.jit
+def _processed_combine_kernel(
+    scores_ptr, stride_row,     # [R, V] fp32/bf16/fp16 processed logits, before temperature
+    tokens_ptr,                 # [R] int64
+    inv_t_ptr,                  # [R] fp32 1/T, <= 0 on greedy rows
+    thr_ptr, row_max_ptr, log_norm_ptr,   # [R] fp32 each: the draw's distribution
+    part_f_ptr, part_i_ptr,     # [R, S, 2] fp32, [R, S, 3] int32 (pass 1, FROM_CHOSEN when WIDEN)
+    ids_ptr, vals_ptr,          # [R, W] int64 / fp32 out: column 0 the sampled token, column 1 the top-1 (TOP1)
+    stride_ids, stride_vals,
+    ranks_ptr,                  # [R] int64 out
+    thr_out_ptr, log_norm_out_ptr,        # [R] fp32 out (WIDEN): the distribution widened to the token
+    V, S,
+    S_P2: tl.constexpr, LOGPROBS: tl.constexpr, TOP1: tl.constexpr, WIDEN: tl.constexpr,
+):
+    r = tl.program_id(0)
+    c = tl.arange(0, S_P2)
+    okc = c < S
+    base = r.to(tl.int64) * S + c
+    m_c = tl.load(part_f_ptr + base * 2 + 0, mask=okc, other=float("-inf"))
+    i_c = tl.load(part_i_ptr + base * 3 + 0, mask=okc, other=_BIG)
+    n_c = tl.load(part_i_ptr + base * 3 + 1, mask=okc, other=_BIG)
+    k_c = tl.load(part_i_ptr + base * 3 + 2, mask=okc, other=0)
+    m = tl.max(m_c, axis=0)
+    first = tl.min(tl.where(m_c == m, i_c, _BIG), axis=0)
+    nan_first = tl.min(n_c, axis=0)
+    has_nan = nan_first < _BIG
+    top_v = tl.where(has_nan, float("nan"), m)
+    top_i = tl.where(has_nan, nan_first, first)
+
+    tok = tl.load(tokens_ptr + r)
+    valid = (tok >= 0) & (tok < V)
+    chosen = tl.load(scores_ptr + r.to(tl.int64) * stride_row + tl.where(valid, tok, 0),
+                     mask=valid, other=float("nan")).to(tl.float32)
+    inv_t = tl.load(inv_t_ptr + r)
+    chosen = tl.where(inv_t > 0, chosen * inv_t, chosen)
+    thr = tl.load(thr_ptr + r)
+    row_max = tl.load(row_max_ptr + r)
+    log_norm = tl.load(log_norm_ptr + r)
+    if WIDEN:
+        # keep_drawn_tokens: the kept set widened to a drawn token below the threshold; pass 1
+        # summed exp(x - chunk max) over x >= the token's value
+        z_c = tl.load(part_f_ptr + base * 2 + 1, mask=okc, other=0.0)
+        w = tl.where(m_c == float("-inf"), 0.0, z_c * tl.exp(m_c - row_max))
+        widen = valid & (chosen < thr)          # a NaN threshold (invalid row) never widens
+        thr = tl.where(widen, chosen, thr)
+        log_norm = tl.where(widen, tl.log(tl.sum(w, axis=0)), log_norm)
+        tl.store(thr_out_ptr + r, thr)
+        tl.store(log_norm_out_ptr + r, log_norm)
+    chosen = tl.where(chosen >= thr, chosen, float("-inf"))
+    top_v = tl.where(top_v >= thr, top_v, float("-inf"))
+    if LOGPROBS:
+        offset = row_max + log_norm
+        chosen = chosen - offset
+        top_v = top_v - offset
+    ids = ids_ptr + r.to(tl.int64) * stride_ids
+    vals = vals_ptr + r.to(tl.int64) * stride_vals
+    tl.store(ids, tl.where(valid, tok, -1))
+    tl.store(vals, tl.where(valid, chosen, float("nan")))
+    tl.store(ranks_ptr + r, tl.where(valid, tl.sum(k_c, axis=0) + 1, -1).to(tl.int64))
+    if TOP1:
+        tl.store(ids + 1, tl.where(valid, top_i, -1).to(tl.int64))
+        tl.store(vals + 1, tl.where(valid, top_v, float("nan")))
+
+
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
@@ -176,8 +262,58 @@ def logprob_stats(
     blk, iters, S = chunk_geometry(V, block, max_chunks)
     part_f = torch.empty(R, S, 2, dtype=torch.float32, device=scores.device)
     part_i = torch.empty(R, S, 3, dtype=torch.int32, device=scores.device)
-    _partials_kernel[(R, S)](scores, scores.stride(0), tokens, part_f, part_i, V, S, iters,
-                             BLOCK=blk, num_warps=4)
+    _partials_kernel[(R, S)](scores, scores.stride(0), tokens, lse, part_f, part_i, V, S, iters,
+                             BLOCK=blk, SCALED=False, FROM_CHOSEN=False, num_warps=4)
     _combine_kernel[(R,)](scores, scores.stride(0), tokens, part_f, part_i,
                           ids, vals, ids.stride(0), vals.stride(0), ranks, lse, V, S,
                           S_P2=max(16, _next_pow2(S)), LOG_NORM=log_norm, TOP1=top1, num_warps=4)
+
+
+def processed_logprob_stats(
+    scores: torch.Tensor,           # [R, V] fp32/bf16/fp16 processed logits (before temperature), unit column stride
+    tokens: torch.Tensor,           # [R] int64, -1 (or any id outside [0, V)) = invalid row
+    inv_temperature: torch.Tensor,  # [R] fp32: 1/T on random rows (finite), <= 0 on greedy rows
+    threshold: torch.Tensor,        # [R] fp32: the draw's kept set is x >= threshold
+    row_max: torch.Tensor,          # [R] fp32
+    log_norm: torch.Tensor,         # [R] fp32
+    ids: torch.Tensor,              # [R, W] int64 out, W >= 1 (>= 2 with top1); unit column stride
+    vals: torch.Tensor,             # [R, W] fp32 out; unit column stride
+    ranks: torch.Tensor,            # [R] int64 out
+    threshold_out: torch.Tensor,    # [R] fp32 out (widen): threshold lowered to a drawn token below it
+    log_norm_out: torch.Tensor,     # [R] fp32 out (widen): log_norm of that kept set
+    *,
+    logprobs: bool,
+    top1: bool,
+    widen: bool,
+    block: int = BLOCK,
+    max_chunks: int = MAX_CHUNKS,
+) -> None:
+    """The processed modes' column 0 (and, with `top1`, column 1) from one read of the scores.
+
+    Values are those of x = scale_logits(scores, inv_temperature), -inf below the row's
+    threshold, minus row_max + log_norm with `logprobs` ("processed_logprobs"); ranks count
+    x over every token. With `widen`, threshold_out / log_norm_out get the distribution
+    widened to the token (sampler_torch.keep_drawn_tokens) and the values use it.
+    """
+    R, V = scores.shape
+    assert scores.dtype in (torch.float32, torch.bfloat16, torch.float16), scores.dtype
+    assert scores.stride(1) == 1 or V == 1, "scores need a unit column stride"
+    assert tokens.shape == (R,) and tokens.dtype == torch.int64 and tokens.is_contiguous()
+    for t in (inv_temperature, threshold, row_max, log_norm, threshold_out, log_norm_out):
+        assert t.shape == (R,) and t.dtype == torch.float32 and t.is_contiguous()
+    assert ids.shape[0] == R and vals.shape == ids.shape and ids.shape[1] >= (2 if top1 else 1)
+    assert ids.dtype == torch.int64 and vals.dtype == torch.float32
+    assert ids.stride(1) == 1 and vals.stride(1) == 1
+    assert ranks.shape == (R,) and ranks.is_contiguous()
+    assert V >= 1 and V < 2**31 - 1
+    if R == 0:
+        return
+    blk, iters, S = chunk_geometry(V, block, max_chunks)
+    part_f = torch.empty(R, S, 2, dtype=torch.float32, device=scores.device)
+    part_i = torch.empty(R, S, 3, dtype=torch.int32, device=scores.device)
+    _partials_kernel[(R, S)](scores, scores.stride(0), tokens, inv_temperature, part_f, part_i, V, S, iters,
+                             BLOCK=blk, SCALED=True, FROM_CHOSEN=widen, num_warps=4)
+    _processed_combine_kernel[(R,)](scores, scores.stride(0), tokens, inv_temperature, threshold, row_max, log_norm,
+                                    part_f, part_i, ids, vals, ids.stride(0), vals.stride(0), ranks,
+                                    threshold_out, log_norm_out, V, S, S_P2=max(16, _next_pow2(S)),
+                                    LOGPROBS=logprobs, TOP1=top1, WIDEN=widen, num_warps=4)

@@ -20,7 +20,14 @@ passes over the logits) and "triton" (specops.triton_kernels.logprob_stats: logs
 top-1 and the rank in one read of the logits; torch.topk only for n >= 2); "auto" takes
 triton on CUDA and torch elsewhere. Neither syncs the host. The two agree on ids and ranks
 exactly (the top-1 of tied maxima is the first index in both; among ties for n >= 2
-torch.topk's order decides) and on values to fp32 rounding. The processed modes use torch.
+torch.topk's order decides) and on values to fp32 rounding.
+
+The processed modes have the same two backends (`compute_processed_logprobs`): "torch"
+scales the logits into a new [R, V] tensor and gathers from it; "triton"
+(`logprob_stats.processed_logprob_stats`) scales them as it reads them, takes the
+normaliser from the draw's distribution, and, for the Sampler, also widens that
+distribution to a drawn token it leaves out (`sampler_torch.keep_drawn_tokens`) in the same
+read. For n >= 2 it takes torch.topk of the unscaled logits: 1/T > 0 keeps their order.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import torch
 from specops._arg_checks import check_1d
 
 from .metadata import LOGPROBS_MODES
-from .sampler_torch import SampleResult, need_distribution, scale_logits
+from .sampler_torch import SampleResult, keep_drawn_tokens, need_distribution, scale_logits
 from .topk_topp import resolve_backend
 
 
@@ -161,6 +168,67 @@ def compute_logprobs(
     check_1d("inv_temperature", inv_temperature, R, (torch.float32,), dev)
     for name in ("threshold", "row_max", "log_norm"):   # [R] each: a shorter one would broadcast
         check_1d(f"result.{name}", getattr(result, name), R, (torch.float32,), dev)
-    x = scale_logits(processed_logits, inv_temperature)
-    offset = result.row_max + result.log_norm if mode == "processed_logprobs" else None
-    return gather_logprobs(x, tokens, num_logprobs, offset, result.threshold)
+    return compute_processed_logprobs(mode, num_logprobs, tokens, processed_logits, inv_temperature, result,
+                                      backend=backend)[0]
+
+
+def compute_processed_logprobs(
+    mode: str,                          # "processed_logprobs" or "processed_logits"
+    num_logprobs: int,
+    tokens: torch.Tensor,               # [R] int32/int64 sampled tokens (-1: invalid row)
+    processed_logits: torch.Tensor,     # [R, V] processed, before temperature
+    inv_temperature: torch.Tensor,      # [R] fp32: 1/T on random rows, <= 0 on greedy rows
+    result: SampleResult,               # the draw's processed distribution
+    *,
+    widen: bool = False,
+    backend: str = "auto",
+) -> tuple[LogprobsTensors, SampleResult]:
+    """Processed logprobs and the distribution they were read from.
+
+    With `widen`, `tokens` come from another draw than `result`'s (the Sampler's tokens-only
+    draw beside the threshold search): a row whose token lies below its threshold gets the
+    distribution widened to that token first (`keep_drawn_tokens`), and the returned
+    SampleResult carries `tokens` and the widened threshold / log_norm. Without it `result`
+    comes back as given. Arguments are the caller's to check (`compute_logprobs` does);
+    inv_temperature must be finite, as SamplingMetadata builds it.
+    """
+    n = max(0, min(int(num_logprobs), processed_logits.shape[1]))
+    logprobs_mode = mode == "processed_logprobs"
+    use_triton = (resolve_backend(backend, processed_logits.device) == "triton"
+                  and processed_logits.dtype in _KERNEL_DTYPES)
+    if not use_triton:
+        x = scale_logits(processed_logits, inv_temperature)
+        if widen:
+            result = keep_drawn_tokens(x, result, tokens.to(torch.int64))
+        offset = result.row_max + result.log_norm if logprobs_mode else None
+        return gather_logprobs(x, tokens, n, offset, result.threshold), result
+
+    from specops.triton_kernels.logprob_stats import processed_logprob_stats
+
+    R, V = processed_logits.shape
+    scores = processed_logits if processed_logits.stride(1) == 1 else processed_logits.contiguous()
+    dev = scores.device
+    tokens = tokens.to(torch.int64).contiguous()
+    inv_t = inv_temperature.contiguous()
+    threshold, row_max, log_norm = (t.contiguous() for t in (result.threshold, result.row_max, result.log_norm))
+    ids = torch.empty(R, n + 1, dtype=torch.int64, device=dev)
+    vals = torch.empty(R, n + 1, dtype=torch.float32, device=dev)
+    ranks = torch.empty(R, dtype=torch.int64, device=dev)
+    if widen:
+        threshold_out, log_norm_out = torch.empty_like(threshold), torch.empty_like(log_norm)
+    else:
+        threshold_out, log_norm_out = threshold, log_norm      # not written
+    processed_logprob_stats(scores, tokens, inv_t, threshold, row_max, log_norm, ids, vals, ranks,
+                            threshold_out, log_norm_out, logprobs=logprobs_mode, top1=n == 1, widen=widen)
+    if widen:
+        result = SampleResult(tokens=tokens, threshold=threshold_out, row_max=result.row_max, log_norm=log_norm_out)
+    if n >= 2:
+        top_v, top_i = scores.topk(n, dim=-1)        # x = scores * (1/T > 0): the same order
+        top_v = scale_logits(top_v, inv_t)
+        top_v = torch.where(top_v >= result.threshold.unsqueeze(1), top_v, torch.full_like(top_v, float("-inf")))
+        if logprobs_mode:
+            top_v = top_v - (result.row_max + result.log_norm).unsqueeze(1)
+        bad = ids[:, :1] < 0
+        ids[:, 1:] = top_i.masked_fill_(bad, -1)
+        vals[:, 1:] = top_v.masked_fill_(bad, float("nan"))
+    return LogprobsTensors(ids, vals, ranks), result

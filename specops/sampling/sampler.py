@@ -31,10 +31,10 @@ import torch
 from specops import rng
 
 from .logits_processors.builtin import MinPLogitsProcessor
-from .logprobs import LogprobsTensors, compute_logprobs
+from .logprobs import LogprobsTensors, compute_logprobs, compute_processed_logprobs
 from .metadata import LOGPROBS_MODES, SamplingMetadata
 from .sampler_torch import (SampleResult, apply_allowed_token_mask_, apply_bad_words_, apply_penalties_torch,
-                            keep_drawn_tokens, scale_logits, target_probs_torch)
+                            scale_logits, target_probs_torch)
 from .topk_topp import _LOGIT_DTYPES, check_backend_name, resolve_backend, sample, sample_options
 
 
@@ -134,19 +134,23 @@ class Sampler:
         # the threshold is read only by processed logprobs: without them, pivot rows need none
         need = metadata.max_num_logprobs is not None and self.logprobs_mode.startswith("processed")
         result = self.sample_processed(processed, metadata, distribution=need)
+        tokens = result.tokens
+        widen = False
         if need and metadata.greedy_rows_hint() is not True and metadata.pivot_rows_hint(processed.min_p) is not False:
             # the tokens are the tokens-only draw's whatever the logprobs asked for, so that a
             # seeded row's token does not depend on its batch's logprobs (rows of top-p / min-p
             # without top-k: pivot rejection); the distribution comes from the call above, widened
             # to a drawn token that it leaves out at a float near-tie of the top-p boundary
             tokens = self.sample_processed(processed, metadata, distribution=False).tokens
-            result = keep_drawn_tokens(scale_logits(processed.logits, processed.inv_temperature), result, tokens)
+            widen = True
         logprobs = None
-        if metadata.max_num_logprobs is not None:
-            logprobs = compute_logprobs(self.logprobs_mode, metadata.max_num_logprobs, result.tokens,
-                                        raw_logits=processed.raw_logits, processed_logits=processed.logits,
-                                        inv_temperature=processed.inv_temperature, result=result,
-                                        backend=self.backend)
+        if need:
+            logprobs, result = compute_processed_logprobs(self.logprobs_mode, metadata.max_num_logprobs, tokens,
+                                                          processed.logits, processed.inv_temperature, result,
+                                                          widen=widen, backend=self.backend)
+        elif metadata.max_num_logprobs is not None:
+            logprobs = compute_logprobs(self.logprobs_mode, metadata.max_num_logprobs, tokens,
+                                        raw_logits=processed.raw_logits, backend=self.backend)
         return SamplerOutput(result.tokens, logprobs, result)
 
     # ---- steps 1-7: processing ----------------------------------------------------------
