@@ -359,3 +359,93 @@ def test_processed_batch_invariance(device):
                                                inv_t[r:r + 1], one_res, widen=True, backend="triton")
         assert torch.equal(one.logprobs, full.logprobs[r:r + 1]) and torch.equal(one.ranks, full.ranks[r:r + 1])
         assert torch.equal(wone.log_norm, wfull.log_norm[r:r + 1])
+
+
+# ---- the top n listed by the kernels (2 <= n <= MAX_TOP_N; more: torch.topk) --------------------
+
+def assert_ties_in_index_order(out, x):
+    """The kernels' top-n columns: values not increasing, equal values in increasing index order."""
+    ids = out.token_ids[:, 1:]
+    ok = (ids >= 0).all(dim=1)
+    v = x.float().gather(1, ids.clamp(min=0))
+    v = torch.where(torch.isnan(v), float("inf"), v)               # NaN first, as torch.topk
+    same = (v[:, 1:] == v[:, :-1]) & ok.unsqueeze(1)
+    assert bool((v[:, 1:] <= v[:, :-1])[ok].all())
+    assert bool((ids[:, 1:] > ids[:, :-1])[same].all())
+
+
+@pytest.mark.parametrize("n", [2, 7, 32, 33])
+def test_top_n_lists(device, n):
+    from specops.triton_kernels.logprob_stats import MAX_TOP_N
+    assert MAX_TOP_N == 32                      # n = 33 takes torch.topk
+    for V in vocabs(device):
+        if n > V:
+            continue
+        R = 7
+        x = random_scores(R, V, torch.float32, device)
+        x[1] = torch.round(x[1])                # a few distinct values: ties inside and across chunks
+        x[2, [5, V - 1]] = float("nan")         # NaN first
+        x[3, :] = 2.0                           # every token tied: the first n indices
+        x[4, [0, V // 2, V - 1]] = float("inf")
+        x[5, torch.rand(V, device=device) < 0.7] = float("-inf")
+        tok = random_tokens(R, V, device)
+        for dtype in (torch.float32, torch.bfloat16):
+            xd = x.to(dtype)
+            for mode in ("raw_logprobs", "raw_logits"):
+                out = compute_logprobs(mode, n, tok, raw_logits=xd, backend="triton")
+                check(xd, tok, n, mode, out=out)
+                if n <= MAX_TOP_N:
+                    assert_ties_in_index_order(out, xd)
+                    valid = tok >= 0
+                    assert out.token_ids[3, 1:].tolist() == (list(range(n)) if bool(valid[3]) else [-1] * n)
+
+
+def test_top_n_several_blocks_per_program(device):
+    """Blocks of 16, 8 per program: the running list merged with each block."""
+    R, V, n = 5, 500, 9
+    x = random_scores(R, V, torch.float32, device)
+    x[1] = torch.round(x[1] / 2)
+    x[2, 499] = float("nan")
+    tok = random_tokens(R, V, device, invalid=0.0)
+    ids = torch.empty(R, n + 1, dtype=torch.int64, device=device)
+    vals = torch.empty(R, n + 1, device=device)
+    ranks = torch.empty(R, dtype=torch.int64, device=device)
+    lse = torch.empty(R, device=device)
+    logprob_stats(x, tok, ids, vals, ranks, lse, log_norm=True, top1=False, top_n=n, block=16, max_chunks=4)
+    out = LogprobsTensors(ids, vals, ranks)
+    check(x, tok, n, "raw_logprobs", out=out)
+    assert_ties_in_index_order(out, x)
+
+
+@pytest.mark.parametrize("n", [2, 7, 33])
+def test_processed_top_n(device, n):
+    for V in vocabs(device)[1:]:
+        logits, inv_t, res, tokens = processed_case(6, V, torch.bfloat16, device, seed=n + V)
+        for mode in ("processed_logprobs", "processed_logits"):
+            for widen in (False, True):
+                out, _ = check_processed(logits, inv_t, res, tokens, n, mode, widen)
+    from specops.sampling.logprobs import compute_processed_logprobs
+    from specops.sampling.sampler_torch import scale_logits
+    logits, inv_t, res, tokens = processed_case(6, 1000, torch.float32, device, seed=1)
+    out, _ = compute_processed_logprobs("processed_logprobs", n, tokens, logits, inv_t, res, backend="triton")
+    if n <= 32:
+        assert_ties_in_index_order(out, scale_logits(logits, inv_t))
+
+
+def test_a_rows_values_do_not_depend_on_how_many_logprobs_the_batch_asks_for(device):
+    """n is the batch's largest request: a row's own logprob (and processed value) must be bitwise
+    the same whether the kernels list a top 1, a top 5 or fall back to torch.topk for 40."""
+    V = vocabs(device)[-1]
+    x = random_scores(5, V, torch.bfloat16, device)
+    tok = random_tokens(5, V, device, invalid=0.0)
+    outs = [compute_logprobs("raw_logprobs", n, tok, raw_logits=x, backend="triton") for n in (0, 1, 5, 40)]
+    for o in outs[1:]:
+        assert torch.equal(o.logprobs[:, 0], outs[0].logprobs[:, 0]) and torch.equal(o.ranks, outs[0].ranks)
+        assert torch.equal(o.logprobs[:, 1], outs[1].logprobs[:, 1])
+    from specops.sampling.logprobs import compute_processed_logprobs
+    logits, inv_t, res, tokens = processed_case(5, V, torch.float32, device, seed=9)
+    outs = [compute_processed_logprobs("processed_logprobs", n, tokens, logits, inv_t, res, widen=True,
+                                       backend="triton") for n in (0, 1, 5, 40)]
+    for o, r in outs[1:]:
+        assert torch.equal(o.logprobs[:, 0].nan_to_num(7.0), outs[0][0].logprobs[:, 0].nan_to_num(7.0))
+        assert torch.equal(r.log_norm.nan_to_num(7.0), outs[0][1].log_norm.nan_to_num(7.0))

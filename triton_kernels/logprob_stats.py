@@ -1,4 +1,4 @@
-"""Logprob statistics in one read of every scores row: logsumexp, top-1 and the chosen token's rank.
+"""Logprob statistics in one read of every scores row: logsumexp, the top n and the chosen token's rank.
 
 Pass 1, grid (rows, chunks): each program reads one chunk of a row (BLOCK * ITERS tokens;
 usually one block of 2048) and writes its partials:
@@ -6,11 +6,15 @@ usually one block of 2048) and writes its partials:
 - the chunk max over non-NaN values and the first index holding it;
 - sum exp(x - chunk max) over non-NaN values (relative to 0 when the chunk max is -inf);
 - the first NaN index (BIG if none);
-- the number of values strictly greater than the row's chosen value scores[r, tokens[r]].
+- the number of values strictly greater than the row's chosen value scores[r, tokens[r]];
+- with TOPN (2 <= n <= MAX_TOP_N), the chunk's n largest values as int32 keys ordered as
+  torch.topk orders values (NaN above +inf) and their tokens: n rounds of a max over the
+  block and the running list (the lowest token first among equal keys).
 
 Pass 2, grid (rows,): combines the chunks of a row and writes the sampled token's column
-(id, value, rank) and, with TOP1, the top-1 column (argmax, max) straight into the
-LogprobsTensors outputs, and the row's logsumexp.
+(id, value, rank) and, with TOP1, the top-1 column (argmax, max) or, with TOPN, the top n
+(n rounds over the chunks' lists: largest first, the lowest index first among ties)
+straight into the LogprobsTensors outputs, and the row's logsumexp.
 
 `processed_logprob_stats` runs the same two passes for the processed modes: pass 1 reads
 the scores as the Sampler's scale_logits makes them (x * 1/T on random rows, unchanged on
@@ -34,9 +38,69 @@ import torch
 import triton
 import triton.language as tl
 
+from .sampling_common import float_key, key_float
+
 _BIG = tl.constexpr(2147483647)
+_NO_KEY = tl.constexpr(-2147483648)   # below every value's key (-inf included): an empty slot
 BLOCK = 2048          # tokens per block: one block per program at common vocabularies
 MAX_CHUNKS = 256      # programs per row, at most (more vocabulary: several blocks per program)
+MAX_TOP_N = 32        # top-n lists made by the kernels; a larger n takes torch.topk
+PASS1_WARPS = 4       # warps of pass 1 (every launch alike: the sums are added in one order whatever n)
+
+
+@triton.jit
+def _value_key(x):
+    """fp32 -> int32 key ordered as torch.topk orders values: every NaN above +inf."""
+    return tl.where(x != x, 2147483647, float_key(x))
+
+
+@triton.jit
+def _key_value(k):
+    """Inverse of `_value_key` (NaN for the NaN key)."""
+    return tl.where(k == 2147483647, float("nan"), key_float(k))
+
+
+@triton.jit
+def _merge_top(keys, offs, top_k, top_i, num_top, TOPN: tl.constexpr):
+    """The num_top largest of a block (keys [BLOCK], token offs) and a running list (top_k,
+    top_i [TOPN], _NO_KEY where empty), largest first, the lowest token first among equal keys."""
+    jj = tl.arange(0, TOPN)
+    new_k = tl.full([TOPN], _NO_KEY, tl.int32)
+    new_i = tl.full([TOPN], _BIG, tl.int32)
+    for j in range(0, num_top):
+        best = tl.maximum(tl.max(keys, axis=0), tl.max(top_k, axis=0))
+        idx = tl.minimum(tl.min(tl.where(keys == best, offs, _BIG), axis=0),
+                         tl.min(tl.where(top_k == best, top_i, _BIG), axis=0))
+        keys = tl.where(offs == idx, _NO_KEY, keys)
+        top_k = tl.where(top_i == idx, _NO_KEY, top_k)
+        new_k = tl.where(jj == j, best, new_k)
+        new_i = tl.where(jj == j, idx, new_i)
+    return new_k, new_i
+
+
+@triton.jit
+def _store_top_n(part_t_ptr, r, S, S_P2: tl.constexpr, num_top, TOPN: tl.constexpr, ids, vals, valid,
+                 thr, offset, MASK: tl.constexpr, OFFSET: tl.constexpr):
+    """Columns 1..num_top of a row: the num_top largest of its chunks' lists (pass 1), largest
+    first, the lowest token first among equal values. Values: x (NaN for NaN), -inf below thr
+    (MASK), minus offset (OFFSET)."""
+    c = tl.arange(0, S_P2)[:, None]
+    jj = tl.arange(0, TOPN)[None, :]
+    ok = (c < S) & (jj < num_top)
+    base = ((r.to(tl.int64) * S + c) * TOPN + jj) * 2
+    keys = tl.load(part_t_ptr + base, mask=ok, other=_NO_KEY)
+    toks = tl.load(part_t_ptr + base + 1, mask=ok, other=_BIG)
+    for j in range(0, num_top):
+        best = tl.max(tl.max(keys, axis=1), axis=0)
+        idx = tl.min(tl.min(tl.where(keys == best, toks, _BIG), axis=1), axis=0)
+        keys = tl.where(toks == idx, _NO_KEY, keys)
+        v = _key_value(best)
+        if MASK:
+            v = tl.where(v >= thr, v, float("-inf"))
+        if OFFSET:
+            v = v - offset
+        tl.store(ids + 1 + j, tl.where(valid, idx, -1).to(tl.int64))
+        tl.store(vals + 1 + j, tl.where(valid, v, float("nan")))
 
 
 @triton.jit
@@ -46,10 +110,12 @@ def _partials_kernel(
     inv_t_ptr,                  # [R] fp32 1/T, <= 0 (or NaN) on greedy rows (SCALED)
     part_f_ptr,                 # [R, S, 2] fp32 out: chunk max (NaN ignored), sum exp(x - max)
     part_i_ptr,                 # [R, S, 3] int32 out: first index of the max, first NaN index, count above chosen
-    V, S, ITERS,
+    part_t_ptr,                 # [R, S, TOPN, 2] int32 out (TOPN > 0): the chunk's top num_top (key, token)
+    V, S, ITERS, num_top,
     BLOCK: tl.constexpr,
     SCALED: tl.constexpr,       # x = scores * 1/T where 1/T > 0 (scale_logits)
     FROM_CHOSEN: tl.constexpr,  # sum exp(x - max) only over x >= the chosen value
+    TOPN: tl.constexpr,         # 0, or a power of 2 >= num_top: list the chunk's num_top largest
 ):
     r = tl.program_id(0)
     s = tl.program_id(1)
@@ -70,12 +136,16 @@ def _partials_kernel(
     lane_idx = tl.full([BLOCK], _BIG, tl.int32)       # first index of lane_max in the lane
     nan_idx = tl.full([BLOCK], _BIG, tl.int32)
     above = tl.zeros([BLOCK], tl.int32)
+    top_k = tl.full([max(TOPN, 1)], _NO_KEY, tl.int32)
+    top_i = tl.full([max(TOPN, 1)], _BIG, tl.int32)
     for it in range(0, ITERS):
         offs = start + it * BLOCK + cols
         ok = offs < V
         x = tl.load(row + offs, mask=ok, other=float("-inf")).to(tl.float32)
         if SCALED:
             x = tl.where(inv_t > 0, x * inv_t, x)
+        if TOPN > 0:
+            top_k, top_i = _merge_top(tl.where(ok, _value_key(x), _NO_KEY), offs, top_k, top_i, num_top, TOPN)
         is_nan = x != x
         nan_idx = tl.minimum(nan_idx, tl.where(is_nan, offs, _BIG))
         above += (x > chosen).to(tl.int32)               # NaN compares false, as in torch
@@ -99,6 +169,10 @@ def _partials_kernel(
     tl.store(part_i_ptr + base * 3 + 0, idx)
     tl.store(part_i_ptr + base * 3 + 1, tl.min(nan_idx, axis=0))
     tl.store(part_i_ptr + base * 3 + 2, tl.sum(above, axis=0))
+    if TOPN > 0:
+        jj = tl.arange(0, TOPN)
+        tl.store(part_t_ptr + (base * TOPN + jj) * 2, top_k, mask=jj < num_top)
+        tl.store(part_t_ptr + (base * TOPN + jj) * 2 + 1, top_i, mask=jj < num_top)
 
 
 @triton.jit
@@ -106,12 +180,13 @@ def _combine_kernel(
     scores_ptr, stride_row,     # [R, V] fp32/bf16/fp16
     tokens_ptr,                 # [R] int64
     part_f_ptr, part_i_ptr,     # [R, S, 2] fp32, [R, S, 3] int32 (pass 1)
-    ids_ptr, vals_ptr,          # [R, W] int64 / fp32 out: column 0 the sampled token, column 1 the top-1 (TOP1)
+    part_t_ptr,                 # [R, S, TOPN, 2] int32 (pass 1, TOPN > 0)
+    ids_ptr, vals_ptr,          # [R, W] int64 / fp32 out: column 0 the sampled token, then the top-1 (TOP1) or top num_top (TOPN)
     stride_ids, stride_vals,
     ranks_ptr,                  # [R] int64 out
     lse_ptr,                    # [R] fp32 out: logsumexp of the row
-    V, S,
-    S_P2: tl.constexpr, LOG_NORM: tl.constexpr, TOP1: tl.constexpr,
+    V, S, num_top,
+    S_P2: tl.constexpr, LOG_NORM: tl.constexpr, TOP1: tl.constexpr, TOPN: tl.constexpr,
 ):
     r = tl.program_id(0)
     c = tl.arange(0, S_P2)
@@ -151,6 +226,8 @@ def _combine_kernel(
     if TOP1:
         tl.store(ids + 1, tl.where(valid, top_i, -1).to(tl.int64))
         tl.store(vals + 1, tl.where(valid, top_v, float("nan")))
+    if TOPN > 0:
+        _store_top_n(part_t_ptr, r, S, S_P2, num_top, TOPN, ids, vals, valid, 0.0, lse, MASK=False, OFFSET=LOG_NORM)
 
 
 @triton.jit
@@ -160,12 +237,13 @@ def _processed_combine_kernel(
     inv_t_ptr,                  # [R] fp32 1/T, <= 0 on greedy rows
     thr_ptr, row_max_ptr, log_norm_ptr,   # [R] fp32 each: the draw's distribution
     part_f_ptr, part_i_ptr,     # [R, S, 2] fp32, [R, S, 3] int32 (pass 1, FROM_CHOSEN when WIDEN)
-    ids_ptr, vals_ptr,          # [R, W] int64 / fp32 out: column 0 the sampled token, column 1 the top-1 (TOP1)
+    part_t_ptr,                 # [R, S, TOPN, 2] int32 (pass 1, TOPN > 0)
+    ids_ptr, vals_ptr,          # [R, W] int64 / fp32 out: column 0 the sampled token, then the top-1 (TOP1) or top num_top (TOPN)
     stride_ids, stride_vals,
     ranks_ptr,                  # [R] int64 out
     thr_out_ptr, log_norm_out_ptr,        # [R] fp32 out (WIDEN): the distribution widened to the token
-    V, S,
-    S_P2: tl.constexpr, LOGPROBS: tl.constexpr, TOP1: tl.constexpr, WIDEN: tl.constexpr,
+    V, S, num_top,
+    S_P2: tl.constexpr, LOGPROBS: tl.constexpr, TOP1: tl.constexpr, WIDEN: tl.constexpr, TOPN: tl.constexpr,
 ):
     r = tl.program_id(0)
     c = tl.arange(0, S_P2)
@@ -203,8 +281,8 @@ def _processed_combine_kernel(
         tl.store(log_norm_out_ptr + r, log_norm)
     chosen = tl.where(chosen >= thr, chosen, float("-inf"))
     top_v = tl.where(top_v >= thr, top_v, float("-inf"))
+    offset = row_max + log_norm
     if LOGPROBS:
-        offset = row_max + log_norm
         chosen = chosen - offset
         top_v = top_v - offset
     ids = ids_ptr + r.to(tl.int64) * stride_ids
@@ -215,6 +293,9 @@ def _processed_combine_kernel(
     if TOP1:
         tl.store(ids + 1, tl.where(valid, top_i, -1).to(tl.int64))
         tl.store(vals + 1, tl.where(valid, top_v, float("nan")))
+    if TOPN > 0:
+        _store_top_n(part_t_ptr, r, S, S_P2, num_top, TOPN, ids, vals, valid, thr, offset, MASK=True,
+                     OFFSET=LOGPROBS)
 
 
 def _next_pow2(n: int) -> int:
@@ -239,10 +320,13 @@ def logprob_stats(
     *,
     log_norm: bool,
     top1: bool,
+    top_n: int = 0,
     block: int = BLOCK,
     max_chunks: int = MAX_CHUNKS,
 ) -> None:
-    """Fill column 0 of ids/vals (sampled token), ranks, lse and, with `top1`, column 1 (argmax).
+    """Fill column 0 of ids/vals (sampled token), ranks, lse and, with `top1`, column 1 (argmax)
+    or, with 2 <= top_n <= MAX_TOP_N, columns 1..top_n (the top n, largest first, the lowest
+    index first among ties, NaN above everything as torch.topk has it).
 
     With `log_norm` the values are logprobs (value - logsumexp of the row), otherwise the
     scores themselves. `block` and `max_chunks` are tuning knobs (tests shrink them to
@@ -252,21 +336,25 @@ def logprob_stats(
     assert scores.dtype in (torch.float32, torch.bfloat16, torch.float16), scores.dtype
     assert scores.stride(1) == 1 or V == 1, "scores need a unit column stride"
     assert tokens.shape == (R,) and tokens.dtype == torch.int64 and tokens.is_contiguous()
-    assert ids.shape[0] == R and vals.shape == ids.shape and ids.shape[1] >= (2 if top1 else 1)
+    assert ids.shape[0] == R and vals.shape == ids.shape and ids.shape[1] >= 1 + max(int(top1), top_n)
     assert ids.dtype == torch.int64 and vals.dtype == torch.float32
     assert ids.stride(1) == 1 and vals.stride(1) == 1
     assert ranks.shape == (R,) and lse.shape == (R,) and ranks.is_contiguous() and lse.is_contiguous()
     assert V >= 1 and V < 2**31 - 1
+    assert top_n == 0 or (2 <= top_n <= min(MAX_TOP_N, V) and not top1), top_n
     if R == 0:
         return
     blk, iters, S = chunk_geometry(V, block, max_chunks)
     part_f = torch.empty(R, S, 2, dtype=torch.float32, device=scores.device)
     part_i = torch.empty(R, S, 3, dtype=torch.int32, device=scores.device)
-    _partials_kernel[(R, S)](scores, scores.stride(0), tokens, lse, part_f, part_i, V, S, iters,
-                             BLOCK=blk, SCALED=False, FROM_CHOSEN=False, num_warps=4)
-    _combine_kernel[(R,)](scores, scores.stride(0), tokens, part_f, part_i,
-                          ids, vals, ids.stride(0), vals.stride(0), ranks, lse, V, S,
-                          S_P2=max(16, _next_pow2(S)), LOG_NORM=log_norm, TOP1=top1, num_warps=4)
+    topn = _next_pow2(top_n) if top_n else 0
+    part_t = torch.empty(R, S, topn, 2, dtype=torch.int32, device=scores.device) if topn else part_i
+    _partials_kernel[(R, S)](scores, scores.stride(0), tokens, lse, part_f, part_i, part_t, V, S, iters, top_n,
+                             BLOCK=blk, SCALED=False, FROM_CHOSEN=False, TOPN=topn,
+                             num_warps=PASS1_WARPS)
+    _combine_kernel[(R,)](scores, scores.stride(0), tokens, part_f, part_i, part_t,
+                          ids, vals, ids.stride(0), vals.stride(0), ranks, lse, V, S, top_n,
+                          S_P2=max(16, _next_pow2(S)), LOG_NORM=log_norm, TOP1=top1, TOPN=topn, num_warps=4)
 
 
 def processed_logprob_stats(
@@ -285,6 +373,7 @@ def processed_logprob_stats(
     logprobs: bool,
     top1: bool,
     widen: bool,
+    top_n: int = 0,
     block: int = BLOCK,
     max_chunks: int = MAX_CHUNKS,
 ) -> None:
@@ -293,7 +382,8 @@ def processed_logprob_stats(
     Values are those of x = scale_logits(scores, inv_temperature), -inf below the row's
     threshold, minus row_max + log_norm with `logprobs` ("processed_logprobs"); ranks count
     x over every token. With `widen`, threshold_out / log_norm_out get the distribution
-    widened to the token (sampler_torch.keep_drawn_tokens) and the values use it.
+    widened to the token (sampler_torch.keep_drawn_tokens) and the values use it. `top_n` as
+    in `logprob_stats` (the top n of x, their values as the token's).
     """
     R, V = scores.shape
     assert scores.dtype in (torch.float32, torch.bfloat16, torch.float16), scores.dtype
@@ -301,19 +391,23 @@ def processed_logprob_stats(
     assert tokens.shape == (R,) and tokens.dtype == torch.int64 and tokens.is_contiguous()
     for t in (inv_temperature, threshold, row_max, log_norm, threshold_out, log_norm_out):
         assert t.shape == (R,) and t.dtype == torch.float32 and t.is_contiguous()
-    assert ids.shape[0] == R and vals.shape == ids.shape and ids.shape[1] >= (2 if top1 else 1)
+    assert ids.shape[0] == R and vals.shape == ids.shape and ids.shape[1] >= 1 + max(int(top1), top_n)
     assert ids.dtype == torch.int64 and vals.dtype == torch.float32
     assert ids.stride(1) == 1 and vals.stride(1) == 1
     assert ranks.shape == (R,) and ranks.is_contiguous()
     assert V >= 1 and V < 2**31 - 1
+    assert top_n == 0 or (2 <= top_n <= min(MAX_TOP_N, V) and not top1), top_n
     if R == 0:
         return
     blk, iters, S = chunk_geometry(V, block, max_chunks)
     part_f = torch.empty(R, S, 2, dtype=torch.float32, device=scores.device)
     part_i = torch.empty(R, S, 3, dtype=torch.int32, device=scores.device)
-    _partials_kernel[(R, S)](scores, scores.stride(0), tokens, inv_temperature, part_f, part_i, V, S, iters,
-                             BLOCK=blk, SCALED=True, FROM_CHOSEN=widen, num_warps=4)
+    topn = _next_pow2(top_n) if top_n else 0
+    part_t = torch.empty(R, S, topn, 2, dtype=torch.int32, device=scores.device) if topn else part_i
+    _partials_kernel[(R, S)](scores, scores.stride(0), tokens, inv_temperature, part_f, part_i, part_t, V, S, iters,
+                             top_n, BLOCK=blk, SCALED=True, FROM_CHOSEN=widen, TOPN=topn,
+                             num_warps=PASS1_WARPS)
     _processed_combine_kernel[(R,)](scores, scores.stride(0), tokens, inv_temperature, threshold, row_max, log_norm,
-                                    part_f, part_i, ids, vals, ids.stride(0), vals.stride(0), ranks,
-                                    threshold_out, log_norm_out, V, S, S_P2=max(16, _next_pow2(S)),
-                                    LOGPROBS=logprobs, TOP1=top1, WIDEN=widen, num_warps=4)
+                                    part_f, part_i, part_t, ids, vals, ids.stride(0), vals.stride(0), ranks,
+                                    threshold_out, log_norm_out, V, S, top_n, S_P2=max(16, _next_pow2(S)),
+                                    LOGPROBS=logprobs, TOP1=top1, WIDEN=widen, TOPN=topn, num_warps=4)

@@ -17,17 +17,18 @@ Rows whose token is -1 (invalid) get token id -1, NaN values and rank -1.
 
 Backends of the "raw_*" modes: "torch" (logsumexp, topk, a rank count and a gather: several
 passes over the logits) and "triton" (specops.triton_kernels.logprob_stats: logsumexp, the
-top-1 and the rank in one read of the logits; torch.topk only for n >= 2); "auto" takes
-triton on CUDA and torch elsewhere. Neither syncs the host. The two agree on ids and ranks
-exactly (the top-1 of tied maxima is the first index in both; among ties for n >= 2
-torch.topk's order decides) and on values to fp32 rounding.
+top n (up to MAX_TOP_N = 32: more takes torch.topk) and the rank in one read of the logits);
+"auto" takes triton on CUDA and torch elsewhere. Neither syncs the host. The two agree on
+ids and ranks exactly (the top-1 of tied maxima is the first index in both; among ties for
+n >= 2 torch.topk's order decides on the torch path, the lowest index first on the Triton
+one) and on values to fp32 rounding.
 
 The processed modes have the same two backends (`compute_processed_logprobs`): "torch"
 scales the logits into a new [R, V] tensor and gathers from it; "triton"
 (`logprob_stats.processed_logprob_stats`) scales them as it reads them, takes the
 normaliser from the draw's distribution, and, for the Sampler, also widens that
 distribution to a drawn token it leaves out (`sampler_torch.keep_drawn_tokens`) in the same
-read. For n >= 2 it takes torch.topk of the unscaled logits: 1/T > 0 keeps their order.
+read. For n > 32 it takes torch.topk of the unscaled logits: 1/T > 0 keeps their order.
 """
 
 from __future__ import annotations
@@ -102,11 +103,11 @@ def gather_logprobs_triton(
     """`gather_logprobs(scores, tokens, n, logsumexp(scores) if log_norm else None)` fused.
 
     One Triton pass over the rows gives logsumexp, the sampled token's value and rank, and
-    the top-1; n >= 2 adds torch.topk for the top n. Tokens outside [0, V) are invalid rows
+    the top n (n <= 32; a larger n adds torch.topk). Tokens outside [0, V) are invalid rows
     here (-1 ids, NaN values, rank -1) where the torch path raises. Runs on CUDA, or on CPU
     under TRITON_INTERPRET=1 (tests).
     """
-    from specops.triton_kernels.logprob_stats import logprob_stats
+    from specops.triton_kernels.logprob_stats import MAX_TOP_N, logprob_stats
 
     R, V = scores.shape
     n = max(0, min(int(num_logprobs), V))
@@ -117,9 +118,10 @@ def gather_logprobs_triton(
     vals = torch.empty(R, n + 1, dtype=torch.float32, device=dev)
     ranks = torch.empty(R, dtype=torch.int64, device=dev)
     lse = torch.empty(R, dtype=torch.float32, device=dev)
+    kernel_top_n = n if 2 <= n <= MAX_TOP_N else 0
     logprob_stats(scores, tokens.to(torch.int64).contiguous(), ids, vals, ranks, lse, log_norm=log_norm,
-                  top1=n == 1)
-    if n >= 2:
+                  top1=n == 1, top_n=kernel_top_n)
+    if n >= 2 and not kernel_top_n:
         top_v, top_i = scores.topk(n, dim=-1)
         top_v = top_v.float()
         if log_norm:
@@ -203,7 +205,7 @@ def compute_processed_logprobs(
         offset = result.row_max + result.log_norm if logprobs_mode else None
         return gather_logprobs(x, tokens, n, offset, result.threshold), result
 
-    from specops.triton_kernels.logprob_stats import processed_logprob_stats
+    from specops.triton_kernels.logprob_stats import MAX_TOP_N, processed_logprob_stats
 
     R, V = processed_logits.shape
     scores = processed_logits if processed_logits.stride(1) == 1 else processed_logits.contiguous()
@@ -218,11 +220,13 @@ def compute_processed_logprobs(
         threshold_out, log_norm_out = torch.empty_like(threshold), torch.empty_like(log_norm)
     else:
         threshold_out, log_norm_out = threshold, log_norm      # not written
+    kernel_top_n = n if 2 <= n <= MAX_TOP_N else 0
     processed_logprob_stats(scores, tokens, inv_t, threshold, row_max, log_norm, ids, vals, ranks,
-                            threshold_out, log_norm_out, logprobs=logprobs_mode, top1=n == 1, widen=widen)
+                            threshold_out, log_norm_out, logprobs=logprobs_mode, top1=n == 1, widen=widen,
+                            top_n=kernel_top_n)
     if widen:
         result = SampleResult(tokens=tokens, threshold=threshold_out, row_max=result.row_max, log_norm=log_norm_out)
-    if n >= 2:
+    if n >= 2 and not kernel_top_n:
         top_v, top_i = scores.topk(n, dim=-1)        # x = scores * (1/T > 0): the same order
         top_v = scale_logits(top_v, inv_t)
         top_v = torch.where(top_v >= result.threshold.unsqueeze(1), top_v, torch.full_like(top_v, float("-inf")))
