@@ -400,18 +400,22 @@ def test_top_n_lists(device, n):
                     assert out.token_ids[3, 1:].tolist() == (list(range(n)) if bool(valid[3]) else [-1] * n)
 
 
-def test_top_n_several_blocks_per_program(device):
-    """Blocks of 16, 8 per program: the running list merged with each block."""
-    R, V, n = 5, 500, 9
+@pytest.mark.parametrize("block, max_chunks, n", [(16, 4, 9), (64, 2, 9), (64, 2, 3)])
+def test_top_n_several_blocks_per_program(device, block, max_chunks, n):
+    """Several blocks per program (of 16 or 64 tokens): the running list merged with each block,
+    ties inside a block and across blocks."""
+    R, V = 5, 500
     x = random_scores(R, V, torch.float32, device)
     x[1] = torch.round(x[1] / 2)
     x[2, 499] = float("nan")
+    x[3, 64:200] = 1.5                                  # every key of some blocks tied
     tok = random_tokens(R, V, device, invalid=0.0)
     ids = torch.empty(R, n + 1, dtype=torch.int64, device=device)
     vals = torch.empty(R, n + 1, device=device)
     ranks = torch.empty(R, dtype=torch.int64, device=device)
     lse = torch.empty(R, device=device)
-    logprob_stats(x, tok, ids, vals, ranks, lse, log_norm=True, top1=False, top_n=n, block=16, max_chunks=4)
+    logprob_stats(x, tok, ids, vals, ranks, lse, log_norm=True, top1=False, top_n=n, block=block,
+                  max_chunks=max_chunks)
     out = LogprobsTensors(ids, vals, ranks)
     check(x, tok, n, "raw_logprobs", out=out)
     assert_ties_in_index_order(out, x)
