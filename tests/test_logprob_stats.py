@@ -343,7 +343,8 @@ def test_processed_blocks_of_16(device, monkeypatch):
     monkeypatch.setattr(mod, "processed_logprob_stats", lambda *a, **kw: orig(*a, **kw, block=16, max_chunks=4))
     assert chunk_geometry(500, 16, 4) == (16, 8, 4)
     for widen in (False, True):
-        check_processed(logits, inv_t, res, tokens, 1, "processed_logprobs", widen)
+        for n in (1, 5):
+            check_processed(logits, inv_t, res, tokens, n, "processed_logprobs", widen)
 
 
 def test_processed_batch_invariance(device):
@@ -453,3 +454,14 @@ def test_a_rows_values_do_not_depend_on_how_many_logprobs_the_batch_asks_for(dev
     for o, r in outs[1:]:
         assert torch.equal(o.logprobs[:, 0].nan_to_num(7.0), outs[0][0].logprobs[:, 0].nan_to_num(7.0))
         assert torch.equal(r.log_norm.nan_to_num(7.0), outs[0][1].log_norm.nan_to_num(7.0))
+
+
+def test_processed_num_logprobs_is_checked_before_any_launch():
+    """The Sampler calls compute_processed_logprobs directly: an n outside [0, V] raises there too
+    (it was clamped silently)."""
+    from specops.sampling.logprobs import compute_processed_logprobs
+    logits, inv_t, res, tokens = processed_case(3, 50, torch.float32, "cpu", seed=2)
+    for n in (51, -1, 2.0):
+        for backend in ("torch", "triton"):
+            with pytest.raises(ValueError, match=r"num_logprobs must be an int in \[0, 50\]"):
+                compute_processed_logprobs("processed_logprobs", n, tokens, logits, inv_t, res, backend=backend)

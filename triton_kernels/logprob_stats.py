@@ -18,8 +18,8 @@ straight into the LogprobsTensors outputs, and the row's logsumexp.
 
 `processed_logprob_stats` runs the same two passes for the processed modes: pass 1 reads
 the scores as the Sampler's scale_logits makes them (x * 1/T on random rows, unchanged on
-greedy rows: the same fp32 product) and sums exp only over values >= the chosen one (the
-mass a drawn token below its row's threshold widens the kept set to); pass 2 masks the
+greedy rows: the same fp32 product) and, with WIDEN, sums exp only over values >= the chosen
+one (the mass a drawn token below its row's threshold widens the kept set to); pass 2 masks the
 values below the row's threshold and subtracts row_max + log_norm of the draw's distribution,
 which it takes from the caller instead of a logsumexp. With WIDEN, a row whose valid token
 lies below its threshold gets the threshold lowered to the token's value and log_norm summed
@@ -377,7 +377,8 @@ def processed_logprob_stats(
     block: int = BLOCK,
     max_chunks: int = MAX_CHUNKS,
 ) -> None:
-    """The processed modes' column 0 (and, with `top1`, column 1) from one read of the scores.
+    """The processed modes' column 0 and, with `top1`, column 1 or, with `top_n`, columns
+    1..top_n, from one read of the scores.
 
     Values are those of x = scale_logits(scores, inv_temperature), -inf below the row's
     threshold, minus row_max + log_norm with `logprobs` ("processed_logprobs"); ranks count

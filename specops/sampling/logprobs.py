@@ -20,8 +20,10 @@ passes over the logits) and "triton" (specops.triton_kernels.logprob_stats: logs
 top n (up to MAX_TOP_N = 32: more takes torch.topk) and the rank in one read of the logits);
 "auto" takes triton on CUDA and torch elsewhere. Neither syncs the host. The two agree on
 ids and ranks exactly (the top-1 of tied maxima is the first index in both; among ties for
-n >= 2 torch.topk's order decides on the torch path, the lowest index first on the Triton
-one) and on values to fp32 rounding.
+n >= 2 torch.topk's order decides on the torch path and for n > 32, the lowest index first on
+the Triton one for n <= 32: the ids of tied values may then differ between a batch asking
+for 32 logprobs and one asking for 33) and on values to fp32 rounding. The kernels' top-n
+columns report a value of -0.0 as +0.0 (they compare -0.0 and +0.0 as equal, as torch does).
 
 The processed modes have the same two backends (`compute_processed_logprobs`): "torch"
 scales the logits into a new [R, V] tensor and gathers from it; "triton"
@@ -144,7 +146,7 @@ def compute_logprobs(
 ) -> LogprobsTensors:
     """Logprobs in `mode` (see the module docstring).
 
-    `backend` ("auto", "triton" or "torch") picks the implementation of the "raw_*" modes.
+    `backend` ("auto", "triton" or "torch") picks the implementation (module docstring).
     """
     if mode not in LOGPROBS_MODES:
         raise ValueError(f"logprobs mode must be one of {LOGPROBS_MODES}, got {mode!r}")
@@ -194,7 +196,10 @@ def compute_processed_logprobs(
     comes back as given. Arguments are the caller's to check (`compute_logprobs` does);
     inv_temperature must be finite, as SamplingMetadata builds it.
     """
-    n = max(0, min(int(num_logprobs), processed_logits.shape[1]))
+    V = processed_logits.shape[1]
+    if not isinstance(num_logprobs, int) or not 0 <= num_logprobs <= V:
+        raise ValueError(f"num_logprobs must be an int in [0, {V}], got {num_logprobs!r}")
+    n = num_logprobs
     logprobs_mode = mode == "processed_logprobs"
     use_triton = (resolve_backend(backend, processed_logits.device) == "triton"
                   and processed_logits.dtype in _KERNEL_DTYPES)
