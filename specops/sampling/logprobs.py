@@ -193,8 +193,8 @@ def compute_processed_logprobs(
     draw beside the threshold search): a row whose token lies below its threshold gets the
     distribution widened to that token first (`keep_drawn_tokens`), and the returned
     SampleResult carries `tokens` and the widened threshold / log_norm. Without it `result`
-    comes back as given. Arguments are the caller's to check (`compute_logprobs` does);
-    inv_temperature must be finite, as SamplingMetadata builds it.
+    comes back as given. num_logprobs is checked here; the tensors are the caller's to check
+    (`compute_logprobs` does); inv_temperature must be finite, as SamplingMetadata builds it.
     """
     V = processed_logits.shape[1]
     if not isinstance(num_logprobs, int) or not 0 <= num_logprobs <= V:
