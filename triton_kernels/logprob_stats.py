@@ -56,7 +56,8 @@ def _value_key(x):
 
 @triton.jit
 def _key_value(k):
-    """Inverse of `_value_key` (NaN for the NaN key)."""
+    """Inverse of `_value_key` (NaN for the NaN key; -0.0 comes back as +0.0, float_key's
+    key for both)."""
     return tl.where(k == 2147483647, float("nan"), key_float(k))
 
 
