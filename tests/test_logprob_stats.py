@@ -401,6 +401,36 @@ def test_top_n_lists(device, n):
                     assert out.token_ids[3, 1:].tolist() == (list(range(n)) if bool(valid[3]) else [-1] * n)
 
 
+def test_top_n_values_keep_the_sign_of_zero(device):
+    """The top-n lists rank -0.0 and +0.0 as one value (their int32 keys are equal); the values
+    reported are each token's own, bitwise: -0.0 stays -0.0 (it came back as +0.0 from the key).
+    Raw and processed logits, fp32 and bf16, a greedy row (1/T <= 0) and a random one."""
+    from specops.sampling.logprobs import compute_processed_logprobs
+    from specops.sampling.sampler_torch import SampleResult, scale_logits
+    R, V, n = 2, 300, 6
+    x = -torch.rand(R, V, device=device) - 0.5                # every value below -0.5 ...
+    x[:, [3, 40, 177]] = -0.0                                 # ... but three -0.0 and two +0.0 at the top
+    x[:, [90, 260]] = 0.0
+    tok = torch.tensor([5, 40], device=device)
+    inv_t = torch.tensor([-1.0, 1.25], device=device)        # a greedy row, a random row
+    for dtype in (torch.float32, torch.bfloat16):
+        xd = x.to(dtype)
+        out = compute_logprobs("raw_logits", n, tok, raw_logits=xd, backend="triton")
+        assert out.token_ids[:, 1:6].tolist() == [[3, 40, 90, 177, 260]] * R     # ties: lowest index first
+        want = xd.float().gather(1, out.token_ids[:, 1:])
+        assert torch.equal(torch.signbit(out.logprobs[:, 1:]), torch.signbit(want))
+        assert torch.equal(out.logprobs[:, 1:], want)
+        scaled = scale_logits(xd, inv_t)
+        row_max = scaled.max(dim=-1).values
+        res = SampleResult(tok, torch.full((R,), float("-inf"), device=device), row_max,
+                           torch.logsumexp(scaled - row_max.unsqueeze(1), dim=-1))
+        pout, _ = compute_processed_logprobs("processed_logits", n, tok, xd, inv_t, res, backend="triton")
+        assert pout.token_ids[:, 1:6].tolist() == [[3, 40, 90, 177, 260]] * R
+        want = scaled.gather(1, pout.token_ids[:, 1:])
+        assert torch.equal(torch.signbit(pout.logprobs[:, 1:]), torch.signbit(want))
+        assert torch.equal(pout.logprobs[:, 1:], want)
+
+
 @pytest.mark.parametrize("block, max_chunks, n", [(16, 4, 9), (64, 2, 9), (64, 2, 3)])
 def test_top_n_several_blocks_per_program(device, block, max_chunks, n):
     """Several blocks per program (of 16 or 64 tokens): the running list merged with each block,

@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .sampling_common import float_key, key_float
+from .sampling_common import float_key
 
 _BIG = tl.constexpr(2147483647)
 _NO_KEY = tl.constexpr(-2147483648)   # below every value's key (-inf included): an empty slot
@@ -55,10 +55,22 @@ def _value_key(x):
 
 
 @triton.jit
-def _key_value(k):
-    """Inverse of `_value_key` (NaN for the NaN key; -0.0 comes back as +0.0, float_key's
-    key for both)."""
-    return tl.where(k == 2147483647, float("nan"), key_float(k))
+def _scale(x, inv_t, SCALED: tl.constexpr):
+    """x as scale_logits makes it: x * 1/T where 1/T > 0 (random rows), x itself otherwise."""
+    if SCALED:
+        x = tl.where(inv_t > 0, x * inv_t, x)
+    return x
+
+
+@triton.jit
+def _chosen_value(scores_ptr, stride_row, tokens_ptr, r, V, inv_t, SCALED: tl.constexpr):
+    """(row pointer, token, whether it lies in [0, V), its value as fp32 (NaN when invalid),
+    scaled with SCALED) of row r."""
+    row = scores_ptr + r.to(tl.int64) * stride_row
+    tok = tl.load(tokens_ptr + r)
+    valid = (tok >= 0) & (tok < V)
+    chosen = tl.load(row + tl.where(valid, tok, 0), mask=valid, other=float("nan")).to(tl.float32)
+    return row, tok, valid, _scale(chosen, inv_t, SCALED)
 
 
 @triton.jit
@@ -80,28 +92,32 @@ def _merge_top(keys, offs, top_k, top_i, num_top, TOPN: tl.constexpr):
 
 
 @triton.jit
-def _store_top_n(part_t_ptr, r, S, S_P2: tl.constexpr, num_top, TOPN: tl.constexpr, ids, vals, valid,
-                 thr, offset, MASK: tl.constexpr, OFFSET: tl.constexpr):
-    """Columns 1..num_top of a row: the num_top largest of its chunks' lists (pass 1), largest
-    first, the lowest token first among equal values. Values: x (NaN for NaN), -inf below thr
-    (MASK), minus offset (OFFSET)."""
+def _store_top_n(part_t_ptr, r, S, S_P2: tl.constexpr, num_top, TOPN: tl.constexpr, row, inv_t, ids, vals, valid,
+                 thr, offset, SCALED: tl.constexpr, MASK: tl.constexpr, OFFSET: tl.constexpr):
+    """Columns 1..num_top of row r: the num_top largest of its chunks' lists (pass 1), largest
+    first, the lowest token first among equal values. Their values are read again from the
+    row (so -0.0 stays -0.0, which the keys merge with +0.0), as x (scaled with SCALED), -inf
+    below thr (MASK), minus offset (OFFSET)."""
     c = tl.arange(0, S_P2)[:, None]
-    jj = tl.arange(0, TOPN)[None, :]
-    ok = (c < S) & (jj < num_top)
-    base = ((r.to(tl.int64) * S + c) * TOPN + jj) * 2
+    jj = tl.arange(0, TOPN)
+    ok = (c < S) & (jj[None, :] < num_top)
+    base = ((r.to(tl.int64) * S + c) * TOPN + jj[None, :]) * 2
     keys = tl.load(part_t_ptr + base, mask=ok, other=_NO_KEY)
     toks = tl.load(part_t_ptr + base + 1, mask=ok, other=_BIG)
+    top_i = tl.zeros([TOPN], tl.int32)
     for j in range(0, num_top):
         best = tl.max(tl.max(keys, axis=1), axis=0)
         idx = tl.min(tl.min(tl.where(keys == best, toks, _BIG), axis=1), axis=0)
         keys = tl.where(toks == idx, _NO_KEY, keys)
-        v = _key_value(best)
-        if MASK:
-            v = tl.where(v >= thr, v, float("-inf"))
-        if OFFSET:
-            v = v - offset
-        tl.store(ids + 1 + j, tl.where(valid, idx, -1).to(tl.int64))
-        tl.store(vals + 1 + j, tl.where(valid, v, float("nan")))
+        top_i = tl.where(jj == j, idx, top_i)
+    listed = jj < num_top
+    v = _scale(tl.load(row + top_i, mask=listed, other=0.0).to(tl.float32), inv_t, SCALED)
+    if MASK:
+        v = tl.where(v >= thr, v, float("-inf"))
+    if OFFSET:
+        v = v - offset
+    tl.store(ids + 1 + jj, tl.where(valid, top_i, -1).to(tl.int64), mask=listed)
+    tl.store(vals + 1 + jj, tl.where(valid, v, float("nan")), mask=listed)
 
 
 @triton.jit
@@ -120,14 +136,10 @@ def _partials_kernel(
 ):
     r = tl.program_id(0)
     s = tl.program_id(1)
-    row = scores_ptr + r.to(tl.int64) * stride_row
-    tok = tl.load(tokens_ptr + r)
-    valid = (tok >= 0) & (tok < V)
-    chosen = tl.load(row + tl.where(valid, tok, 0), mask=valid, other=float("nan")).to(tl.float32)
     inv_t = 1.0
     if SCALED:
         inv_t = tl.load(inv_t_ptr + r)
-        chosen = tl.where(inv_t > 0, chosen * inv_t, chosen)
+    row, _, _, chosen = _chosen_value(scores_ptr, stride_row, tokens_ptr, r, V, inv_t, SCALED)
 
     cols = tl.arange(0, BLOCK)
     start = s * ITERS * BLOCK
@@ -142,9 +154,7 @@ def _partials_kernel(
     for it in range(0, ITERS):
         offs = start + it * BLOCK + cols
         ok = offs < V
-        x = tl.load(row + offs, mask=ok, other=float("-inf")).to(tl.float32)
-        if SCALED:
-            x = tl.where(inv_t > 0, x * inv_t, x)
+        x = _scale(tl.load(row + offs, mask=ok, other=float("-inf")).to(tl.float32), inv_t, SCALED)
         if TOPN > 0:
             top_k, top_i = _merge_top(tl.where(ok, _value_key(x), _NO_KEY), offs, top_k, top_i, num_top, TOPN)
         is_nan = x != x
@@ -178,16 +188,22 @@ def _partials_kernel(
 
 @triton.jit
 def _combine_kernel(
-    scores_ptr, stride_row,     # [R, V] fp32/bf16/fp16
+    scores_ptr, stride_row,     # [R, V] fp32/bf16/fp16 (PROCESSED: the processed logits, before temperature)
     tokens_ptr,                 # [R] int64
-    part_f_ptr, part_i_ptr,     # [R, S, 2] fp32, [R, S, 3] int32 (pass 1)
+    inv_t_ptr,                  # [R] fp32 1/T, <= 0 on greedy rows (PROCESSED)
+    thr_ptr, row_max_ptr, log_norm_ptr,   # [R] fp32 each (PROCESSED): the draw's distribution
+    part_f_ptr, part_i_ptr,     # [R, S, 2] fp32, [R, S, 3] int32 (pass 1; FROM_CHOSEN when WIDEN)
     part_t_ptr,                 # [R, S, TOPN, 2] int32 (pass 1, TOPN > 0)
     ids_ptr, vals_ptr,          # [R, W] int64 / fp32 out: column 0 the sampled token, then the top-1 (TOP1) or top num_top (TOPN)
     stride_ids, stride_vals,
     ranks_ptr,                  # [R] int64 out
-    lse_ptr,                    # [R] fp32 out: logsumexp of the row
+    lse_ptr,                    # [R] fp32 out (not PROCESSED): logsumexp of the row
+    thr_out_ptr, log_norm_out_ptr,        # [R] fp32 out (WIDEN): the distribution widened to the token
     V, S, num_top,
-    S_P2: tl.constexpr, LOG_NORM: tl.constexpr, TOP1: tl.constexpr, TOPN: tl.constexpr,
+    S_P2: tl.constexpr,
+    PROCESSED: tl.constexpr,    # values of x = scale_logits(scores), -inf below the threshold; else the scores
+    OFFSET: tl.constexpr,       # subtract the normaliser (logprobs): row_max + log_norm, or the logsumexp
+    TOP1: tl.constexpr, WIDEN: tl.constexpr, TOPN: tl.constexpr,
 ):
     r = tl.program_id(0)
     c = tl.arange(0, S_P2)
@@ -202,88 +218,40 @@ def _combine_kernel(
     first = tl.min(tl.where(m_c == m, i_c, _BIG), axis=0)
     nan_first = tl.min(n_c, axis=0)
     has_nan = nan_first < _BIG
-    # torch.logsumexp: the max is replaced by 0 where it is infinite
-    ref = tl.where((m == float("inf")) | (m == float("-inf")), 0.0, m)
-    w = tl.where(m_c == float("-inf"), 0.0, z_c * tl.exp(m_c - ref))
-    lse = ref + tl.log(tl.sum(w, axis=0))
-    lse = tl.where(m == float("inf"), float("inf"), lse)
-    lse = tl.where(has_nan, float("nan"), lse)
     top_v = tl.where(has_nan, float("nan"), m)
     top_i = tl.where(has_nan, nan_first, first)
 
-    tok = tl.load(tokens_ptr + r)
-    valid = (tok >= 0) & (tok < V)
-    chosen = tl.load(scores_ptr + r.to(tl.int64) * stride_row + tl.where(valid, tok, 0),
-                     mask=valid, other=float("nan")).to(tl.float32)
-    if LOG_NORM:
-        chosen = chosen - lse
-        top_v = top_v - lse
-    ids = ids_ptr + r.to(tl.int64) * stride_ids
-    vals = vals_ptr + r.to(tl.int64) * stride_vals
-    tl.store(ids, tl.where(valid, tok, -1))
-    tl.store(vals, tl.where(valid, chosen, float("nan")))
-    tl.store(ranks_ptr + r, tl.where(valid, tl.sum(k_c, axis=0) + 1, -1).to(tl.int64))
-    tl.store(lse_ptr + r, lse)
-    if TOP1:
-        tl.store(ids + 1, tl.where(valid, top_i, -1).to(tl.int64))
-        tl.store(vals + 1, tl.where(valid, top_v, float("nan")))
-    if TOPN > 0:
-        _store_top_n(part_t_ptr, r, S, S_P2, num_top, TOPN, ids, vals, valid, 0.0, lse, MASK=False, OFFSET=LOG_NORM)
-
-
-@triton.jit
-def _processed_combine_kernel(
-    scores_ptr, stride_row,     # [R, V] fp32/bf16/fp16 processed logits, before temperature
-    tokens_ptr,                 # [R] int64
-    inv_t_ptr,                  # [R] fp32 1/T, <= 0 on greedy rows
-    thr_ptr, row_max_ptr, log_norm_ptr,   # [R] fp32 each: the draw's distribution
-    part_f_ptr, part_i_ptr,     # [R, S, 2] fp32, [R, S, 3] int32 (pass 1, FROM_CHOSEN when WIDEN)
-    part_t_ptr,                 # [R, S, TOPN, 2] int32 (pass 1, TOPN > 0)
-    ids_ptr, vals_ptr,          # [R, W] int64 / fp32 out: column 0 the sampled token, then the top-1 (TOP1) or top num_top (TOPN)
-    stride_ids, stride_vals,
-    ranks_ptr,                  # [R] int64 out
-    thr_out_ptr, log_norm_out_ptr,        # [R] fp32 out (WIDEN): the distribution widened to the token
-    V, S, num_top,
-    S_P2: tl.constexpr, LOGPROBS: tl.constexpr, TOP1: tl.constexpr, WIDEN: tl.constexpr, TOPN: tl.constexpr,
-):
-    r = tl.program_id(0)
-    c = tl.arange(0, S_P2)
-    okc = c < S
-    base = r.to(tl.int64) * S + c
-    m_c = tl.load(part_f_ptr + base * 2 + 0, mask=okc, other=float("-inf"))
-    i_c = tl.load(part_i_ptr + base * 3 + 0, mask=okc, other=_BIG)
-    n_c = tl.load(part_i_ptr + base * 3 + 1, mask=okc, other=_BIG)
-    k_c = tl.load(part_i_ptr + base * 3 + 2, mask=okc, other=0)
-    m = tl.max(m_c, axis=0)
-    first = tl.min(tl.where(m_c == m, i_c, _BIG), axis=0)
-    nan_first = tl.min(n_c, axis=0)
-    has_nan = nan_first < _BIG
-    top_v = tl.where(has_nan, float("nan"), m)
-    top_i = tl.where(has_nan, nan_first, first)
-
-    tok = tl.load(tokens_ptr + r)
-    valid = (tok >= 0) & (tok < V)
-    chosen = tl.load(scores_ptr + r.to(tl.int64) * stride_row + tl.where(valid, tok, 0),
-                     mask=valid, other=float("nan")).to(tl.float32)
-    inv_t = tl.load(inv_t_ptr + r)
-    chosen = tl.where(inv_t > 0, chosen * inv_t, chosen)
-    thr = tl.load(thr_ptr + r)
-    row_max = tl.load(row_max_ptr + r)
-    log_norm = tl.load(log_norm_ptr + r)
-    if WIDEN:
-        # keep_drawn_tokens: the kept set widened to a drawn token below the threshold; pass 1
-        # summed exp(x - chunk max) over x >= the token's value
-        z_c = tl.load(part_f_ptr + base * 2 + 1, mask=okc, other=0.0)
-        w = tl.where(m_c == float("-inf"), 0.0, z_c * tl.exp(m_c - row_max))
-        widen = valid & (chosen < thr)          # a NaN threshold (invalid row) never widens
-        thr = tl.where(widen, chosen, thr)
-        log_norm = tl.where(widen, tl.log(tl.sum(w, axis=0)), log_norm)
-        tl.store(thr_out_ptr + r, thr)
-        tl.store(log_norm_out_ptr + r, log_norm)
-    chosen = tl.where(chosen >= thr, chosen, float("-inf"))
-    top_v = tl.where(top_v >= thr, top_v, float("-inf"))
-    offset = row_max + log_norm
-    if LOGPROBS:
+    inv_t = 1.0
+    if PROCESSED:
+        inv_t = tl.load(inv_t_ptr + r)
+    row, tok, valid, chosen = _chosen_value(scores_ptr, stride_row, tokens_ptr, r, V, inv_t, PROCESSED)
+    thr = float("-inf")
+    if PROCESSED:
+        thr = tl.load(thr_ptr + r)
+        row_max = tl.load(row_max_ptr + r)
+        log_norm = tl.load(log_norm_ptr + r)
+        if WIDEN:
+            # keep_drawn_tokens: the kept set widened to a drawn token below the threshold; pass 1
+            # summed exp(x - chunk max) over x >= the token's value
+            w = tl.where(m_c == float("-inf"), 0.0, z_c * tl.exp(m_c - row_max))
+            widen = valid & (chosen < thr)          # a NaN threshold (invalid row) never widens
+            thr = tl.where(widen, chosen, thr)
+            log_norm = tl.where(widen, tl.log(tl.sum(w, axis=0)), log_norm)
+            tl.store(thr_out_ptr + r, thr)
+            tl.store(log_norm_out_ptr + r, log_norm)
+        chosen = tl.where(chosen >= thr, chosen, float("-inf"))
+        top_v = tl.where(top_v >= thr, top_v, float("-inf"))
+        offset = row_max + log_norm
+    else:
+        # torch.logsumexp: the max is replaced by 0 where it is infinite
+        ref = tl.where((m == float("inf")) | (m == float("-inf")), 0.0, m)
+        w = tl.where(m_c == float("-inf"), 0.0, z_c * tl.exp(m_c - ref))
+        lse = ref + tl.log(tl.sum(w, axis=0))
+        lse = tl.where(m == float("inf"), float("inf"), lse)
+        lse = tl.where(has_nan, float("nan"), lse)
+        tl.store(lse_ptr + r, lse)
+        offset = lse
+    if OFFSET:
         chosen = chosen - offset
         top_v = top_v - offset
     ids = ids_ptr + r.to(tl.int64) * stride_ids
@@ -295,8 +263,8 @@ def _processed_combine_kernel(
         tl.store(ids + 1, tl.where(valid, top_i, -1).to(tl.int64))
         tl.store(vals + 1, tl.where(valid, top_v, float("nan")))
     if TOPN > 0:
-        _store_top_n(part_t_ptr, r, S, S_P2, num_top, TOPN, ids, vals, valid, thr, offset, MASK=True,
-                     OFFSET=LOGPROBS)
+        _store_top_n(part_t_ptr, r, S, S_P2, num_top, TOPN, row, inv_t, ids, vals, valid, thr, offset,
+                     SCALED=PROCESSED, MASK=PROCESSED, OFFSET=OFFSET)
 
 
 def _next_pow2(n: int) -> int:
@@ -353,9 +321,10 @@ def logprob_stats(
     _partials_kernel[(R, S)](scores, scores.stride(0), tokens, lse, part_f, part_i, part_t, V, S, iters, top_n,
                              BLOCK=blk, SCALED=False, FROM_CHOSEN=False, TOPN=topn,
                              num_warps=PASS1_WARPS)
-    _combine_kernel[(R,)](scores, scores.stride(0), tokens, part_f, part_i, part_t,
-                          ids, vals, ids.stride(0), vals.stride(0), ranks, lse, V, S, top_n,
-                          S_P2=max(16, _next_pow2(S)), LOG_NORM=log_norm, TOP1=top1, TOPN=topn, num_warps=4)
+    _combine_kernel[(R,)](scores, scores.stride(0), tokens, lse, lse, lse, lse, part_f, part_i, part_t,
+                          ids, vals, ids.stride(0), vals.stride(0), ranks, lse, lse, lse, V, S, top_n,
+                          S_P2=max(16, _next_pow2(S)), PROCESSED=False, OFFSET=log_norm, TOP1=top1, WIDEN=False,
+                          TOPN=topn, num_warps=4)
 
 
 def processed_logprob_stats(
@@ -409,7 +378,7 @@ def processed_logprob_stats(
     _partials_kernel[(R, S)](scores, scores.stride(0), tokens, inv_temperature, part_f, part_i, part_t, V, S, iters,
                              top_n, BLOCK=blk, SCALED=True, FROM_CHOSEN=widen, TOPN=topn,
                              num_warps=PASS1_WARPS)
-    _processed_combine_kernel[(R,)](scores, scores.stride(0), tokens, inv_temperature, threshold, row_max, log_norm,
-                                    part_f, part_i, part_t, ids, vals, ids.stride(0), vals.stride(0), ranks,
-                                    threshold_out, log_norm_out, V, S, top_n, S_P2=max(16, _next_pow2(S)),
-                                    LOGPROBS=logprobs, TOP1=top1, WIDEN=widen, TOPN=topn, num_warps=4)
+    _combine_kernel[(R,)](scores, scores.stride(0), tokens, inv_temperature, threshold, row_max, log_norm,
+                          part_f, part_i, part_t, ids, vals, ids.stride(0), vals.stride(0), ranks,
+                          row_max, threshold_out, log_norm_out, V, S, top_n, S_P2=max(16, _next_pow2(S)),
+                          PROCESSED=True, OFFSET=logprobs, TOP1=top1, WIDEN=widen, TOPN=topn, num_warps=4)

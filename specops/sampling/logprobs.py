@@ -22,8 +22,8 @@ top n (up to MAX_TOP_N = 32: more takes torch.topk) and the rank in one read of 
 ids and ranks exactly (the top-1 of tied maxima is the first index in both; among ties for
 n >= 2 torch.topk's order decides on the torch path and for n > 32, the lowest index first on
 the Triton one for n <= 32: the ids of tied values may then differ between a batch asking
-for 32 logprobs and one asking for 33) and on values to fp32 rounding. The kernels' top-n
-columns report a value of -0.0 as +0.0 (they compare -0.0 and +0.0 as equal, as torch does).
+for 32 logprobs and one asking for 33) and on values to fp32 rounding (the kernels rank -0.0
+and +0.0 as equal, as torch does, and report each token's own value: -0.0 stays -0.0).
 
 The processed modes have the same two backends (`compute_processed_logprobs`): "torch"
 scales the logits into a new [R, V] tensor and gathers from it; "triton"
