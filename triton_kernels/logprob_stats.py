@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .sampling_common import float_key
+from .sampling_common import float_key, key_float
 
 _BIG = tl.constexpr(2147483647)
 _NO_KEY = tl.constexpr(-2147483648)   # below every value's key (-inf included): an empty slot
@@ -52,6 +52,12 @@ PASS1_WARPS = 4       # warps of pass 1 (every launch alike: the sums are added 
 def _value_key(x):
     """fp32 -> int32 key ordered as torch.topk orders values: every NaN above +inf."""
     return tl.where(x != x, 2147483647, float_key(x))
+
+
+@triton.jit
+def _key_value(k):
+    """Inverse of `_value_key`: NaN for the NaN key; +0.0 for the key that -0.0 and +0.0 share."""
+    return tl.where(k == 2147483647, float("nan"), key_float(k))
 
 
 @triton.jit
@@ -95,23 +101,27 @@ def _merge_top(keys, offs, top_k, top_i, num_top, TOPN: tl.constexpr):
 def _store_top_n(part_t_ptr, r, S, S_P2: tl.constexpr, num_top, TOPN: tl.constexpr, row, inv_t, ids, vals, valid,
                  thr, offset, SCALED: tl.constexpr, MASK: tl.constexpr, OFFSET: tl.constexpr):
     """Columns 1..num_top of row r: the num_top largest of its chunks' lists (pass 1), largest
-    first, the lowest token first among equal values. Their values are read again from the
-    row (so -0.0 stays -0.0, which the keys merge with +0.0), as x (scaled with SCALED), -inf
-    below thr (MASK), minus offset (OFFSET)."""
+    first, the lowest token first among equal values. Values: x (scaled with SCALED), -inf
+    below thr (MASK), minus offset (OFFSET). x comes from its key, except a zero: -0.0 and +0.0
+    share a key, so a zero is read again from the row (-0.0 stays -0.0; other rows load nothing)."""
     c = tl.arange(0, S_P2)[:, None]
     jj = tl.arange(0, TOPN)
     ok = (c < S) & (jj[None, :] < num_top)
     base = ((r.to(tl.int64) * S + c) * TOPN + jj[None, :]) * 2
     keys = tl.load(part_t_ptr + base, mask=ok, other=_NO_KEY)
     toks = tl.load(part_t_ptr + base + 1, mask=ok, other=_BIG)
+    top_k = tl.zeros([TOPN], tl.int32)
     top_i = tl.zeros([TOPN], tl.int32)
     for j in range(0, num_top):
         best = tl.max(tl.max(keys, axis=1), axis=0)
         idx = tl.min(tl.min(tl.where(keys == best, toks, _BIG), axis=1), axis=0)
         keys = tl.where(toks == idx, _NO_KEY, keys)
+        top_k = tl.where(jj == j, best, top_k)
         top_i = tl.where(jj == j, idx, top_i)
     listed = jj < num_top
-    v = _scale(tl.load(row + top_i, mask=listed, other=0.0).to(tl.float32), inv_t, SCALED)
+    v = _key_value(top_k)
+    zero = listed & (v == 0.0)
+    v = tl.where(zero, _scale(tl.load(row + top_i, mask=zero, other=0.0).to(tl.float32), inv_t, SCALED), v)
     if MASK:
         v = tl.where(v >= thr, v, float("-inf"))
     if OFFSET:
