@@ -2,11 +2,15 @@
 
     python bench/exp_logprob_combine_ab.py OLD_MODULE.py     (GPU machine, repo root)
 
-OLD_MODULE.py is a copy of triton_kernels/logprob_stats.py from another commit (its relative
-import made absolute). Times compute_logprobs("raw_logprobs") and compute_processed_logprobs
-(widen=True, bench_logprobs' inputs) at V = 128256, fp32 and bf16, batch 1 / 8 / 128, n in
-{1, 5, 20} (EXP_BATCHES=1,8 EXP_NS=20: fewer), the two versions interleaved over 3 rounds (median); both are first checked
-against the torch path.
+OLD_MODULE.py is a copy of triton_kernels/logprob_stats.py from another commit with its relative
+import made absolute, left untracked in the tree so that it travels to the GPU machine, e.g.
+
+    git show 69b6a48:triton_kernels/logprob_stats.py | sed 's/^from [.]sampling_common/from specops.triton_kernels.sampling_common/' > bench/_ab_old_logprob_stats.py
+
+Times compute_logprobs("raw_logprobs") and compute_processed_logprobs (widen=True, bench_logprobs'
+inputs) at V = 128256, fp32 and bf16, batch 1 / 8 / 128, n in {1, 5, 20} (fewer with
+EXP_BATCHES=1,8 EXP_NS=5,20), the two versions interleaved over 3 rounds (median); both are
+first checked against the torch path.
 """
 
 from __future__ import annotations
