@@ -3,10 +3,13 @@ each kernel's registers, stack and local memory (spills) per thread.
 
     python scripts/triton_resources.py [--op sample] [--cap 1024] [--batch 8] [--vocab 128256] [--dtype fp32]
     python scripts/triton_resources.py --op rejection [--batch 8] [--vocab 128256] [--dtype fp32]
+    python scripts/triton_resources.py --op logprobs [--batch 8] [--vocab 128256] [--dtype fp32]
 
 --op sample: every launch of one sample() call (the Sampler's top-k / top-p / min-p pipeline);
 --op rejection: the expand kernel and the rejection passes with draft probabilities (pass 1,
-finalize, recover) and without (pass 1 and finalize), K = 4 drafts per request.
+finalize, recover) and without (pass 1 and finalize), K = 4 drafts per request;
+--op logprobs: the logprob kernels, raw (top 1, top 5, top 20) and processed (with and
+without the drawn-token widening; top 1, top 5).
 
 Why: device time is short; a change that only moves registers (a larger `cap`, another sort
 size) can be checked here first. How: a stand-in driver reports an sm_90 target, every
@@ -102,9 +105,26 @@ def compile_rejection(num_reqs: int, V: int, dtype: torch.dtype, K: int = 4) -> 
             rejection_recover_pass(out, logits, pass1=pass1, chunk=chunk, sub_chunk=sub, **args)
 
 
+def compile_logprobs(R: int, V: int, dtype: torch.dtype) -> None:
+    """The logprob kernels as specops.sampling.logprobs launches them: raw (top 1, top 5, top 20)
+    and processed (widen or not; top 1, top 5)."""
+    from specops.triton_kernels.logprob_stats import logprob_stats, processed_logprob_stats
+
+    scores, tokens = torch.zeros(R, V, dtype=dtype), torch.zeros(R, dtype=torch.int64)
+    f32 = [torch.zeros(R) for _ in range(6)]
+    ranks = torch.zeros(R, dtype=torch.int64)
+    for top1, top_n in ((True, 0), (False, 5), (False, 20)):
+        ids, vals = torch.zeros(R, 21, dtype=torch.int64), torch.zeros(R, 21)
+        logprob_stats(scores, tokens, ids, vals, ranks, f32[0], log_norm=True, top1=top1, top_n=top_n)
+        if top_n <= 5:
+            for widen in (False, True):
+                processed_logprob_stats(scores, tokens, *f32[:4], ids, vals, ranks, *f32[4:], logprobs=True,
+                                        top1=top1, widen=widen, top_n=top_n)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--op", default="sample", choices=("sample", "rejection"))
+    ap.add_argument("--op", default="sample", choices=("sample", "rejection", "logprobs"))
     ap.add_argument("--cap", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=128256)
@@ -127,6 +147,9 @@ def main() -> None:
         compile_sample(a.batch, a.vocab, dtype, a.cap, a.pivot)
         print(f"triton {triton.__version__}, sm_90, sample, cap={a.cap}, R={a.batch}, V={a.vocab}, {a.dtype}"
               + (", pivot" if a.pivot else ""))
+    elif a.op == "logprobs":
+        compile_logprobs(a.batch, a.vocab, dtype)
+        print(f"triton {triton.__version__}, sm_90, logprobs, R={a.batch}, V={a.vocab}, {a.dtype}")
     else:
         compile_rejection(a.batch, a.vocab, dtype)
         print(f"triton {triton.__version__}, sm_90, rejection, K=4, requests={a.batch}, V={a.vocab}, {a.dtype}")

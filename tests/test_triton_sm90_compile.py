@@ -1,11 +1,11 @@
-"""The sampler's and the rejection sampler's Triton kernels compile for the H200 (sm_90) on a
-machine without a GPU.
+"""The sampler's, the rejection sampler's and the logprob Triton kernels compile for the H200
+(sm_90) on a machine without a GPU.
 
 The interpreter (how CI runs the kernels) accepts code that the compiler rejects; this test
-compiles every launch of one sample() call, and of the expand kernel and the rejection passes,
-through `scripts/triton_resources.py` (a stand-in sm_90 driver, launches compiled and never
-run) in a subprocess, so the stand-in never touches this process, and checks that each
-kernel came out with a register count.
+compiles every launch of one sample() call, of the expand kernel and the rejection passes, and
+of the logprob kernels (raw and processed, top 1 / 5 / 20) through `scripts/triton_resources.py`
+(a stand-in sm_90 driver, launches compiled and never run) in a subprocess, so the stand-in
+never touches this process, and checks that each kernel came out with a register count.
 """
 import os
 import re
@@ -37,6 +37,7 @@ def _have_nvidia_backend() -> bool:
                              "_collect_kernel", "_finish_kernel"}),
     ("sample --pivot", 8, "fp32", {"_row_stats_kernel", "_plan_kernel", "_pivot_mass_kernel", "_pivot_draw_kernel",
                                    "_finish_kernel"}),
+    ("logprobs", 8, "bf16", {"_partials_kernel", "_combine_kernel"}),
     ("rejection", 8, "bf16", {"_expand_kernel", "_rejection_sample_kernel", "_rejection_finalize_kernel",
                               "_residual_mass_kernel", "_recover_race_kernel"}),
 ])
