@@ -8,8 +8,8 @@ each kernel's registers, stack and local memory (spills) per thread.
 --op sample: every launch of one sample() call (the Sampler's top-k / top-p / min-p pipeline);
 --op rejection: the expand kernel and the rejection passes with draft probabilities (pass 1,
 finalize, recover) and without (pass 1 and finalize), K = 4 drafts per request;
---op logprobs: the logprob kernels, raw (top 1, top 5, top 20) and processed (with and
-without the drawn-token widening; top 1, top 5).
+--op logprobs: the logprob kernels in the four modes (raw / processed, logprobs / logits;
+processed with and without the drawn-token widening), top 1, 5 and 20.
 
 Why: device time is short; a change that only moves registers (a larger `cap`, another sort
 size) can be checked here first. How: a stand-in driver reports an sm_90 target, every
@@ -106,8 +106,8 @@ def compile_rejection(num_reqs: int, V: int, dtype: torch.dtype, K: int = 4) -> 
 
 
 def compile_logprobs(R: int, V: int, dtype: torch.dtype) -> None:
-    """The logprob kernels as specops.sampling.logprobs launches them: raw (top 1, top 5, top 20)
-    and processed (widen or not; top 1, top 5)."""
+    """The logprob kernels as specops.sampling.logprobs launches them: raw and processed (widen
+    or not), logprobs and logits, top 1, 5 and 20."""
     from specops.triton_kernels.logprob_stats import logprob_stats, processed_logprob_stats
 
     scores, tokens = torch.zeros(R, V, dtype=dtype), torch.zeros(R, dtype=torch.int64)
@@ -115,10 +115,10 @@ def compile_logprobs(R: int, V: int, dtype: torch.dtype) -> None:
     ranks = torch.zeros(R, dtype=torch.int64)
     for top1, top_n in ((True, 0), (False, 5), (False, 20)):
         ids, vals = torch.zeros(R, 21, dtype=torch.int64), torch.zeros(R, 21)
-        logprob_stats(scores, tokens, ids, vals, ranks, f32[0], log_norm=True, top1=top1, top_n=top_n)
-        if top_n <= 5:
+        for offset in (True, False):        # the *_logprobs and the *_logits modes
+            logprob_stats(scores, tokens, ids, vals, ranks, f32[0], log_norm=offset, top1=top1, top_n=top_n)
             for widen in (False, True):
-                processed_logprob_stats(scores, tokens, *f32[:4], ids, vals, ranks, *f32[4:], logprobs=True,
+                processed_logprob_stats(scores, tokens, *f32[:4], ids, vals, ranks, *f32[4:], logprobs=offset,
                                         top1=top1, widen=widen, top_n=top_n)
 
 

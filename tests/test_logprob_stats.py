@@ -401,34 +401,56 @@ def test_top_n_lists(device, n):
                     assert out.token_ids[3, 1:].tolist() == (list(range(n)) if bool(valid[3]) else [-1] * n)
 
 
-def test_top_n_values_keep_the_sign_of_zero(device):
+@pytest.mark.parametrize("block, max_chunks", [(2048, 256), (16, 4)], ids=["one-chunk", "chunks-of-64"])
+def test_top_n_values_keep_the_sign_of_zero(device, block, max_chunks):
     """The top-n lists rank -0.0 and +0.0 as one value (their int32 keys are equal); the values
     reported are each token's own, bitwise: -0.0 stays -0.0 (it came back as +0.0 from the key).
-    Raw and processed logits, fp32 and bf16, a greedy row (1/T <= 0) and a random one."""
+    Raw and processed logits (not the logprob modes: there the sign of a zero depends on how
+    the normaliser is subtracted), fp32 / bf16 / fp16, a greedy row (1/T <= 0), random rows with
+    the zeros' signs flipped, and a row whose top values are +-2^-149, which 1/T = 0.5 scales to
+    +-0.0 (the value read back must be scaled too); in one chunk or spread over several."""
     from specops.sampling.logprobs import compute_processed_logprobs
     from specops.sampling.sampler_torch import SampleResult, scale_logits
-    R, V, n = 2, 300, 6
+    from specops.triton_kernels.logprob_stats import processed_logprob_stats
+    R, V, n = 3, 300, 6
+    top = [3, 40, 90, 177, 260]
     x = -torch.rand(R, V, device=device) - 0.5                # every value below -0.5 ...
-    x[:, [3, 40, 177]] = -0.0                                 # ... but three -0.0 and two +0.0 at the top
-    x[:, [90, 260]] = 0.0
-    tok = torch.tensor([5, 40], device=device)
-    inv_t = torch.tensor([-1.0, 1.25], device=device)        # a greedy row, a random row
-    for dtype in (torch.float32, torch.bfloat16):
-        xd = x.to(dtype)
-        out = compute_logprobs("raw_logits", n, tok, raw_logits=xd, backend="triton")
-        assert out.token_ids[:, 1:6].tolist() == [[3, 40, 90, 177, 260]] * R     # ties: lowest index first
-        want = xd.float().gather(1, out.token_ids[:, 1:])
-        assert torch.equal(torch.signbit(out.logprobs[:, 1:]), torch.signbit(want))
-        assert torch.equal(out.logprobs[:, 1:], want)
-        scaled = scale_logits(xd, inv_t)
+    x[:, top] = torch.tensor([-0.0, -0.0, 0.0, -0.0, 0.0], device=device)   # ... but five zeros
+    x[1, top] = -x[1, top]                                    # the other signs in row 1
+    tiny = 2.0 ** -149
+    x[2, top] = torch.tensor([tiny, -tiny, tiny, -tiny, -tiny], device=device)
+    tok = torch.tensor([5, 40, 3], device=device)
+    inv_t = torch.tensor([-1.0, 1.25, 0.5], device=device)  # greedy, random, random (tiny * 0.5 -> +-0.0)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        rows = R if dtype == torch.float32 else 2                # 2^-149 is an fp32 value only
+        xd, tk, it = x[:rows].to(dtype), tok[:rows], inv_t[:rows]
+        ids = torch.empty(rows, n + 1, dtype=torch.int64, device=device)
+        vals = torch.empty(rows, n + 1, device=device)
+        ranks = torch.empty(rows, dtype=torch.int64, device=device)
+        lse = torch.empty(rows, device=device)
+        logprob_stats(xd, tk, ids, vals, ranks, lse, log_norm=False, top1=False, top_n=n, block=block,
+                      max_chunks=max_chunks)
+        raw_order = [top, top, [3, 90, 40, 177, 260]][:rows]        # ties: lowest index first; +-2^-149 are not ties
+        assert ids[:, 1:6].tolist() == raw_order
+        want = xd.float().gather(1, ids[:, 1:])
+        assert torch.equal(torch.signbit(vals[:, 1:]), torch.signbit(want)) and torch.equal(vals[:, 1:], want)
+        scaled = scale_logits(xd, it)
         row_max = scaled.max(dim=-1).values
-        res = SampleResult(tok, torch.full((R,), float("-inf"), device=device), row_max,
+        res = SampleResult(tk, torch.full((rows,), float("-inf"), device=device), row_max,
                            torch.logsumexp(scaled - row_max.unsqueeze(1), dim=-1))
-        pout, _ = compute_processed_logprobs("processed_logits", n, tok, xd, inv_t, res, backend="triton")
-        assert pout.token_ids[:, 1:6].tolist() == [[3, 40, 90, 177, 260]] * R
-        want = scaled.gather(1, pout.token_ids[:, 1:])
-        assert torch.equal(torch.signbit(pout.logprobs[:, 1:]), torch.signbit(want))
-        assert torch.equal(pout.logprobs[:, 1:], want)
+        if block == 2048:
+            pout, _ = compute_processed_logprobs("processed_logits", n, tk, xd, it, res, backend="triton")
+            ids, vals = pout.token_ids, pout.logprobs
+        else:
+            out = [torch.empty(rows, device=device) for _ in range(2)]
+            processed_logprob_stats(xd, tk, it, res.threshold, res.row_max, res.log_norm, ids, vals, ranks, *out,
+                                    logprobs=False, top1=False, widen=False, top_n=n, block=block,
+                                    max_chunks=max_chunks)
+        assert ids[:, 1:6].tolist() == [top] * rows
+        want = scaled.gather(1, ids[:, 1:])
+        if rows == 3:
+            assert bool((want[2, :5] == 0).all()) and torch.signbit(want[2, :5]).tolist() == [False, True] * 2 + [True]
+        assert torch.equal(torch.signbit(vals[:, 1:]), torch.signbit(want)) and torch.equal(vals[:, 1:], want)
 
 
 @pytest.mark.parametrize("block, max_chunks, n", [(16, 4, 9), (64, 2, 9), (64, 2, 3)])

@@ -3,7 +3,7 @@
 
 The interpreter (how CI runs the kernels) accepts code that the compiler rejects; this test
 compiles every launch of one sample() call, of the expand kernel and the rejection passes, and
-of the logprob kernels (raw and processed, top 1 / 5 / 20) through `scripts/triton_resources.py`
+of the logprob kernels (four modes, top 1 / 5 / 20) through `scripts/triton_resources.py`
 (a stand-in sm_90 driver, launches compiled and never run) in a subprocess, so the stand-in
 never touches this process, and checks that each kernel came out with a register count.
 """

@@ -103,7 +103,8 @@ def _store_top_n(part_t_ptr, r, S, S_P2: tl.constexpr, num_top, TOPN: tl.constex
     """Columns 1..num_top of row r: the num_top largest of its chunks' lists (pass 1), largest
     first, the lowest token first among equal values. Values: x (scaled with SCALED), -inf
     below thr (MASK), minus offset (OFFSET). x comes from its key, except a zero: -0.0 and +0.0
-    share a key, so a zero is read again from the row (-0.0 stays -0.0; other rows load nothing)."""
+    share a key, so a zero is read again from the row (-0.0 stays -0.0; a row without a zero
+    among its top n loads nothing)."""
     c = tl.arange(0, S_P2)[:, None]
     jj = tl.arange(0, TOPN)
     ok = (c < S) & (jj[None, :] < num_top)
