@@ -510,10 +510,13 @@ def test_a_rows_values_do_not_depend_on_how_many_logprobs_the_batch_asks_for(dev
 
 def test_processed_num_logprobs_is_checked_before_any_launch():
     """The Sampler calls compute_processed_logprobs directly: an n outside [0, V] raises there too
-    (it was clamped silently)."""
+    (it was clamped silently), and so does a mode that is not a processed one."""
     from specops.sampling.logprobs import compute_processed_logprobs
     logits, inv_t, res, tokens = processed_case(3, 50, torch.float32, "cpu", seed=2)
     for n in (51, -1, 2.0):
         for backend in ("torch", "triton"):
             with pytest.raises(ValueError, match=r"num_logprobs must be an int in \[0, 50\]"):
                 compute_processed_logprobs("processed_logprobs", n, tokens, logits, inv_t, res, backend=backend)
+    for backend in ("torch", "triton"):          # a raw mode was read as "processed_logits"
+        with pytest.raises(ValueError, match="mode must be 'processed_logprobs' or 'processed_logits', got 'raw_logprobs'"):
+            compute_processed_logprobs("raw_logprobs", 2, tokens, logits, inv_t, res, backend=backend)

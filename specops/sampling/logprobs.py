@@ -195,9 +195,11 @@ def compute_processed_logprobs(
     draw beside the threshold search): a row whose token lies below its threshold gets the
     distribution widened to that token first (`keep_drawn_tokens`), and the returned
     SampleResult carries `tokens` and the widened threshold / log_norm. Without it `result`
-    comes back as given. num_logprobs is checked here; the tensors are the caller's to check
+    comes back as given. mode and num_logprobs are checked here; the tensors are the caller's to check
     (`compute_logprobs` does); inv_temperature must be finite, as SamplingMetadata builds it.
     """
+    if mode not in ("processed_logprobs", "processed_logits"):
+        raise ValueError(f"mode must be 'processed_logprobs' or 'processed_logits', got {mode!r}")
     V = processed_logits.shape[1]
     if not isinstance(num_logprobs, int) or not 0 <= num_logprobs <= V:
         raise ValueError(f"num_logprobs must be an int in [0, {V}], got {num_logprobs!r}")
