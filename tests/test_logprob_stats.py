@@ -65,6 +65,12 @@ def random_tokens(R, V, device, invalid=0.2):
     return torch.where(torch.rand(R, device=device) < invalid, torch.full_like(t, -1), t)
 
 
+def empty_outputs(R, n, device):
+    """(ids [R, n + 1] int64, vals [R, n + 1] fp32, ranks [R] int64, lse [R] fp32) for logprob_stats."""
+    return (torch.empty(R, n + 1, dtype=torch.int64, device=device), torch.empty(R, n + 1, device=device),
+            torch.empty(R, dtype=torch.int64, device=device), torch.empty(R, device=device))
+
+
 def vocabs(device):
     return [17, 1000, 4099] + ([128256, 151936] if device == "cuda" else [])
 
@@ -424,10 +430,7 @@ def test_top_n_values_keep_the_sign_of_zero(device, block, max_chunks):
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         rows = R if dtype == torch.float32 else 2                # 2^-149 is an fp32 value only
         xd, tk, it = x[:rows].to(dtype), tok[:rows], inv_t[:rows]
-        ids = torch.empty(rows, n + 1, dtype=torch.int64, device=device)
-        vals = torch.empty(rows, n + 1, device=device)
-        ranks = torch.empty(rows, dtype=torch.int64, device=device)
-        lse = torch.empty(rows, device=device)
+        ids, vals, ranks, lse = empty_outputs(rows, n, device)
         logprob_stats(xd, tk, ids, vals, ranks, lse, log_norm=False, top1=False, top_n=n, block=block,
                       max_chunks=max_chunks)
         raw_order = [top, top, [3, 90, 40, 177, 260]][:rows]        # ties: lowest index first; +-2^-149 are not ties
@@ -463,10 +466,7 @@ def test_top_n_several_blocks_per_program(device, block, max_chunks, n):
     x[2, 499] = float("nan")
     x[3, 64:200] = 1.5                                  # every key of some blocks tied
     tok = random_tokens(R, V, device, invalid=0.0)
-    ids = torch.empty(R, n + 1, dtype=torch.int64, device=device)
-    vals = torch.empty(R, n + 1, device=device)
-    ranks = torch.empty(R, dtype=torch.int64, device=device)
-    lse = torch.empty(R, device=device)
+    ids, vals, ranks, lse = empty_outputs(R, n, device)
     logprob_stats(x, tok, ids, vals, ranks, lse, log_norm=True, top1=False, top_n=n, block=block,
                   max_chunks=max_chunks)
     out = LogprobsTensors(ids, vals, ranks)

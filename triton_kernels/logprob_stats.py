@@ -290,6 +290,36 @@ def chunk_geometry(vocab_size: int, block: int = BLOCK, max_chunks: int = MAX_CH
     return block, iters, -(-blocks // iters)
 
 
+def _run_pass1(scores, tokens, inv_temperature, ids, vals, ranks, top1, top_n, from_chosen, block, max_chunks):
+    """The checks both launchers share and pass 1 (scaled by inv_temperature [R] fp32 when given):
+    (S, part_f, part_i, part_t, TOPN) for the combine kernel, or None for an empty batch."""
+    R, V = scores.shape
+    assert scores.dtype in (torch.float32, torch.bfloat16, torch.float16), scores.dtype
+    assert scores.stride(1) == 1 or V == 1, "scores need a unit column stride"
+    assert tokens.shape == (R,) and tokens.dtype == torch.int64 and tokens.is_contiguous()
+    if inv_temperature is not None:
+        t = inv_temperature
+        assert t.shape == (R,) and t.dtype == torch.float32 and t.is_contiguous()
+    assert ids.shape[0] == R and vals.shape == ids.shape and ids.shape[1] >= 1 + max(int(top1), top_n)
+    assert ids.dtype == torch.int64 and vals.dtype == torch.float32
+    assert ids.stride(1) == 1 and vals.stride(1) == 1
+    assert ranks.shape == (R,) and ranks.is_contiguous()
+    assert V >= 1 and V < 2**31 - 1
+    assert top_n == 0 or (2 <= top_n <= min(MAX_TOP_N, V) and not top1), top_n
+    if R == 0:
+        return None
+    blk, iters, S = chunk_geometry(V, block, max_chunks)
+    part_f = torch.empty(R, S, 2, dtype=torch.float32, device=scores.device)
+    part_i = torch.empty(R, S, 3, dtype=torch.int32, device=scores.device)
+    topn = _next_pow2(top_n) if top_n else 0
+    part_t = torch.empty(R, S, topn, 2, dtype=torch.int32, device=scores.device) if topn else part_i
+    scaled = inv_temperature is not None
+    _partials_kernel[(R, S)](scores, scores.stride(0), tokens, inv_temperature if scaled else part_f, part_f, part_i,
+                             part_t, V, S, iters, top_n, BLOCK=blk, SCALED=scaled, FROM_CHOSEN=from_chosen,
+                             TOPN=topn, num_warps=PASS1_WARPS)
+    return S, part_f, part_i, part_t, topn
+
+
 def logprob_stats(
     scores: torch.Tensor,       # [R, V] fp32/bf16/fp16, unit column stride, any row stride
     tokens: torch.Tensor,       # [R] int64, -1 (or any id outside [0, V)) = invalid row
@@ -313,27 +343,14 @@ def logprob_stats(
     reach several blocks per program at small vocabularies).
     """
     R, V = scores.shape
-    assert scores.dtype in (torch.float32, torch.bfloat16, torch.float16), scores.dtype
-    assert scores.stride(1) == 1 or V == 1, "scores need a unit column stride"
-    assert tokens.shape == (R,) and tokens.dtype == torch.int64 and tokens.is_contiguous()
-    assert ids.shape[0] == R and vals.shape == ids.shape and ids.shape[1] >= 1 + max(int(top1), top_n)
-    assert ids.dtype == torch.int64 and vals.dtype == torch.float32
-    assert ids.stride(1) == 1 and vals.stride(1) == 1
-    assert ranks.shape == (R,) and lse.shape == (R,) and ranks.is_contiguous() and lse.is_contiguous()
-    assert V >= 1 and V < 2**31 - 1
-    assert top_n == 0 or (2 <= top_n <= min(MAX_TOP_N, V) and not top1), top_n
-    if R == 0:
+    assert lse.shape == (R,) and lse.is_contiguous()
+    pass1 = _run_pass1(scores, tokens, None, ids, vals, ranks, top1, top_n, False, block, max_chunks)
+    if pass1 is None:
         return
-    blk, iters, S = chunk_geometry(V, block, max_chunks)
-    part_f = torch.empty(R, S, 2, dtype=torch.float32, device=scores.device)
-    part_i = torch.empty(R, S, 3, dtype=torch.int32, device=scores.device)
-    topn = _next_pow2(top_n) if top_n else 0
-    part_t = torch.empty(R, S, topn, 2, dtype=torch.int32, device=scores.device) if topn else part_i
-    _partials_kernel[(R, S)](scores, scores.stride(0), tokens, lse, part_f, part_i, part_t, V, S, iters, top_n,
-                             BLOCK=blk, SCALED=False, FROM_CHOSEN=False, TOPN=topn,
-                             num_warps=PASS1_WARPS)
-    _combine_kernel[(R,)](scores, scores.stride(0), tokens, lse, lse, lse, lse, part_f, part_i, part_t,
-                          ids, vals, ids.stride(0), vals.stride(0), ranks, lse, lse, lse, V, S, top_n,
+    S, part_f, part_i, part_t, topn = pass1
+    unused = part_f                     # the processed modes' pointers: never read or written here
+    _combine_kernel[(R,)](scores, scores.stride(0), tokens, unused, unused, unused, unused, part_f, part_i, part_t,
+                          ids, vals, ids.stride(0), vals.stride(0), ranks, lse, unused, unused, V, S, top_n,
                           S_P2=max(16, _next_pow2(S)), PROCESSED=False, OFFSET=log_norm, TOP1=top1, WIDEN=False,
                           TOPN=topn, num_warps=4)
 
@@ -368,28 +385,13 @@ def processed_logprob_stats(
     in `logprob_stats` (the top n of x, their values as the token's).
     """
     R, V = scores.shape
-    assert scores.dtype in (torch.float32, torch.bfloat16, torch.float16), scores.dtype
-    assert scores.stride(1) == 1 or V == 1, "scores need a unit column stride"
-    assert tokens.shape == (R,) and tokens.dtype == torch.int64 and tokens.is_contiguous()
-    for t in (inv_temperature, threshold, row_max, log_norm, threshold_out, log_norm_out):
+    for t in (threshold, row_max, log_norm, threshold_out, log_norm_out):
         assert t.shape == (R,) and t.dtype == torch.float32 and t.is_contiguous()
-    assert ids.shape[0] == R and vals.shape == ids.shape and ids.shape[1] >= 1 + max(int(top1), top_n)
-    assert ids.dtype == torch.int64 and vals.dtype == torch.float32
-    assert ids.stride(1) == 1 and vals.stride(1) == 1
-    assert ranks.shape == (R,) and ranks.is_contiguous()
-    assert V >= 1 and V < 2**31 - 1
-    assert top_n == 0 or (2 <= top_n <= min(MAX_TOP_N, V) and not top1), top_n
-    if R == 0:
+    pass1 = _run_pass1(scores, tokens, inv_temperature, ids, vals, ranks, top1, top_n, widen, block, max_chunks)
+    if pass1 is None:
         return
-    blk, iters, S = chunk_geometry(V, block, max_chunks)
-    part_f = torch.empty(R, S, 2, dtype=torch.float32, device=scores.device)
-    part_i = torch.empty(R, S, 3, dtype=torch.int32, device=scores.device)
-    topn = _next_pow2(top_n) if top_n else 0
-    part_t = torch.empty(R, S, topn, 2, dtype=torch.int32, device=scores.device) if topn else part_i
-    _partials_kernel[(R, S)](scores, scores.stride(0), tokens, inv_temperature, part_f, part_i, part_t, V, S, iters,
-                             top_n, BLOCK=blk, SCALED=True, FROM_CHOSEN=widen, TOPN=topn,
-                             num_warps=PASS1_WARPS)
+    S, part_f, part_i, part_t, topn = pass1
     _combine_kernel[(R,)](scores, scores.stride(0), tokens, inv_temperature, threshold, row_max, log_norm,
                           part_f, part_i, part_t, ids, vals, ids.stride(0), vals.stride(0), ranks,
-                          row_max, threshold_out, log_norm_out, V, S, top_n, S_P2=max(16, _next_pow2(S)),
+                          part_f, threshold_out, log_norm_out, V, S, top_n, S_P2=max(16, _next_pow2(S)),
                           PROCESSED=True, OFFSET=logprobs, TOP1=top1, WIDEN=widen, TOPN=topn, num_warps=4)
