@@ -18,6 +18,8 @@ output row, and the next call's pass 1 start (the cycle bench_rejection times). 
 instrumented tokens are checked equal to the module's own.
 
     python bench/exp_rejection_timeline.py [--replays=5] [--race-warps=8]
+    python bench/exp_rejection_timeline.py --sm90   # no GPU: compile the instrumented kernels for sm_90
+                                                    # (scripts/triton_resources.py's stand-in driver)
 """
 
 from __future__ import annotations
@@ -141,7 +143,44 @@ def analyse(p1, fz, next_p1_start, k, batch):
     return row
 
 
+def compile_for_sm90() -> None:
+    """Compile the instrumented pass 1 and finalize for sm_90 without a GPU (launches compiled,
+    never run) and print their registers: checks that the patches still apply and compile."""
+    os.environ.pop("TRITON_INTERPRET", None)
+    from triton.runtime import driver as triton_driver
+    from triton.runtime.jit import JITFunction
+
+    from scripts.triton_resources import Sm90Driver, resource_usage
+    triton_driver.set_active(Sm90Driver())
+    compiled = []
+    original_run = JITFunction.run
+
+    def compile_only(self, *args, grid, warmup, **kwargs):
+        kernel = original_run(self, *args, grid=grid, warmup=True, **kwargs)
+        compiled.append((self.fn.__name__, kernel))
+        return kernel
+
+    JITFunction.run = compile_only
+    mod = instrumented_module()
+    batch, k = 8, 4
+    mod.TL_BUF[:] = [torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)]
+    a = dict(target_rows=torch.arange(batch * k), draft_token_ids=torch.zeros(batch * k, dtype=torch.int64),
+             draft_probs=None, cu_num_draft_tokens=torch.arange(1, batch + 1) * k,
+             bonus_token_ids=torch.zeros(batch, dtype=torch.int64), temperature=torch.ones(batch),
+             inv_temperature=None, threshold=None, is_greedy=False, seeds=None, has_seed=None, positions=None,
+             step=torch.zeros(1, dtype=torch.int64), engine_seed=0)
+    out = torch.empty(batch, k + 1, dtype=torch.int32)
+    mod.rejection_sample_pass(out, torch.zeros(batch * (k + 1), VOCAB), fuse_race=False,
+                              chunk=rs.chunk_size(VOCAB), **a)
+    for name, kernel in compiled:
+        print(f"{name:28s} {resource_usage(kernel.asm['cubin'])}  globaltimer reads in the PTX: "
+              f"{kernel.asm['ptx'].count('%globaltimer')}")
+
+
 def main() -> None:
+    if "--sm90" in sys.argv:
+        compile_for_sm90()
+        return
     if not torch.cuda.is_available():
         print("exp_rejection_timeline needs CUDA: nothing to do")
         return
