@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specops.spec_decode.metadata import MAX_SPEC_LEN
+
 MAX_NUM_SEQS = 1 << 16
 """Largest max_num_seqs: the persistent batch's tables are allocated for every row up front."""
 
@@ -58,7 +60,7 @@ class EngineConfig:
     spec_method : str or None
         "ngram" (prompt lookup) or "draft" (a separate small model); None = no speculation.
     num_spec_tokens : int
-        K, the most draft tokens per request per step (1..128).
+        K, the most draft tokens per request per step (1..MAX_SPEC_LEN, i.e. 1..128).
     draft_model : str or None
         HF directory or .gguf file of the draft model (spec_method="draft"); it must share
         the target's vocabulary.
@@ -148,8 +150,8 @@ class EngineConfig:
         if self.spec_method not in (None, "ngram", "draft"):
             raise ValueError(f"spec_method must be None, 'ngram' or 'draft', got {self.spec_method!r}")
         k = self.num_spec_tokens
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 128:
-            raise ValueError(f"num_spec_tokens must be an int in [1, 128], got {k!r}")
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPEC_LEN:
+            raise ValueError(f"num_spec_tokens must be an int in [1, {MAX_SPEC_LEN}] (MAX_SPEC_LEN), got {k!r}")
         for name in ("ngram_min_n", "ngram_max_n"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

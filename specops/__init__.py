@@ -13,7 +13,7 @@ Sampling (Triton on CUDA, torch reference elsewhere):
     LogitsProcessor, BatchUpdate
 Speculative decoding:
     build_spec_decode_metadata, SpecDecodeMetadata, RejectionSampler,
-    rejection_sample, parse_output
+    rejection_sample, parse_output, MAX_SPEC_LEN (128: the most drafts per request, K)
 The reference engine lives in ``specops.engine`` (``LLM``, ``SamplingParams``).
 """
 
@@ -53,6 +53,7 @@ from specops.sampling import (
     sample_torch,
 )
 from specops.spec_decode import (
+    MAX_SPEC_LEN,
     RejectionSampler,
     SpecDecodeMetadata,
     build_spec_decode_metadata,
@@ -70,5 +71,5 @@ __all__ = [
     "SamplingMetadata", "Sampler", "SamplerOutput", "sample", "sample_torch", "draw", "compute_logprobs",
     "LogitsProcessor", "BatchUpdate",
     "build_spec_decode_metadata", "SpecDecodeMetadata", "RejectionSampler", "rejection_sample",
-    "rejection_sample_torch", "parse_output",
+    "rejection_sample_torch", "parse_output", "MAX_SPEC_LEN",
 ]

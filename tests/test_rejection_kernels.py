@@ -581,6 +581,38 @@ def test_seeded_requests_repeat_and_are_batch_invariant(device, backend):
     assert torch.equal(d[0], a[1])
 
 
+@pytest.mark.parametrize("draft_probs", [False, True])
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_seeded_requests_do_not_depend_on_the_batch_max_spec_len(device, backend, draft_probs):
+    # the same seeded requests (2, 3 and 1 drafts) verified alone (max_spec_len 3), with a
+    # larger max_spec_len for the same batch, and beside a neighbour with more drafts: the
+    # kernels' tiles and output width change with max_spec_len, the tokens must not
+    vocab = 40
+    g = torch.Generator().manual_seed(11)
+    reqs = [_single_request(vocab, k, s, p, g, device) for k, s, p in [(2, 21, 5), (3, 22, 60), (1, 23, 9)]]
+    other = _single_request(vocab, 7, 99, 0, g, device)
+    for rows, _, drafts, _, _ in reqs:
+        drafts[:-1] = rows.argmax(1)[:-1]     # likely drafts: requests get past draft 0
+    reqs[1][0][torch.arange(3), reqs[1][2]] += 8.0   # request 1: every draft accepted, then its bonus
+
+    def run(batch, max_spec_len):   # bonus token of a request: its seed
+        counts = torch.tensor([r[0].shape[0] for r in batch])
+        n = len(batch)
+        return rejection_sample(
+            torch.cat([r[0] for r in batch]).to(device), torch.cat([r[2] for r in batch]).to(device),
+            torch.cumsum(counts, 0).to(device), max_spec_len, torch.tensor([r[3] for r in batch], device=device),
+            draft_probs=torch.cat([r[1] for r in batch]).to(device) if draft_probs else None,
+            temperature=torch.full((n,), 0.9, device=device), seeds=torch.tensor([r[3] for r in batch], device=device),
+            has_seed=torch.ones(n, dtype=torch.bool, device=device),
+            positions=torch.tensor([r[4] for r in batch], device=device), backend=backend).cpu()
+
+    base = run(reqs, 3)
+    assert base[1, 3] == 22 and (base[[0, 2], 1:] == -1).any()   # a bonus token (the seed) and rejections
+    for got in (run(reqs, 8), run(reqs, 17)[:, :9], run([other] + reqs, 7)[1:], run(reqs + [other], 7)[:3]):
+        assert torch.equal(got[:, :4], base)
+        assert (got[:, 4:] == -1).all()
+
+
 # ---- bad inputs ---------------------------------------------------------------------------------
 
 def test_bad_inputs():
@@ -592,7 +624,8 @@ def test_bad_inputs():
         (dict(logits=torch.zeros(3)), ValueError, "logits must be a"),
         (dict(logits=torch.zeros(3, 10, dtype=torch.int32)), TypeError, "logits must be float32"),
         (dict(max_spec_len=MAX_SPEC_LEN + 1), ValueError, "max_spec_len must be an int in"),
-        (dict(max_spec_len=1), ValueError, "more than num_reqs"),
+        (dict(max_spec_len=1), ValueError, "max_spec_len=1 is too small for draft_token_ids: it has 3 drafts, "
+                                           "more than num_reqs"),
         (dict(draft_token_ids=d.float()), TypeError, "draft_token_ids must have dtype"),
         (dict(cu_num_draft_tokens=cu[:1]), ValueError, "bonus_token_ids must have shape"),
         (dict(logits=torch.zeros(4, 10)), ValueError, "one row per draft"),

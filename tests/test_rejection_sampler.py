@@ -151,6 +151,45 @@ def test_greedy_speculation_with_processing_equals_greedy(kind):
         assert o[:length] == e[:length]
 
 
+@pytest.mark.parametrize("kind", ["correct", "tempting"])
+def test_greedy_bad_words_completed_by_an_earlier_draft(kind):
+    # bad_words [5, 6]: a target row whose earlier draft is 5 must ban 6 (the model's favourite
+    # after 5), so that speculation emits exactly step-by-step greedy decoding. "correct"
+    # drafts are the greedy continuation; "tempting" ones propose the banned 6 after each 5.
+    vocab, eos, length = 12, 0, 10
+    model = Trigram(vocab, seed=6)
+    model.table[:, :, 5] += 3.0            # 5 is often the argmax...
+    model.table[:, 5, 6] += 20.0           # ...and 6 always follows it, unless banned
+    reqs = lambda: [params(temperature=0.0, bad_words=[[5, 6], [9]]), params(temperature=0.0)]  # noqa: E731
+    prompts, ks = [[1, 2], [3, 4]], [4, 2]
+    ref = Batch(reqs(), prompts, vocab, eos)
+    for step in range(length + max(ks)):
+        logits = torch.stack([model(p + o) for p, o in zip(prompts, ref.outputs)]).to(DEVICE)
+        for o, t in zip(ref.outputs, Sampler()(logits, ref.metadata(step)).sampled_token_ids.tolist()):
+            o.append(t)
+    spec = Batch(reqs(), prompts, vocab, eos)
+    exercised, step = 0, 0
+    while min(len(o) for o in spec.outputs) < length:
+        drafts = []
+        for r, (o, k) in enumerate(zip(spec.outputs, ks)):
+            d = ref.outputs[r][len(o):len(o) + k]
+            if kind == "tempting":
+                d = [6 if i and d[i - 1] == 5 else t for i, t in enumerate(d)]
+            drafts.append(d)
+        # a target row after a draft 5 whose unprocessed argmax is the banned 6
+        ctx = prompts[0] + spec.outputs[0]
+        exercised += sum(drafts[0][i - 1] == 5 and int(model(ctx + drafts[0][:i]).argmax()) == 6
+                         for i in range(1, len(drafts[0])))
+        out = spec_step(spec, model, drafts, step, RejectionSampler()).output_token_ids
+        for o, row in zip(spec.outputs, out.tolist()):
+            o += row[:row.index(-1)] if -1 in row else row
+        step += 1
+    assert exercised > 0
+    for o, e in zip(spec.outputs, ref.outputs):
+        assert o[:length] == e[:length]
+    assert 5 in ref.outputs[0][:length] and all(a != 5 or b != 6 for a, b in zip(ref.outputs[0], ref.outputs[0][1:]))
+
+
 # ---- random: the law of emitted sequences is the processed target law --------------------------
 
 def processed_probs(logits, prompt, hist, r, vocab, eos):

@@ -24,7 +24,18 @@ def test_worked_example_from_seeds_01():
     assert md.max_spec_len == 3 and md.num_reqs == 5 and md.total_draft_tokens == 6
     # request 0 scheduled [last sampled, d1, d2, d3] at 0..3; request 2 [x, d1, d2] at 104..106
     assert md.draft_token_ids.tolist() == [10, 20, 30, 1050, 1060, 2080]
+    assert md.draft_token_ids.dtype == torch.int64          # the input ids' dtype
+    md = build_spec_decode_metadata([3, 0, 2, 0, 1], [4, 104, 107, 207, 209], input_ids=input_ids.int())
     assert md.draft_token_ids.dtype == torch.int32
+
+
+def test_draft_ids_outside_int32_are_not_narrowed():
+    # 2**32 + 3 would wrap to the token 3 in 32 bits (and be accepted); the builder keeps the id
+    # as it is, so that the rejection sampler sees an id outside the vocabulary and rejects it
+    ids = torch.tensor([0, 2**32 + 3, 5, -(2**32) + 1, 2**31, 2**63 - 1])
+    md = build_spec_decode_metadata([2, 2], [3, 6], input_ids=ids)
+    assert md.draft_token_ids.dtype == torch.int64
+    assert md.draft_token_ids.tolist() == [2**32 + 3, 5, 2**31, 2**63 - 1]
 
 
 def _naive(nd, cu):
@@ -65,6 +76,11 @@ def test_empty_batch():
     ([0, 0], [2, 2], "strictly increasing"),
     ([MAX_SPEC_LEN + 1], [MAX_SPEC_LEN + 2], "MAX_SPEC_LEN"),
     ([[1]], [[2]], "one-dimensional"),
+    # values int64 cannot hold are named as given, not wrapped (2**63 + 5 is not -2**63 + 5)
+    (np.array([2**63 + 5], np.uint64), [2], "num_draft_tokens must hold values that fit in int64, got "
+                                             "9223372036854775813"),
+    ([2**70], [2], "num_draft_tokens must hold values that fit in int64, got 1180591620717411303424"),
+    ([1, 0], [2, 2**64], "cu_num_scheduled_tokens must hold values that fit in int64, got 18446744073709551616"),
 ])
 def test_bad_inputs(nd, cu, match):
     with pytest.raises(ValueError, match=match):
@@ -74,6 +90,8 @@ def test_bad_inputs(nd, cu, match):
 def test_bad_types():
     with pytest.raises(TypeError, match="num_draft_tokens must hold integers"):
         build_spec_decode_metadata(torch.tensor([1.0]), [2])
+    with pytest.raises(TypeError, match="num_draft_tokens must hold integers, got None"):
+        build_spec_decode_metadata([2**70, None], [2, 3])
     with pytest.raises(ValueError, match="input_ids has 3 tokens"):
         build_spec_decode_metadata([1], [4], input_ids=torch.arange(3))
     with pytest.raises(TypeError, match="input_ids must be a torch.Tensor, got list"):
@@ -102,6 +120,12 @@ def test_parse_output():
         parse_output(torch.tensor([[5, -1, 7]]), vocab_size=10)
     with pytest.raises(ValueError, match="token after its first -1"):
         parse_output(torch.tensor([[-1, 3, -1]]))
+    # a value below -1 is corrupted output too, with or without vocab_size
+    for bad in ([[-2, 3, -1]], [[4, -7, -1]], [[4, 3, -2]]):
+        with pytest.raises(ValueError, match="output_token_ids row 0 holds -[27]"):
+            parse_output(torch.tensor(bad))
+        with pytest.raises(ValueError, match="output_token_ids row 0 holds -[27]"):
+            parse_output(torch.tensor(bad), vocab_size=10)
 
 
 def test_metadata_indices_fit_int32():

@@ -20,6 +20,7 @@ target/bonus indices point into the gathered logits (``logits[logits_indices]``)
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -27,19 +28,21 @@ import numpy as np
 import torch
 
 MAX_SPEC_LEN = 128
-"""Largest number of drafts per request that the rejection kernels accept."""
+"""Largest number of drafts per request (K) that the builder and the rejection kernels accept."""
 _MAX_INDEX = 2**31 - 1   # the index tensors are int32
 
 
 @dataclass
 class SpecDecodeMetadata:
-    """Row layout of one speculative step (device tensors, int32; host ints where noted).
+    """Row layout of one speculative step (device tensors, int32 but for the draft ids; host
+    ints where noted).
 
     Attributes
     ----------
     draft_token_ids : torch.Tensor or None
-        [num_draft_tokens_total] int32, drafts of all requests concatenated, when the
-        step's input ids were given to the builder.
+        [num_draft_tokens_total], drafts of all requests concatenated, with the dtype of the
+        step's input ids (int32 or int64: never narrowed, so that an id outside the
+        vocabulary stays outside it and is rejected), when the builder was given them.
     num_draft_tokens : list[int]
         Host copy of the drafts per request.
     cu_num_draft_tokens : torch.Tensor
@@ -52,7 +55,8 @@ class SpecDecodeMetadata:
     bonus_logits_indices : torch.Tensor
         [num_reqs] int32, bonus rows within ``logits[logits_indices]``.
     max_spec_len : int
-        Host int, the largest draft count of the step (output has max_spec_len + 1 columns).
+        Host int, the largest draft count of the step (output has max_spec_len + 1 columns),
+        at most MAX_SPEC_LEN.
     """
 
     draft_token_ids: torch.Tensor | None
@@ -73,6 +77,8 @@ class SpecDecodeMetadata:
 
 
 def _host_ints(name: str, values) -> np.ndarray:
+    """`values` as a one-dimensional int64 array; raises on non-integers and on values that
+    int64 cannot hold (naming the value: a cast would wrap it)."""
     if isinstance(values, torch.Tensor):
         if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
             raise TypeError(f"{name} must hold integers, got dtype {values.dtype}")
@@ -82,8 +88,17 @@ def _host_ints(name: str, values) -> np.ndarray:
         arr = arr.reshape(0).astype(np.int64)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be one-dimensional, got shape {tuple(arr.shape)}")
-    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+    if arr.dtype == object:   # Python ints past int64 (or other objects)
+        for v in arr:
+            if not isinstance(v, numbers.Integral):
+                raise TypeError(f"{name} must hold integers, got {v!r} ({type(v).__name__})")
+        for v in arr:
+            if not -2**63 <= int(v) < 2**63:
+                raise ValueError(f"{name} must hold values that fit in int64, got {int(v)}")
+    elif arr.size and not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(f"{name} must hold integers, got {arr.dtype}")
+    elif arr.size and arr.dtype == np.uint64 and int(arr.max()) >= 2**63:
+        raise ValueError(f"{name} must hold values that fit in int64, got {int(arr.max())}")
     return arr.astype(np.int64)
 
 
@@ -104,7 +119,9 @@ def build_spec_decode_metadata(
         drafts must schedule at least K + 1 tokens.
     input_ids : torch.Tensor, optional
         The step's input ids; when given, ``draft_token_ids`` is gathered from it on its
-        device (the drafts are the scheduled tokens after each target position).
+        device and keeps its dtype (the drafts are the scheduled tokens after each target
+        position). Ids are not checked here: one outside the vocabulary is rejected by the
+        rejection sampler.
     device : torch.device or str, optional
         Device of the index tensors; defaults to ``input_ids.device`` or CPU.
 
@@ -116,8 +133,10 @@ def build_spec_decode_metadata(
     ------
     ValueError
         On mismatched lengths, negative or too many drafts, non-increasing cumulative
-        counts, more than 2**31 scheduled tokens (the indices are int32), or more than
-        ``MAX_SPEC_LEN`` drafts for one request.
+        counts, more than 2**31 scheduled tokens (the indices are int32), more than
+        ``MAX_SPEC_LEN`` (128) drafts for one request, or counts that int64 cannot hold.
+    TypeError
+        On counts that are not integers, or input_ids that are not an int32 / int64 tensor.
 
     Examples
     --------
@@ -177,7 +196,9 @@ def build_spec_decode_metadata(
     logits_t = dev(logits_indices)
     draft = None
     if input_ids is not None:
-        draft = input_ids[logits_t[target_t.long() + 1].long()].to(torch.int32)
+        # the ids keep their width: narrowing int64 to int32 could wrap an id outside the
+        # vocabulary (e.g. 2**32 + 3) into it, where the kernels would accept it
+        draft = input_ids[logits_t[target_t.long() + 1].long()]
     return SpecDecodeMetadata(
         draft_token_ids=draft,
         num_draft_tokens=[int(v) for v in nd],

@@ -25,12 +25,18 @@ def parse_output(
         ``RejectionSampler``.
     vocab_size : int, optional
         When given (an int >= 1), a token outside [0, vocab_size) raises (it would mean
-        corrupted output). A token after a row's first -1 raises either way.
+        corrupted output). A token after a row's first -1, or a value below -1, raises
+        either way.
 
     Returns
     -------
     list of list of int
         Each list has between 1 and max_spec_len + 1 tokens (0 only for a row of -1).
+
+    Raises
+    ------
+    TypeError, ValueError
+        On a wrong type, dtype or shape, and on corrupted output (see ``vocab_size``).
 
     Examples
     --------
@@ -52,6 +58,9 @@ def parse_output(
     for r, row in enumerate(rows):
         n = row.index(PLACEHOLDER_TOKEN_ID) if PLACEHOLDER_TOKEN_ID in row else len(row)
         toks = row[:n]
+        if any(t < PLACEHOLDER_TOKEN_ID for t in row):
+            raise ValueError(f"output_token_ids row {r} holds {min(row)}: tokens are >= 0 and "
+                             f"{PLACEHOLDER_TOKEN_ID} is the only placeholder (corrupted output): {row}")
         if any(t != PLACEHOLDER_TOKEN_ID for t in row[n:]):
             raise ValueError(f"output row {r} holds a token after its first {PLACEHOLDER_TOKEN_ID}: {row} "
                              "(corrupted output)")

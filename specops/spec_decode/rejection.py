@@ -63,7 +63,14 @@ def rejection_sample(
     - an invalid target row (a NaN or +inf logit after scaling, or no logit above -inf,
       e.g. below the threshold; as the Sampler's invalid rows) accepts nothing and emits
       nothing: the request's output ends before it (-1 there), its earlier accepted drafts
-      kept. A caller sees it as a row of accepted drafts only (no recovered or bonus token);
+      kept. A caller sees it as a row of accepted drafts only (no recovered or bonus token).
+      A random request whose temperature is not finite and > 0 (0, negative, +-inf or NaN;
+      likewise an ``inv_temperature`` that is not finite and > 0) is a caller's bug, and every
+      one of its rows is invalid: its output is all -1 (greedy requests ignore their
+      temperature). The Triton path follows this when V is not a multiple of
+      chunk_size(V) (e.g. 32000, 128256, 151936); when it is (e.g. 32768), a negative or
+      infinite T scales the logits by 1/T instead (a kernel-side guard is to come), so give
+      0 < T < inf;
     - when every draft is accepted, ``bonus_token_ids[r]`` is appended.
 
     The output row is the emitted tokens followed by -1. Uniforms come from
@@ -81,20 +88,35 @@ def rejection_sample(
         them (no host sync): a row outside is never read and counts as an invalid row (the
         request's output ends there with -1).
     draft_token_ids, cu_num_draft_tokens, bonus_token_ids : torch.Tensor
-        See the shapes above. ``cu_num_draft_tokens`` is non-decreasing from a first
-        value >= 0 and ends at T (``cu[-1] == T``), and every request has at most
-        ``max_spec_len`` drafts. The torch path reads these values back and raises
-        ValueError on a violation; the Triton path cannot (no host sync) and stays in
-        bounds instead: rows beyond ``max_spec_len`` are ignored, counts are clamped into
-        [0, T], and a decreasing ``cu`` gives the requests concerned unspecified outputs
-        (tokens of the vocabulary, bonus tokens or -1).
+        See the shapes above. The caller must guarantee that ``cu_num_draft_tokens`` is
+        non-decreasing from a first value >= 0, ends at T (``cu[-1] == T``) and gives no
+        request more than ``max_spec_len`` drafts. The torch path reads these values back
+        and raises ValueError on a violation; the Triton path cannot (no host sync) and
+        stays in bounds but gives wrong output without an error: a request with more than
+        ``max_spec_len`` drafts is verified on its first ``max_spec_len`` drafts only, and
+        if they are all accepted the bonus token is appended after them (a sequence the
+        target never produced); counts are clamped into [0, T], and a decreasing ``cu``
+        gives the requests concerned unspecified outputs (tokens of the vocabulary, bonus
+        tokens or -1). ``RejectionSampler`` checks its host copy of the counts before any
+        launch. Draft ids are read at their width (int64 ids are never narrowed).
     max_spec_len : int
-        Largest draft count of the batch, 0 <= max_spec_len <= MAX_SPEC_LEN (128).
+        At least the largest draft count of one request (the output has max_spec_len + 1
+        columns), at most MAX_SPEC_LEN = 128 (``specops.MAX_SPEC_LEN``: the largest K
+        supported; ValueError above it).
     draft_probs : torch.Tensor, optional
-        Draft distributions (rows sum to 1); None for n-gram style drafts.
+        Draft distributions; None for n-gram style drafts. The caller must guarantee that
+        row i is the distribution draft i was drawn from: finite, >= 0, summing to 1 (up to
+        rounding), with q(x) > 0 at the draft token. Only the shape, dtype and device are
+        checked (reading the values would sync the host); otherwise no error is raised and
+        the output no longer follows the target law: acceptance uses q(x) as given (q(x) <= 0
+        accepts every draft with p(x) > 0, a NaN q(x) rejects it, a row scaled by c accepts
+        with probability min(1, p(x) / (c q(x)))), the recovered token is drawn from
+        max(0, p - q) of the given row (negative entries raise their tokens' weight, NaN
+        entries give an unspecified token), and the two backends may emit different tokens.
     temperature : torch.Tensor, optional
         Per-request temperature applied inside the kernel as logits * (1 / T) (ignored for
-        greedy requests); None when the logits are already scaled.
+        greedy requests), finite and > 0 for random requests (see above for other values);
+        None when the logits are already scaled.
     inv_temperature : torch.Tensor, optional
         Per-draft-row 1 / T instead of ``temperature`` (the Sampler's convention; values of
         greedy requests are ignored).

@@ -60,8 +60,9 @@ def check_rejection_args(
     check_1d("draft_token_ids", draft_token_ids, num_drafts, _INT_DTYPES, device)
     check_1d("bonus_token_ids", bonus_token_ids, num_reqs, _INT_DTYPES, device)
     if num_drafts > num_reqs * max_spec_len:
-        raise ValueError(f"draft_token_ids has {num_drafts} drafts, more than num_reqs * max_spec_len = "
-                         f"{num_reqs} * {max_spec_len}")
+        raise ValueError(f"max_spec_len={max_spec_len} is too small for draft_token_ids: it has {num_drafts} "
+                         f"drafts, more than num_reqs * max_spec_len = {num_reqs} * {max_spec_len} (max_spec_len "
+                         "must be at least the largest draft count of one request)")
     if target_rows is not None:
         check_1d("target_rows", target_rows, num_drafts, _INT_DTYPES, device)
         if num_drafts > 0 and num_logits == 0:

@@ -19,6 +19,8 @@ read the target rows straight from `logits` (one read per row).
 
 from __future__ import annotations
 
+import itertools
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +30,7 @@ from specops.sampling.logits_processors.builtin import MinPLogitsProcessor
 from specops.sampling.logits_processors.interface import to_device
 from specops.sampling.topk_topp import resolve_backend, sample_options
 from specops.sampling.topk_topp import sample as sample_with_thresholds
-from specops.spec_decode.metadata import SpecDecodeMetadata
+from specops.spec_decode.metadata import MAX_SPEC_LEN, SpecDecodeMetadata
 from specops._arg_checks import check_1d
 from specops.spec_decode.rejection import rejection_sample
 from specops.spec_decode.rejection_args import check_draft_probs
@@ -64,6 +66,41 @@ def _draft_row_index(cu: torch.Tensor, total: int, max_spec_len: int) -> tuple[t
     return req, torch.arange(total, device=cu.device) - (cu.long() - counts)[req]
 
 
+def _check_spec(spec) -> list[int]:
+    """Raise TypeError / ValueError unless `spec` is a consistent SpecDecodeMetadata; return its
+    draft counts. Host values and tensor shapes only: no device value is read (cu_num_draft_tokens
+    is compared with the counts only when it lives on the CPU, where reading it is free)."""
+    if not isinstance(spec, SpecDecodeMetadata):
+        raise TypeError(f"spec must be a SpecDecodeMetadata (see build_spec_decode_metadata), got "
+                        f"{type(spec).__name__}")
+    counts = spec.num_draft_tokens
+    if (not isinstance(counts, (list, tuple))
+            or not all(isinstance(c, numbers.Integral) and not isinstance(c, bool) and c >= 0 for c in counts)):
+        raise ValueError(f"spec.num_draft_tokens must be a list of ints >= 0, got {counts!r}")
+    counts = [int(c) for c in counts]
+    k = spec.max_spec_len
+    if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_SPEC_LEN:
+        raise ValueError(f"spec.max_spec_len must be an int in [0, {MAX_SPEC_LEN}] (MAX_SPEC_LEN), got {k!r}")
+    if counts and max(counts) > k:
+        r = counts.index(max(counts))
+        raise ValueError(f"spec.num_draft_tokens[{r}] = {counts[r]} exceeds spec.max_spec_len = {k}: "
+                         "every request must have at most max_spec_len drafts")
+    num_reqs, total = len(counts), sum(counts)
+    for name, n, what in (("cu_num_draft_tokens", num_reqs, "num_reqs"), ("bonus_logits_indices", num_reqs, "num_reqs"),
+                          ("target_logits_indices", total, "total drafts")):
+        t = getattr(spec, name)
+        if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.shape[0] != n:
+            raise ValueError(f"spec.{name} must have shape [{n}] ({what} of spec.num_draft_tokens), got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+        if t.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"spec.{name} must be int32 or int64, got {t.dtype}")
+    cu = spec.cu_num_draft_tokens
+    if cu.device.type == "cpu" and cu.tolist() != list(itertools.accumulate(counts)):
+        raise ValueError(f"spec.cu_num_draft_tokens must be the cumulative sum of spec.num_draft_tokens "
+                         f"{counts}, got {cu.tolist()}")
+    return counts
+
+
 def _active(procs, argmax_invariant: bool) -> list:
     if procs is None:
         return []
@@ -81,6 +118,13 @@ class RejectionSampler:
         ``Sampler(backend=backend)``).
     backend : {"auto", "triton", "torch"}
         Backend of the rejection kernels ("auto": Triton on CUDA, torch elsewhere).
+
+    A request may have up to ``MAX_SPEC_LEN`` = 128 drafts (K) per step. Every argument is
+    checked before any launch: types, shapes, dtypes and devices, and the host side of
+    ``spec`` (``num_draft_tokens`` within ``max_spec_len`` <= MAX_SPEC_LEN, one per request,
+    tensor lengths that match it). Device values are not read (no host sync), so the
+    caller guarantees that ``spec``'s device tensors match its host counts (the builder
+    makes them so) and that ``draft_probs`` holds distributions (see ``__call__``).
 
     Examples
     --------
@@ -116,14 +160,20 @@ class RejectionSampler:
             The step's logits at ``spec.logits_indices`` (target and bonus rows interleaved
             per request, as ``spec.target_logits_indices`` / ``bonus_logits_indices`` say).
         spec : SpecDecodeMetadata
+            The step's layout (``build_spec_decode_metadata``): every request has at most
+            ``spec.max_spec_len`` <= MAX_SPEC_LEN (128) drafts.
         metadata : SamplingMetadata
             Per-request sampling parameters (row r = request r). ``token_positions`` are
             the positions of each request's first draft. With logits processors,
             ``metadata.rows`` must give each request's persistent index and output length.
         draft_token_ids : torch.Tensor, optional
-            [T] drafts (default ``spec.draft_token_ids``).
+            [T] int32 / int64 drafts (default ``spec.draft_token_ids``); an id outside
+            [0, V) is rejected.
         draft_probs : torch.Tensor, optional
-            [T, V] probabilities the drafts were sampled from.
+            [T, V] probabilities the drafts were sampled from. The caller must guarantee
+            that each row is a distribution (finite, >= 0, summing to 1) with q(x) > 0 at
+            its draft x; only shape, dtype and device are checked, and other values bias
+            the output silently (see ``rejection_sample``).
         draft_token_lists : list of list of int, optional
             Host copy of each request's drafts, used by bad_words and logits processors
             (read back from the device when needed and not given).
@@ -131,8 +181,16 @@ class RejectionSampler:
         Returns
         -------
         RejectionSamplerOutput
+
+        Raises
+        ------
+        TypeError, ValueError
+            On a wrong argument (type, shape, dtype, device, or an inconsistent ``spec``),
+            before any launch.
         """
-        counts = list(spec.num_draft_tokens)
+        counts = _check_spec(spec)
+        if not isinstance(metadata, SamplingMetadata):
+            raise TypeError(f"metadata must be a SamplingMetadata, got {type(metadata).__name__}")
         num_reqs, total = len(counts), sum(counts)
         if draft_token_ids is None:
             draft_token_ids = spec.draft_token_ids
@@ -143,6 +201,8 @@ class RejectionSampler:
                              f"{tuple(logits.shape) if isinstance(logits, torch.Tensor) else logits!r}")
         if metadata.num_rows != num_reqs:
             raise ValueError(f"metadata has {metadata.num_rows} rows, expected one per request ({num_reqs})")
+        if logits.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise TypeError(f"logits must be float32, float16 or bfloat16, got {logits.dtype}")
         device, vocab = logits.device, logits.shape[1]
         metadata.check_vocab(vocab)
         # every input checked here, before the bonus rows' Sampler launches anything

@@ -73,8 +73,9 @@ def rejection_sample_torch(
     request) and target_rows (rows of logits): ValueError otherwise.
 
     Every draft row is decided independently (accept or the token it would emit on
-    rejection; an invalid row: -1); a request then emits its rows up to and including its
-    first rejection, or all of them and the bonus token.
+    rejection; an invalid row, including every row of a random request whose temperature is
+    not finite and > 0: -1); a request then emits its rows up to and including its first
+    rejection, or all of them and the bonus token.
     """
     engine_seed = check_rejection_args(
         logits, draft_token_ids, cu_num_draft_tokens, max_spec_len, bonus_token_ids, target_rows=target_rows,
@@ -104,6 +105,10 @@ def rejection_sample_torch(
         inv = 1.0 / temperature.float()[req]
     elif inv_temperature is not None:
         inv = inv_temperature.float()
+    # a random row whose temperature is not finite and > 0 is invalid, as in the kernels: T = 0
+    # gives 1/T = inf and T = NaN gives NaN (both invalid once scaled); T < 0 and T = +-inf give
+    # 1/T <= 0, made NaN here (the kernels' padding past V turns such a scale into NaN / +inf)
+    inv = torch.where(inv > 0, inv, float("nan"))
     inv = torch.where(greedy, torch.ones_like(inv), inv)
     scaled = rows * inv[:, None]                        # fp32, as the kernels and the Sampler scale
     if threshold is not None:
