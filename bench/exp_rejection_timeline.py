@@ -17,9 +17,13 @@ release after pass 1's last end, acceptance, level 1 and level 2 (rejected rows)
 output row, and the next call's pass 1 start (the cycle bench_rejection times). The
 instrumented tokens are checked equal to the module's own.
 
-    python bench/exp_rejection_timeline.py [--replays=5] [--race-warps=8]
-    python bench/exp_rejection_timeline.py --sm90   # no GPU: compile the instrumented kernels for sm_90
-                                                    # (scripts/triton_resources.py's stand-in driver)
+    python bench/exp_rejection_timeline.py [--replays=5] [--race-warps=8] [--variant=PATH]
+    python bench/exp_rejection_timeline.py --sm90 [--variant=PATH]   # no GPU: compile the instrumented
+                                        # kernels for sm_90 (scripts/triton_resources.py's stand-in driver)
+
+--variant=PATH adds another copy of rejection_sample.py (e.g. a branch's, written with
+`git show BRANCH:triton_kernels/rejection_sample.py > PATH` before the device call), timed and
+instrumented beside the tree's in the same run; its tokens are checked equal to the tree's.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ def _stamp_after(dep):
 TL_BUF = [None, None]
 '''
 
+# (old, new) or a list of alternatives of which exactly one must apply (main's text, a variant's)
 PATCHES = [
     # pass 1: signature, start stamp, end stamp + stores
     ("    num_target_rows, num_logits, vocab_size,\n    MAX_K: tl.constexpr, GRID_K",
@@ -80,13 +85,18 @@ PATCHES = [
     ("    pdl_wait(PDL)\n    pdl_launch(PDL)\n    if n > 0:\n",
      "    pdl_wait(PDL)\n    _t1 = _stamp()\n    pdl_launch(PDL)\n    _t2 = _t1\n    _t3 = _t1\n    _t4 = _t1\n"
      "    if n > 0:\n"),
-    ("            NUM_SPLITS, SPLIT_BLOCK, OUT_BLOCK, GREEDY_MODE)\n        at_rej = rr == first_rej\n",
-     "            NUM_SPLITS, SPLIT_BLOCK, OUT_BLOCK, GREEDY_MODE)\n        _t2 = _stamp_after(num_accepted)\n"
-     "        at_rej = rr == first_rej\n"),
+    [("            NUM_SPLITS, SPLIT_BLOCK, OUT_BLOCK, GREEDY_MODE)\n        at_rej = rr == first_rej\n",
+      "            NUM_SPLITS, SPLIT_BLOCK, OUT_BLOCK, GREEDY_MODE)\n        _t2 = _stamp_after(num_accepted)\n"
+      "        at_rej = rr == first_rej\n"),
+     ("            NUM_SPLITS, OUT_BLOCK, GREEDY_MODE)\n",
+      "            NUM_SPLITS, OUT_BLOCK, GREEDY_MODE)\n        _t2 = _stamp_after(num_accepted)\n")],
     ("                c, best = _race_chunks(log_mass, kk, seed_j, pos_j)\n",
      "                c, best = _race_chunks(log_mass, kk, seed_j, pos_j)\n                _t3 = _stamp_after(c)\n"),
-    ("seed_j, pos_j, vocab_size, SUB, RACE_BLOCK, HAS_THRESHOLD)\n",
-     "seed_j, pos_j, vocab_size, SUB, RACE_BLOCK, HAS_THRESHOLD)\n                        _t4 = _stamp_after(recovered)\n"),
+    [("seed_j, pos_j, vocab_size, SUB, RACE_BLOCK, HAS_THRESHOLD)\n",
+      "seed_j, pos_j, vocab_size, SUB, RACE_BLOCK, HAS_THRESHOLD)\n                        _t4 = _stamp_after(recovered)\n"),
+     ("                                                       HAS_THRESHOLD)\n        token = ",
+      "                                                       HAS_THRESHOLD)\n"
+      "                        _t4 = _stamp_after(recovered)\n        token = ")],
     ("        _write_row(out_ptr, out_stride, req, rr, x, num_accepted, rejected, token, bonus, MAX_K)\n",
      "        _write_row(out_ptr, out_stride, req, rr, x, num_accepted, rejected, token, bonus, MAX_K)\n"
      "        _t5 = _stamp_after(token)\n"
@@ -98,22 +108,27 @@ PATCHES = [
 ]
 
 
-def instrumented_module():
-    """The rejection_sample module with the stamps patched in, imported from a temp file."""
-    src = open(rs.__file__).read()
-    for old, new in PATCHES:
-        count = src.count(old)
-        if count != 1:
-            raise SystemExit(f"patch applies {count} times (want 1): {old[:70]!r}")
-        src = src.replace(old, new)
-    src += STAMPS
-    path = os.path.join(tempfile.mkdtemp(), "rejection_sample_timeline.py")
+def load_module(src: str, name: str):
+    """Import the module source `src` as `name`, from a temp file (Triton reads the source)."""
+    path = os.path.join(tempfile.mkdtemp(), name + ".py")
     with open(path, "w") as f:
         f.write(src)
-    spec = importlib.util.spec_from_file_location("rejection_sample_timeline", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def instrumented_module(path: str | None = None, name: str = "rejection_sample_timeline"):
+    """The rejection_sample module at `path` (default: the tree's) with the stamps patched in."""
+    src = open(path or rs.__file__).read()
+    for patch in PATCHES:
+        options = patch if isinstance(patch, list) else [patch]
+        hits = [(old, new) for old, new in options if src.count(old) == 1]
+        if len(hits) != 1 or any(src.count(old) > 1 for old, _ in options):
+            raise SystemExit(f"{len(hits)} of the alternatives apply once (want 1): {options[0][0][:70]!r}")
+        src = src.replace(*hits[0])
+    return load_module(src + STAMPS, name)
 
 
 def pct(values: torch.Tensor, q: float) -> float:
@@ -143,6 +158,16 @@ def analyse(p1, fz, next_p1_start, k, batch):
     return row
 
 
+def variants() -> list[tuple[str, object, object]]:
+    """[(name, plain module, instrumented module)]: the tree's rejection_sample, and --variant's."""
+    out = [("tree", rs, instrumented_module())]
+    path = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--variant=")), None)
+    if path:
+        out.append(("variant", load_module(open(path).read(), "rejection_sample_variant"),
+                    instrumented_module(path, "rejection_sample_variant_timeline")))
+    return out
+
+
 def compile_for_sm90() -> None:
     """Compile the instrumented pass 1 and finalize for sm_90 without a GPU (launches compiled,
     never run) and print their registers: checks that the patches still apply and compile."""
@@ -161,20 +186,34 @@ def compile_for_sm90() -> None:
         return kernel
 
     JITFunction.run = compile_only
-    mod = instrumented_module()
     batch, k = 8, 4
-    mod.TL_BUF[:] = [torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)]
     a = dict(target_rows=torch.arange(batch * k), draft_token_ids=torch.zeros(batch * k, dtype=torch.int64),
              draft_probs=None, cu_num_draft_tokens=torch.arange(1, batch + 1) * k,
              bonus_token_ids=torch.zeros(batch, dtype=torch.int64), temperature=torch.ones(batch),
              inv_temperature=None, threshold=None, is_greedy=False, seeds=None, has_seed=None, positions=None,
              step=torch.zeros(1, dtype=torch.int64), engine_seed=0)
-    out = torch.empty(batch, k + 1, dtype=torch.int32)
-    mod.rejection_sample_pass(out, torch.zeros(batch * (k + 1), VOCAB), fuse_race=False,
-                              chunk=rs.chunk_size(VOCAB), **a)
-    for name, kernel in compiled:
-        print(f"{name:28s} {resource_usage(kernel.asm['cubin'])}  globaltimer reads in the PTX: "
-              f"{kernel.asm['ptx'].count('%globaltimer')}")
+    for name, _, mod in variants():
+        compiled.clear()
+        mod.TL_BUF[:] = [torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)]
+        out = torch.empty(batch, k + 1, dtype=torch.int32)
+        mod.rejection_sample_pass(out, torch.zeros(batch * (k + 1), VOCAB), fuse_race=False,
+                                  chunk=rs.chunk_size(VOCAB), **a)
+        for kernel_name, kernel in compiled:
+            print(f"{name:8s} {kernel_name:28s} {resource_usage(kernel.asm['cubin'])}  globaltimer reads in the "
+                  f"PTX: {kernel.asm['ptx'].count('%globaltimer')}")
+
+
+def median_us(g, calls: int, iters: int = 50) -> float:
+    """Median µs of one call in graph g of `calls` calls (CUDA events around each replay)."""
+    times = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        g.replay()
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e) * 1000 / calls)
+    return sorted(times)[len(times) // 2]
 
 
 def main() -> None:
@@ -186,14 +225,15 @@ def main() -> None:
         return
     replays = next((int(a.split("=")[1]) for a in sys.argv[1:] if a.startswith("--replays=")), 5)
     race_warps = next((int(a.split("=")[1]) for a in sys.argv[1:] if a.startswith("--race-warps=")), 8)
-    mod = instrumented_module()
+    mods = variants()
     chunk = rs.chunk_size(VOCAB)
     print(f"{torch.cuda.get_device_name()}, V={VOCAB}, fp32, no draft probs, chunk {chunk}, race warps {race_warps}")
     print("us from the middle call's pass-1 first start; wait = finalize's t1 - pass 1's last end (min / max);\n"
-          "accept = t2 - t1, level1 = t3 - t2, level2 = t4 - t3 (raced rows, median); cycle = next pass-1 start")
+          "accept = t2 - t1, level1 = t3 - t2, level2 = t4 - t3 (raced rows, median); cycle = next pass-1 start;\n"
+          "graph = plain kernels, one call in a graph of 3 (median of 50 replays), instr = instrumented")
     cols = ["p1_end50", "p1_end90", "p1_end", "f_start_min", "f_start_max", "wait_min", "wait_max", "accept",
             "accept_max", "raced", "level1", "level2", "level2_max", "write", "f_end", "next_p1"]
-    print(f"{'K':>2} {'B':>4} {'graph':>6} {'instr':>6} " + " ".join(f"{c:>11}" for c in cols))
+    print(f"{'module':>8} {'K':>2} {'B':>4} {'graph':>6} {'instr':>6} " + " ".join(f"{c:>11}" for c in cols))
     for k, batch in CASES:
         a, batch, k = make_inputs(VOCAB, batch, k, False, "cuda")
         grid_programs = batch * k * triton_cdiv(VOCAB, chunk)
@@ -204,52 +244,37 @@ def main() -> None:
             module.rejection_sample_pass(out, fuse_race=False, chunk=chunk, race_warps=race_warps, **a)
 
         out_ref = torch.empty(batch, k + 1, dtype=torch.int32, device="cuda")
-        out_ins = torch.empty_like(out_ref)
         call(rs, out_ref)
-        mod.TL_BUF[:] = bufs[0]
-        call(mod, out_ins)
-        torch.cuda.synchronize()
-        same = torch.equal(out_ref, out_ins)
 
-        def graph_of(module, instrumented):
+        def graph_of(module, ins=None):
             outs = [torch.empty_like(out_ref) for _ in range(3)]
             for _ in range(2):
                 for c in range(3):
-                    if instrumented:
-                        mod.TL_BUF[:] = bufs[c]
+                    if ins is not None:
+                        ins.TL_BUF[:] = bufs[c]
                     call(module, outs[c])
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
                 for c in range(3):
-                    if instrumented:
-                        mod.TL_BUF[:] = bufs[c]
+                    if ins is not None:
+                        ins.TL_BUF[:] = bufs[c]
                     call(module, outs[c])
-            return g
+            return g, outs
 
-        def median_us(g, iters=50):
-            times = []
-            for _ in range(iters):
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                g.replay()
-                e.record()
+        for name, plain_mod, ins_mod in mods:
+            g_plain, outs_plain = graph_of(plain_mod)
+            g_ins, outs_ins = graph_of(ins_mod, ins_mod)
+            plain, ins = median_us(g_plain, 3), median_us(g_ins, 3)
+            same = all(torch.equal(out_ref, o) for o in outs_plain + outs_ins)
+            for _ in range(replays):
+                g_ins.replay()
                 torch.cuda.synchronize()
-                times.append(s.elapsed_time(e) * 1000 / 3)
-            return sorted(times)[len(times) // 2]
-
-        g_plain, g_ins = graph_of(rs, False), graph_of(mod, True)
-        plain, ins = median_us(g_plain), median_us(g_ins)
-        rows = []
-        for _ in range(replays):
-            g_ins.replay()
-            torch.cuda.synchronize()
-            next_start = bufs[2][0].view(-1, 2)[:, 0].min()
-            rows.append(analyse(bufs[1][0], bufs[1][1], next_start, k, batch))
-        for row in rows:
-            print(f"{k:>2} {batch:>4} {plain:6.2f} {ins:6.2f} " + " ".join(
-                f"{row[c]:>11.2f}" if isinstance(row[c], float) else f"{row[c]:>11}" for c in cols)
-                + ("" if same else "  TOKENS DIFFER"), flush=True)
+                next_start = bufs[2][0].view(-1, 2)[:, 0].min()
+                row = analyse(bufs[1][0], bufs[1][1], next_start, k, batch)
+                print(f"{name:>8} {k:>2} {batch:>4} {plain:6.2f} {ins:6.2f} " + " ".join(
+                    f"{row[c]:>11.2f}" if isinstance(row[c], float) else f"{row[c]:>11}" for c in cols)
+                    + ("" if same else "  TOKENS DIFFER"), flush=True)
 
 
 def triton_cdiv(a: int, b: int) -> int:
