@@ -44,7 +44,7 @@ def check(scores, tokens, n, mode, out=None):
     if n == 0 or scores.shape[0] == 0:
         return
     x = scores.float()
-    valid = tokens >= 0
+    valid = (tokens >= 0) & (tokens < scores.shape[1])
     ia, ib = a.token_ids[:, 1:], b.token_ids[:, 1:]
     assert bool((ia[~valid] == -1).all())
     diff = valid.unsqueeze(1) & (ia != ib)
@@ -131,6 +131,30 @@ def test_invalid_tokens(device):
         assert bool(torch.isnan(out.logprobs[bad]).all())
         assert not bool(torch.isnan(out.logprobs[1]).any())
         check(x[:3], tok[:3], n, "raw_logprobs")
+
+
+def test_tokens_outside_the_vocabulary_are_invalid_rows_on_both_backends(device):
+    """A token id >= V (or < -1) is an invalid row on the torch path too (it raised a bare
+    "index out of bounds" there, where the Triton path gave ids -1, NaN values and rank -1),
+    in the raw and the processed modes, with and without `widen`."""
+    V = 17
+    x = random_scores(5, V, torch.float32, device)
+    tok = torch.tensor([3, V, -1, 40, -7], device=device)
+    bad = torch.tensor([False, True, True, True, True], device=device)
+    for mode in ("raw_logprobs", "raw_logits"):
+        for n in (0, 1, 3):
+            out = compute_logprobs(mode, n, tok, raw_logits=x, backend="torch")
+            assert bool((out.token_ids[bad] == -1).all()) and bool((out.ranks[bad] == -1).all())
+            assert bool(torch.isnan(out.logprobs[bad]).all()) and not bool(torch.isnan(out.logprobs[0]).any())
+            check(x, tok, n, mode)
+    logits, inv_t, res, tokens = processed_case(6, V, torch.float32, device, seed=5)
+    tokens = tokens.clone()
+    tokens[4], tokens[5] = V, V + 100
+    for mode in ("processed_logprobs", "processed_logits"):
+        for widen in (False, True):
+            out, wide = check_processed(logits, inv_t, res, tokens, 2, mode, widen)
+            assert bool((out.token_ids[4:] == -1).all()) and bool((out.ranks[4:] == -1).all())
+            assert torch.equal(wide.threshold[4:], res.threshold[4:])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

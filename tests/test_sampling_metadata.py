@@ -70,6 +70,9 @@ def test_normalisation_and_short_cuts():
     assert off.all_greedy and off.top_k is None and off.top_p is None and off.no_penalties
     assert build(2, temperature=[0.3, 2.0]).all_random
     assert torch.equal(inv_temperature(torch.tensor([0.0, 4.0])), torch.tensor([-1.0, 0.25]))
+    # as documented (no value check: no host sync): negative and NaN temperatures are greedy too
+    t = torch.tensor([-0.5, float("nan"), 1e-6, float("inf")])
+    assert inv_temperature(t).tolist() == [-1.0, -1.0, -1.0, 0.0]
 
 
 def test_max_filtered_top_k_bounds_the_filters_of_random_rows():

@@ -24,6 +24,7 @@ from specops.sampling.logits_processors import (LogitBiasLogitsProcessor, MinPLo
                                                 MinTokensLogitsProcessor, load_processor_class)
 from specops.sampling.logits_processors import loader as loader_mod
 from specops.sampling.logprobs import compute_logprobs
+from specops.sampling.sampler import processed_probs
 
 CUDA = torch.cuda.is_available()
 EOS = 2
@@ -370,6 +371,46 @@ def test_custom_argmax_invariant_processor_runs_on_scaled_logits():
     x = torch.stack([logits[0] * 2.0 * 0.5, logits[1] * 0.5])          # scaled, then halved
     ref = sample_torch(x, torch.tensor([1.0, -1.0]), None, None, None, md.seeds, md.positions)
     assert torch.equal(out.sampled_token_ids, ref.tokens)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_min_p_runs_before_custom_argmax_invariant_processors(backend):
+    # vLLM v1 applies its built-in min_p before the custom argmax-invariant processors; the
+    # Sampler applied min-p in the draw, after them: a processor that flattens the logits
+    # (here halves them) widened the min-p cut
+    class Halve(LogitsProcessor):
+        def is_argmax_invariant(self):
+            return True
+
+        def update_state(self, batch_update):
+            pass
+
+        def apply(self, logits, rows=None):
+            return logits * 0.5
+
+    device = "cuda" if CUDA else "cpu"
+    V = 16
+    temps, min_ps = [0.5, 1.0, 0.0], [0.2, 0.1, 0.3]           # the last row is greedy
+    # scaled logits -0.6 i and -0.3 i: min-p keeps i <= 2 and i <= 7 (halved first: i <= 5 and all);
+    # no value within 0.05 of a cut, and the columns shuffled
+    logits = -0.3 * torch.arange(V, dtype=torch.float32).repeat(3, 1)
+    logits = logits[:, torch.randperm(V)].to(device)
+    procs = build_logits_processors(3, V, device, custom=[Halve], use_entry_points=False)
+    md = SamplingMetadata.from_params(temps, vocab_size=V, device=device, min_p=min_ps, seeds=[1, 2, 3],
+                                      logitsprocs=procs)
+    opts = {} if CUDA or backend == "torch" else dict(tile=16, cap=64, num_chunks=2)
+    sampler = Sampler(backend=backend, kernel_options=opts)
+    processed, res = sampler.target_distribution(logits.clone(), md)
+    kept = (processed_probs(processed, res) > 0).cpu()
+    # vLLM's order: temperature, then min_p (p >= min_p * max p), then the custom processor
+    x = logits[:2].cpu().double() / torch.tensor(temps[:2], dtype=torch.float64)[:, None]
+    p = torch.softmax(x, dim=-1)
+    want = p >= torch.tensor(min_ps[:2], dtype=torch.float64)[:, None] * p.max(dim=-1, keepdim=True).values
+    assert want.sum(dim=-1).tolist() == [3, 8]
+    assert torch.equal(kept[:2], want)
+    assert bool(kept[2].all()) and bool(torch.isfinite(processed.logits[2]).all())   # greedy: no min-p
+    tokens = sampler(logits.clone(), md).sampled_token_ids.cpu()
+    assert bool(want[[0, 1], tokens[:2]].all()) and tokens[2] == int(logits[2].argmax())
 
 
 # ---- processors and the persistent batch ----------------------------------------------------

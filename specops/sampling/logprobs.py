@@ -13,7 +13,8 @@ Four modes (vLLM's names):
 - "processed_logits": the processed, temperature-scaled logits, -inf outside the kept set.
 
 Rank = 1 + the number of tokens with a strictly larger value (ties share the best rank).
-Rows whose token is -1 (invalid) get token id -1, NaN values and rank -1.
+Rows whose token is -1 (invalid), or any id outside [0, V), get token id -1, NaN values and
+rank -1, on both backends.
 
 Backends of the "raw_*" modes: "torch" (logsumexp, topk, a rank count and a gather: several
 passes over the logits) and "triton" (specops.triton_kernels.logprob_stats: logsumexp, the
@@ -51,6 +52,17 @@ from .topk_topp import resolve_backend
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def _check_logits_dtype(name: str, logits) -> None:
+    if not isinstance(logits, torch.Tensor) or logits.dtype not in _KERNEL_DTYPES:
+        got = logits.dtype if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise TypeError(f"{name} must be fp32, bf16 or fp16, got {got}")
+
+
+def _check_num_logprobs(num_logprobs, V: int) -> None:
+    if isinstance(num_logprobs, bool) or not isinstance(num_logprobs, int) or not 0 <= num_logprobs <= V:
+        raise ValueError(f"num_logprobs must be an int in [0, {V}], got {num_logprobs!r}")
+
+
 @dataclass
 class LogprobsTensors:
     """The logprobs of one step: the sampled token's and the top n per row.
@@ -74,11 +86,12 @@ def gather_logprobs(
     offset: torch.Tensor | None = None,     # [R] fp32 subtracted from every value (log-normaliser)
     threshold: torch.Tensor | None = None,  # [R] fp32: values below it are reported as -inf
 ) -> LogprobsTensors:
-    """Top-n, the sampled token's value and rank from one [R, V] score tensor."""
+    """Top-n, the sampled token's value and rank from one [R, V] score tensor. A token outside
+    [0, V) marks an invalid row (ids -1, NaN values, rank -1), with no host sync."""
     R, V = scores.shape
     n = min(int(num_logprobs), V)
-    bad = tokens < 0
-    tok = tokens.clamp(min=0).unsqueeze(1)
+    bad = (tokens < 0) | (tokens >= V)                  # outside [0, V): invalid, as on the Triton path
+    tok = tokens.clamp(0, V - 1).unsqueeze(1)
     chosen = scores.gather(1, tok)                                    # [R, 1]
     ranks = (scores > chosen).sum(dim=-1) + 1
     if n == 1:   # argmax: the first of tied maxima, as the Triton path (topk orders ties freely)
@@ -108,8 +121,8 @@ def gather_logprobs_triton(
 
     One Triton pass over the rows gives logsumexp, the sampled token's value and rank, and
     the top n (n <= 32; a larger n adds torch.topk). Tokens outside [0, V) are invalid rows
-    here (-1 ids, NaN values, rank -1) where the torch path raises. Runs on CUDA, or on CPU
-    under TRITON_INTERPRET=1 (tests).
+    (-1 ids, NaN values, rank -1), as on the torch path. Runs on CUDA, or on CPU under
+    TRITON_INTERPRET=1 (tests).
     """
     from specops.triton_kernels.logprob_stats import MAX_TOP_N, logprob_stats
 
@@ -148,21 +161,24 @@ def compute_logprobs(
 ) -> LogprobsTensors:
     """Logprobs in `mode` (see the module docstring).
 
-    `backend` ("auto", "triton" or "torch") picks the implementation (module docstring).
+    `backend` ("auto", "triton" or "torch") picks the implementation (module docstring). The
+    logits must be fp32, bf16 or fp16 and `num_logprobs` an int (not a bool) in [0, V]. A token
+    outside [0, V) (e.g. -1) marks an invalid row on both backends: ids -1, NaN values, rank -1.
     """
     if mode not in LOGPROBS_MODES:
         raise ValueError(f"logprobs mode must be one of {LOGPROBS_MODES}, got {mode!r}")
+    name = "raw_logits" if mode.startswith("raw") else "processed_logits"
     logits = raw_logits if mode.startswith("raw") else processed_logits
     if logits is None:
-        raise ValueError(f"{mode} needs {'raw_logits' if mode.startswith('raw') else 'processed_logits'}")
+        raise ValueError(f"{mode} needs {name}")
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
         raise ValueError(f"the logits must be a [rows, vocab] tensor, got "
                          f"{tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__}")
+    _check_logits_dtype(name, logits)
     check_1d("tokens", tokens, logits.shape[0], (torch.int32, torch.int64), logits.device)
-    if not isinstance(num_logprobs, int) or not 0 <= num_logprobs <= logits.shape[1]:
-        raise ValueError(f"num_logprobs must be an int in [0, {logits.shape[1]}], got {num_logprobs!r}")
+    _check_num_logprobs(num_logprobs, logits.shape[1])
     if mode.startswith("raw"):
-        if resolve_backend(backend, raw_logits.device) == "triton" and raw_logits.dtype in _KERNEL_DTYPES:
+        if resolve_backend(backend, raw_logits.device) == "triton":
             return gather_logprobs_triton(raw_logits, tokens, num_logprobs, mode == "raw_logprobs")
         scores = raw_logits.float()
         offset = torch.logsumexp(scores, dim=-1) if mode == "raw_logprobs" else None
@@ -195,19 +211,18 @@ def compute_processed_logprobs(
     draw beside the threshold search): a row whose token lies below its threshold gets the
     distribution widened to that token first (`keep_drawn_tokens`), and the returned
     SampleResult carries `tokens` and the widened threshold / log_norm. Without it `result`
-    comes back as given. mode and num_logprobs are checked here; the tensors are the caller's to check
-    (`compute_logprobs` does); inv_temperature must be finite, as SamplingMetadata builds it.
+    comes back as given. mode, num_logprobs and the dtype of processed_logits are checked here;
+    the shapes are the caller's to check (`compute_logprobs` does); inv_temperature must be
+    finite, as SamplingMetadata builds it. Tokens outside [0, V) are invalid rows on both
+    backends (ids -1, NaN values, rank -1; `widen` leaves their distribution as it is).
     """
     if mode not in ("processed_logprobs", "processed_logits"):
         raise ValueError(f"mode must be 'processed_logprobs' or 'processed_logits', got {mode!r}")
-    V = processed_logits.shape[1]
-    if not isinstance(num_logprobs, int) or not 0 <= num_logprobs <= V:
-        raise ValueError(f"num_logprobs must be an int in [0, {V}], got {num_logprobs!r}")
+    _check_logits_dtype("processed_logits", processed_logits)
+    _check_num_logprobs(num_logprobs, processed_logits.shape[1])
     n = num_logprobs
     logprobs_mode = mode == "processed_logprobs"
-    use_triton = (resolve_backend(backend, processed_logits.device) == "triton"
-                  and processed_logits.dtype in _KERNEL_DTYPES)
-    if not use_triton:
+    if resolve_backend(backend, processed_logits.device) != "triton":
         x = scale_logits(processed_logits, inv_temperature)
         if widen:
             result = keep_drawn_tokens(x, result, tokens.to(torch.int64))

@@ -34,6 +34,7 @@ import torch
 from specops import rng
 
 from .logits_processors.interface import LogitsRows, to_device
+from .logits_processors.loader import LogitsProcessors
 
 GREEDY_EPS = 1e-5
 FP32_MAX = 3.4028234663852886e38   # a temperature or penalty above it is inf in fp32 (1/T = 0: greedy)
@@ -107,6 +108,56 @@ def _check_allowed(name: str, ids, V: int) -> list[int]:
     if not ids:
         raise ValueError(f"{name} must not be empty")
     return ids
+
+
+def _check_bad_words(bad_words, n: int, V: int) -> dict[int, list[list[int]]]:
+    """bad_words_token_ids checked and copied: {row in [0, n): [non-empty lists of ids in [0, V)]}."""
+    if not isinstance(bad_words, dict):
+        raise TypeError(f"bad_words_token_ids must be a dict {{row: list of token id lists}}, "
+                        f"got {type(bad_words).__name__}")
+    bad = {}
+    for row, words in bad_words.items():
+        row = _check_int("bad_words_token_ids row", row, 0, n - 1)
+        if not isinstance(words, (list, tuple)):
+            raise TypeError(f"bad_words_token_ids[{row}] must be a list of token id lists, got {type(words).__name__}")
+        bad[row] = []
+        for j, word in enumerate(words):
+            name = f"bad_words_token_ids[{row}][{j}]"
+            if not isinstance(word, (list, tuple)):
+                raise TypeError(f"{name} must be a list of token ids, got {type(word).__name__}")
+            if not word:
+                raise ValueError(f"{name} must not be empty")
+            bad[row].append([_check_int(f"{name}[{k}]", t, 0, V - 1) for k, t in enumerate(word)])
+    return bad
+
+
+def _check_history(history, bad: dict, n: int, rows: str = "row") -> None:
+    """output_token_ids: one list of token ids per row; what the bad-words step reads of a row
+    with bad words (its last len(word) - 1 ids) must be ints. Nothing more is read, so nothing
+    more is checked (a long history costs nothing)."""
+    if bad and history is None:
+        raise ValueError("output_token_ids (per-row history) is required with bad_words_token_ids")
+    if history is None:
+        return
+    if not isinstance(history, (list, tuple)):
+        raise TypeError(f"output_token_ids must be a list with one list of token ids per {rows}, "
+                        f"got {type(history).__name__}")
+    if len(history) != n:
+        raise ValueError(f"output_token_ids must have one list per {rows} ({n}), got {len(history)}")
+    for row, words in bad.items():
+        hist = history[row]
+        if not isinstance(hist, (list, tuple)):
+            raise TypeError(f"output_token_ids[{row}] must be a list of token ids (row {row} has bad words), "
+                            f"got {type(hist).__name__}")
+        tail = min(len(hist), max(len(w) for w in words) - 1) if words else 0
+        for k in range(len(hist) - tail, len(hist)):
+            _check_int(f"output_token_ids[{row}][{k}]", hist[k])
+
+
+def _check_logitsprocs(logitsprocs) -> None:
+    if logitsprocs is not None and not isinstance(logitsprocs, LogitsProcessors):
+        raise TypeError(f"logitsprocs must be a LogitsProcessors (build_logits_processors) or None, "
+                        f"got {type(logitsprocs).__name__}")
 
 
 def _allowed_mask(allowed: list, n: int, V: int, dev: torch.device) -> torch.Tensor:
@@ -372,8 +423,15 @@ class SamplingMetadata:
         Raises ValueError / TypeError naming the first bad argument (and row) and the
         accepted range, before anything reaches the device. See the module docstring for
         the conventions. `seeds[i] = None` marks an unseeded row; `positions` are token
-        positions (< 2**32) and default to 0; `step` is the engine step counter (an int or
+        positions (< 2**32) and default to 0: a seeded row's noise is keyed by (seed,
+        position) only, so a seeded request must be given its token position at every step,
+        or it reuses the same noise every step. `step` is the engine step counter (an int or
         a [] int64 device tensor, which is never read back).
+
+        `bad_words_token_ids` is {row: [word, ...]}, each word a non-empty list of token ids
+        in [0, vocab_size); it needs `output_token_ids`, one list of token ids per row (of a
+        row with bad words, the last len(word) - 1 ids are read, and checked).
+        `logitsprocs` is a `LogitsProcessors` (`build_logits_processors`) or None.
         """
         V = _check_int("vocab_size", vocab_size, lo=1)
         temps = _as_list("temperature", temperature, None)
@@ -452,7 +510,10 @@ class SamplingMetadata:
     ) -> "SamplingMetadata":
         """`from_sampling_params` for rows whose parameters were checked already (one
         `RowParams` per row, made once per request): the same metadata, without checking
-        every row again. Token positions are 0, as in `from_sampling_params`."""
+        every row again. Token positions are 0, as in `from_sampling_params` without
+        `positions`: a seeded request must be given its token position at every step (e.g.
+        `expand(..., position_offsets=positions)`), or it reuses the same noise every step.
+        bad_words_token_ids, output_token_ids and logitsprocs are checked as in `from_params`."""
         V = _check_int("vocab_size", vocab_size, lo=1)
         n = len(params)
         temps = [r.temperature for r in params]
@@ -491,14 +552,9 @@ class SamplingMetadata:
             for name, t in (("prompt_mask", prompt_mask), ("output_counts", output_counts)):
                 if t.device.type != dev.type or (dev.index is not None and t.device.index != dev.index):
                     raise ValueError(f"{name} must be on {dev} (the metadata's device), got {t.device}")
-        bad = {}
-        for row, words in (bad_words_token_ids or {}).items():
-            row = _check_int("bad_words_token_ids row", row, 0, n - 1)
-            bad[row] = [[_check_int(f"bad_words_token_ids[{row}]", t, 0, V - 1) for t in w] for w in words if len(w)]
-        if bad and output_token_ids is None:
-            raise ValueError("output_token_ids (per-row history) is required with bad_words_token_ids")
-        if output_token_ids is not None and len(output_token_ids) != n:
-            raise ValueError(f"output_token_ids must have one list per row ({n}), got {len(output_token_ids)}")
+        bad = {} if bad_words_token_ids is None else _check_bad_words(bad_words_token_ids, n, V)
+        _check_history(output_token_ids, bad, n)
+        _check_logitsprocs(logitsprocs)
         if rows is not None and len(rows) != n:
             raise ValueError(f"rows must describe {n} rows, got {len(rows)}")
         if isinstance(step, torch.Tensor) and (step.numel() != 1 or step.dim() > 1 or step.is_floating_point()
@@ -550,7 +606,9 @@ class SamplingMetadata:
     def from_sampling_params(cls, params: Sequence[Any], *, vocab_size: int, device="cpu",
                              positions: Sequence[int] | None = None, **kwargs) -> "SamplingMetadata":
         """Build from objects with SamplingParams attributes (temperature, top_k, top_p, min_p,
-        seed, repetition/frequency/presence_penalty, allowed_token_ids, logprobs)."""
+        seed, repetition/frequency/presence_penalty, allowed_token_ids, logprobs). `positions`
+        default to 0, as in `from_params` (give a seeded request its position every step);
+        the other keyword arguments are `from_params`'s."""
         g = lambda name, default: [getattr(p, name, default) for p in params]  # noqa: E731
         allowed = g("allowed_token_ids", None)
         V = _check_int("vocab_size", vocab_size, lo=1)
@@ -602,8 +660,12 @@ class SamplingMetadata:
                 raise ValueError(f"row_req_index values must be in [0, {self.num_rows})")
             idx = to_device(host_idx, torch.int64, dev)
         m = idx.shape[0]
-        if output_token_ids is not None and len(output_token_ids) != m:
-            raise ValueError(f"output_token_ids must have one list per new row ({m}), got {len(output_token_ids)}")
+        bad = {}
+        if self.bad_words_token_ids:
+            if host_idx is None or output_token_ids is None:
+                raise ValueError("expanding rows with bad_words needs a host row_req_index and output_token_ids")
+            bad = {j: self.bad_words_token_ids[i] for j, i in enumerate(host_idx) if i in self.bad_words_token_ids}
+        _check_history(output_token_ids, bad, m, "new row")
         if rows is not None and len(rows) != m:
             raise ValueError(f"rows must describe {m} new rows, got {len(rows)}")
         if position_offsets is None:
@@ -613,15 +675,9 @@ class SamplingMetadata:
                     else to_device(list(position_offsets), torch.int64, dev))
             if offs.shape != (m,):
                 raise ValueError(f"position_offsets must have shape [{m}], got {tuple(offs.shape)}")
-        if self.bad_words_token_ids:
-            if host_idx is None or output_token_ids is None:
-                raise ValueError("expanding rows with bad_words needs a host row_req_index and output_token_ids")
         take = lambda t: None if t is None else t.index_select(0, idx)  # noqa: E731
         req_seeds, has, tok_pos = take(self.request_seeds), take(self.has_seed), take(self.token_positions) + offs
         row_seeds, row_pos = rng.row_keys(req_seeds, has, tok_pos, self.engine_seed, self.step)
-        bad = {}
-        if self.bad_words_token_ids:
-            bad = {j: self.bad_words_token_ids[i] for j, i in enumerate(host_idx) if i in self.bad_words_token_ids}
         temp, top_k, top_p, min_p, inv_temp = (take(t) for t in (self.temperature, self.top_k, self.top_p,
                                                                  self.min_p, self.inv_temperature))
         greedy = self.greedy_rows_hint()   # the new rows are some of these: it still holds
@@ -680,6 +736,13 @@ def _inv_temperature(temperature: torch.Tensor) -> torch.Tensor:
 
 
 def inv_temperature(temperature: torch.Tensor) -> torch.Tensor:
-    """Public form of the convention: [R] fp32 temperatures -> 1/T, or -1 where T < 1e-5 (greedy)."""
+    """Public form of the convention: [R] temperatures -> [R] fp32 1/T, or -1 (greedy) where
+    T < 1e-5, which takes negative temperatures, and where T is NaN; T = +inf gives 0, which
+    the draw treats as greedy too. No value is checked (that would sync the host): check
+    temperatures on the host first (`SamplingMetadata.from_params` does).
+
+    >>> inv_temperature(torch.tensor([0.5, 0.0, -1.0, float("nan")]))
+    tensor([ 2., -1., -1., -1.])
+    """
     t = torch.where(temperature < GREEDY_EPS, torch.zeros_like(temperature), temperature)
     return _inv_temperature(t.to(torch.float32))

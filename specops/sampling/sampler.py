@@ -8,10 +8,13 @@ Order of the steps:
 3. allowed_token_ids  4. bad_words
 5. logits processors that change the argmax (min_tokens, logit_bias, custom)
 6. penalties (repetition, frequency, presence: specops.ops.apply_penalties_)
-7. greedy rows: argmax; random rows: temperature, argmax-invariant processors (custom
-   ones on the scaled logits; min_p fused), min-p, top-k, top-p and the draw: one fused
-   two-pass kernel on CUDA (specops.sampling.topk_topp), the sort-based reference
-   elsewhere
+7. greedy rows: argmax; random rows: temperature, min-p (the metadata's and the min_p
+   processor's), the custom argmax-invariant processors, top-k, top-p and the draw, in
+   vLLM v1's order: one fused two-pass kernel on CUDA (specops.sampling.topk_topp), the
+   sort-based reference elsewhere. min-p is fused into the draw unless a custom
+   argmax-invariant processor is active: then the logits are scaled and cut by min-p in
+   torch (the draw's rule, `row_thresholds_torch`) before those processors, and the draw
+   gets no min-p
 8. logprobs (specops.sampling.logprobs)
 
 `process` runs steps 1-7 up to (not including) the thresholds and the draw and returns
@@ -24,6 +27,8 @@ The Sampler may modify fp32 `logits` in place (like vLLM); pass a copy to keep t
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -34,7 +39,7 @@ from .logits_processors.builtin import MinPLogitsProcessor
 from .logprobs import LogprobsTensors, compute_logprobs, compute_processed_logprobs
 from .metadata import LOGPROBS_MODES, SamplingMetadata
 from .sampler_torch import (SampleResult, apply_allowed_token_mask_, apply_bad_words_, apply_penalties_torch,
-                            scale_logits, target_probs_torch)
+                            row_thresholds_torch, scale_logits, target_probs_torch)
 from .topk_topp import _LOGIT_DTYPES, check_backend_name, resolve_backend, sample, sample_options
 
 
@@ -46,12 +51,14 @@ class ProcessedLogits:
     ----------
     logits : torch.Tensor
         [R, V] processed logits (the input tensor itself when nothing had to change them).
-        Unscaled, unless custom argmax-invariant processors ran: then they are scaled and
-        `inv_temperature` is 1 on random rows.
+        Unscaled, unless custom argmax-invariant processors ran: then they are scaled, cut
+        by min-p (-inf below it) and `inv_temperature` is 1 on random rows.
     inv_temperature : torch.Tensor
         [R] fp32, 1/T on random rows, -1 on greedy rows (what the draw must still apply).
     min_p : torch.Tensor or None
-        [R] fp32, the row's min_p (metadata and min_p processor combined).
+        [R] fp32, the row's min_p (metadata and min_p processor combined) that the draw must
+        still apply; None when no row has one, or when custom argmax-invariant processors
+        ran (min-p was applied before them).
     raw_logits : torch.Tensor or None
         [R, V] the logits as given, kept for "raw_*" logprobs.
     """
@@ -80,6 +87,16 @@ class SamplerOutput:
     result: SampleResult
 
 
+@functools.cache
+def kernel_option_names() -> frozenset[str]:
+    """The keys `Sampler(kernel_options=...)` takes: the keyword-only options of the Triton draw,
+    `specops.triton_kernels.sampling_topk_topp.sample_top_k_top_p_triton` ("pivot" included),
+    read from its signature so that the list lives in one place."""
+    from specops.triton_kernels.sampling_topk_topp import sample_top_k_top_p_triton
+    params = inspect.signature(sample_top_k_top_p_triton).parameters.values()
+    return frozenset(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
 def _penalties_op():
     try:
         from specops import ops
@@ -103,11 +120,13 @@ class Sampler:
         "auto" (fused Triton kernels on CUDA, torch elsewhere), "triton" or "torch" (the
         sort-based reference for thresholds and draw, torch penalties).
     stream : int
-        Generator stream of the draw (specops.rng.STREAM_SAMPLE).
+        Generator stream of the draw (specops.rng.STREAM_SAMPLE), in [0, 2**16).
     kernel_options : dict, optional
-        Tuning knobs of the Triton passes (cap, tile, num_chunks, blocks_per_program); tests use them. They
-        also reach the rejection sampler's target rows. The metadata's search hint is added
-        (`sample_options`); an explicit "search" stands.
+        Tuning knobs of the Triton passes (cap, tile, num_chunks, blocks_per_program, ...: the
+        keyword options of `sample_top_k_top_p_triton`, see `kernel_option_names`; another key
+        is refused here, whatever the backend); tests use them. They also reach the rejection
+        sampler's target rows. The metadata's search hint is added (`sample_options`); an
+        explicit "search" stands.
 
     Examples
     --------
@@ -123,6 +142,15 @@ class Sampler:
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
         check_backend_name(backend)
+        if isinstance(stream, bool) or not isinstance(stream, int) or not 0 <= stream < rng.SUB_STREAM:
+            # streams from 2**16 up hold the sub-chunk noise of the two-level draw (stream + SUB_STREAM)
+            raise ValueError(f"stream must be an int in [0, 2**16), got {stream!r}")
+        if kernel_options is not None and not isinstance(kernel_options, dict):
+            raise TypeError(f"kernel_options must be a dict or None, got {type(kernel_options).__name__}")
+        unknown = sorted(set(kernel_options) - kernel_option_names(), key=str) if kernel_options else []
+        if unknown:
+            raise ValueError(f"kernel_options has unknown keys {unknown}: the keys are "
+                             f"{sorted(kernel_option_names())}")
         self.logprobs_mode = logprobs_mode
         self.backend = backend
         self.stream = stream
@@ -157,6 +185,9 @@ class Sampler:
 
     def process(self, logits: torch.Tensor, metadata: SamplingMetadata) -> ProcessedLogits:
         """Steps 1-7 except thresholds and draw (see the module docstring)."""
+        if not isinstance(metadata, SamplingMetadata):
+            raise TypeError(f"metadata must be a SamplingMetadata (SamplingMetadata.from_params), "
+                            f"got {type(metadata).__name__}")
         if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
             raise ValueError("logits must be a 2-D tensor [rows, vocab]")
         if logits.dtype not in _LOGIT_DTYPES:
@@ -206,8 +237,15 @@ class Sampler:
             custom = [p for p in procs.argmax_invariant
                       if not isinstance(p, MinPLogitsProcessor) and p.is_active()]
             if custom:
+                # vLLM v1's order: min-p on the scaled logits, then the custom processors
+                random = inv_t > 0
                 x = scale_logits(x, inv_t)
-                inv_t = torch.where(inv_t > 0, torch.ones_like(inv_t), inv_t)
+                if min_p is not None:
+                    row_min_p = torch.where(random, min_p, torch.zeros_like(min_p))   # greedy rows: none
+                    tau = row_thresholds_torch(x, None, None, row_min_p)
+                    x = x.masked_fill(x < tau.unsqueeze(1), float("-inf"))   # NaN rows stay invalid
+                    min_p = None
+                inv_t = torch.where(random, torch.ones_like(inv_t), inv_t)
                 for proc in custom:
                     x = proc.apply(x, metadata.rows)
         return ProcessedLogits(x, inv_t, min_p, raw)

@@ -385,11 +385,13 @@ def keep_drawn_tokens(x: torch.Tensor, res: SampleResult, tokens: torch.Tensor) 
     threshold leaves out; the distribution reported with it (processed logprobs) then keeps
     that token too instead of giving the drawn token logprob -inf. x: [R, V] fp32 scaled
     logits (scale_logits). No host sync, so every row pays for the check: two [R, V] passes
-    (the mask and the logsumexp) besides x."""
+    (the mask and the logsumexp) besides x. A token outside [0, V) is an invalid row's: its
+    row is returned as it is."""
     need_distribution(res)
-    tok = tokens.clamp(min=0).unsqueeze(1)
+    V = x.shape[1]
+    tok = tokens.clamp(0, V - 1).unsqueeze(1)
     x_tok = x.gather(1, tok).squeeze(1)
-    below = (tokens >= 0) & (x_tok < res.threshold)        # NaN thresholds (invalid rows) never are
+    below = (tokens >= 0) & (tokens < V) & (x_tok < res.threshold)   # NaN thresholds (invalid rows) never are
     threshold = torch.where(below, x_tok, res.threshold)
     kept = torch.where(x >= threshold.unsqueeze(1), x - res.row_max.unsqueeze(1), float("-inf"))
     log_norm = torch.where(below, torch.logsumexp(kept, dim=-1), res.log_norm)

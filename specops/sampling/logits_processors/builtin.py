@@ -9,6 +9,8 @@ rows (several rows per request) as well as on plain rows.
 from __future__ import annotations
 
 import math
+import numbers
+from collections.abc import Mapping
 from typing import Sequence
 
 import torch
@@ -21,6 +23,40 @@ _FP32_MAX = float(torch.finfo(torch.float32).max)
 
 def _rows_or_identity(rows: LogitsRows | None, num_rows: int) -> LogitsRows:
     return rows if rows is not None else LogitsRows.identity(num_rows)
+
+
+def _token_ids(name: str, ids) -> list[int]:
+    """A request's list of token ids (None: empty), each an int."""
+    if ids is None:
+        return []
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise TypeError(f"{name} must be a list of token ids, got {type(ids).__name__}")
+    ids = list(ids)
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise TypeError(f"{name} must hold token ids (ints), got {t!r}")
+    return [int(t) for t in ids]
+
+
+def _bias_token(tok, where: str) -> int:
+    """A logit_bias key as a token id: an int, or its decimal string (JSON object keys)."""
+    if isinstance(tok, str):
+        try:
+            return int(tok)
+        except ValueError:
+            pass
+    elif isinstance(tok, numbers.Integral) and not isinstance(tok, bool):
+        return int(tok)
+    raise ValueError(f"{where}logit_bias token id must be an int (or its decimal string), got {tok!r}")
+
+
+def _check_added(proc: LogitsProcessor, batch_update: BatchUpdate | None, entry) -> None:
+    """`check_update` of a built-in: the indices, then `entry(params, prompt ids, output ids,
+    where)` of every added request, which raises on a parameter it refuses."""
+    LogitsProcessor.check_update(proc, batch_update)
+    if batch_update is not None:
+        for i, (_, params, prompt_ids, output_ids) in enumerate(batch_update.added):
+            entry(params, prompt_ids, output_ids, f"BatchUpdate.added[{i}] ")
 
 
 class MinTokensLogitsProcessor(LogitsProcessor):
@@ -43,25 +79,33 @@ class MinTokensLogitsProcessor(LogitsProcessor):
     def is_argmax_invariant(self) -> bool:
         return False
 
-    def _entry(self, params, prompt_ids, output_ids):
-        min_tokens = int(getattr(params, "min_tokens", 0) or 0)
-        if min_tokens <= 0:
+    def _entry(self, params, prompt_ids, output_ids, where: str = ""):
+        min_tokens = getattr(params, "min_tokens", 0) or 0
+        if isinstance(min_tokens, bool) or not isinstance(min_tokens, numbers.Integral) or min_tokens < 0:
+            raise ValueError(f"{where}min_tokens must be an int >= 0, got {min_tokens!r}")
+        if output_ids is not None and not isinstance(output_ids, (list, tuple)):
+            raise TypeError(f"{where}output token ids must be the request's (live) list, "
+                            f"got {type(output_ids).__name__}")
+        stop = set(_token_ids(f"{where}stop_token_ids", getattr(params, "stop_token_ids", None)))
+        stop |= set(_token_ids(f"{where}all_stop_token_ids", getattr(params, "all_stop_token_ids", None)))
+        if min_tokens == 0:
             return None
-        stop = set(int(t) for t in (getattr(params, "stop_token_ids", None) or ()))
-        all_stop = getattr(params, "all_stop_token_ids", None)
-        if all_stop is not None:
-            stop |= set(int(t) for t in all_stop)
         if not getattr(params, "ignore_eos", False):
             stop |= set(self.eos_token_ids)
         stop = sorted(t for t in stop if 0 <= t < self.vocab_size)
         if not stop:
             return None
-        return (min_tokens, output_ids if output_ids is not None else [], stop)
+        return (int(min_tokens), output_ids if output_ids is not None else [], stop)
 
     def is_active(self) -> bool:
         return bool(self.state)
 
+    def check_update(self, batch_update: BatchUpdate | None) -> None:
+        """The indices, and every added request's min_tokens and stop token ids."""
+        _check_added(self, batch_update, self._entry)
+
     def update_state(self, batch_update: BatchUpdate | None) -> None:
+        self.check_update(batch_update)
         if process_dict_updates(self.state, batch_update, self._entry):
             self._cache = None
         # Requests that reached min_tokens need nothing more (their output list is live).
@@ -111,28 +155,40 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
     def is_argmax_invariant(self) -> bool:
         return False
 
-    def _entry(self, params, prompt_ids, output_ids):
+    def _entry(self, params, prompt_ids, output_ids, where: str = ""):
         bias = getattr(params, "logit_bias", None)
         if not bias:
             return None
+        if not isinstance(bias, Mapping):
+            raise TypeError(f"{where}logit_bias must be a dict {{token id: bias}}, got {type(bias).__name__}")
         merged: dict[int, float] = {}  # keys that name the same id ("5" and 5) add up
         for tok, val in bias.items():
-            tok = int(tok)
+            tok = _bias_token(tok, where)
             if not 0 <= tok < self.vocab_size:
-                raise ValueError(f"logit_bias token id must be in [0, {self.vocab_size}), got {tok}")
-            if not math.isfinite(float(val)):
-                raise ValueError(f"logit_bias values must be finite, got {val} for token {tok}")
-            merged[tok] = merged.get(tok, 0.0) + float(val)
+                raise ValueError(f"{where}logit_bias token id must be in [0, {self.vocab_size}), got {tok}")
+            try:
+                val = float(val)
+            except (TypeError, ValueError):
+                raise ValueError(f"{where}logit_bias values must be real numbers, got {val!r} for token {tok}") \
+                    from None
+            if not math.isfinite(val):
+                raise ValueError(f"{where}logit_bias values must be finite, got {val} for token {tok}")
+            merged[tok] = merged.get(tok, 0.0) + val
         for tok, val in merged.items():
             if not abs(val) <= _FP32_MAX:
-                raise ValueError(f"logit_bias for token {tok} must fit in float32 (|bias| <= {_FP32_MAX:.4g}), "
-                                 f"got {val}")
+                raise ValueError(f"{where}logit_bias for token {tok} must fit in float32 "
+                                 f"(|bias| <= {_FP32_MAX:.4g}), got {val}")
         return (list(merged), list(merged.values()))
 
     def is_active(self) -> bool:
         return bool(self.state)
 
+    def check_update(self, batch_update: BatchUpdate | None) -> None:
+        """The indices, and every added request's logit_bias."""
+        _check_added(self, batch_update, self._entry)
+
     def update_state(self, batch_update: BatchUpdate | None) -> None:
+        self.check_update(batch_update)
         if process_dict_updates(self.state, batch_update, self._entry):
             self._cache = None
 
@@ -195,15 +251,25 @@ class MinPLogitsProcessor(LogitsProcessor):
     def is_active(self) -> bool:
         return self.num_active > 0
 
+    @staticmethod
+    def _value(params, prompt_ids=None, output_ids=None, where: str = "") -> float:
+        value = getattr(params, "min_p", 0.0) or 0.0
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value <= 1.0:
+            raise ValueError(f"{where}min_p must be in [0, 1], got {value!r}")
+        return float(value)
+
+    def check_update(self, batch_update: BatchUpdate | None) -> None:
+        """The indices, and every added request's min_p."""
+        _check_added(self, batch_update, self._value)
+
     def update_state(self, batch_update: BatchUpdate | None) -> None:
+        self.check_update(batch_update)
         if batch_update is None:
             return
+        added = [(index, self._value(params)) for index, params, _, _ in batch_update.added]
         for index in batch_update.removed:
             self.min_p[index] = 0.0
-        for index, params, _, _ in batch_update.added:
-            value = float(getattr(params, "min_p", 0.0) or 0.0)
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"min_p must be in [0, 1], got {value}")
+        for index, value in added:
             self.min_p[index] = value
         for src, dst, direction in batch_update.moved:
             a, b = float(self.min_p[src]), float(self.min_p[dst])

@@ -16,6 +16,7 @@ drafts precede them.
 from __future__ import annotations
 
 import enum
+import numbers
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -52,6 +53,52 @@ class BatchUpdate:
     removed: Sequence[int] = field(default_factory=list)
     added: Sequence[tuple] = field(default_factory=list)
     moved: Sequence[tuple] = field(default_factory=list)
+
+
+def _check_index(name: str, v, max_num_reqs: int | None) -> None:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    if v < 0 or (max_num_reqs is not None and v >= max_num_reqs):
+        want = ">= 0" if max_num_reqs is None else f"in [0, {max_num_reqs}) (max_num_reqs)"
+        raise ValueError(f"{name} must be {want}, got {v}")
+
+
+def _shape_of(entry) -> str:
+    return f"{len(entry)} values" if isinstance(entry, (tuple, list)) else type(entry).__name__
+
+
+def check_batch_update(batch_update: BatchUpdate | None, max_num_reqs: int | None) -> None:
+    """Raise TypeError / ValueError naming the field (e.g. "BatchUpdate.added[0] index") when
+    `batch_update` is malformed: batch_size not an int in [0, max_num_reqs]; an index of
+    `removed`, `added` or `moved` not an int in [0, max_num_reqs) (a negative one would count
+    from the end); an `added` entry not (index, params, prompt ids, output ids); a `moved`
+    entry not (src, dst, MoveDirectionality). Parameters are the processors' to check
+    (`LogitsProcessor.check_update`). None (no change) passes; max_num_reqs None: no upper bound.
+    """
+    if batch_update is None:
+        return
+    if not isinstance(batch_update, BatchUpdate):
+        raise TypeError(f"batch_update must be a BatchUpdate or None, got {type(batch_update).__name__}")
+    bs = batch_update.batch_size
+    if isinstance(bs, bool) or not isinstance(bs, numbers.Integral):
+        raise TypeError(f"BatchUpdate.batch_size must be an int, got {type(bs).__name__}")
+    if bs < 0 or (max_num_reqs is not None and bs > max_num_reqs):
+        raise ValueError(f"BatchUpdate.batch_size must be in [0, {max_num_reqs}], got {bs}")
+    for i, index in enumerate(batch_update.removed):
+        _check_index(f"BatchUpdate.removed[{i}]", index, max_num_reqs)
+    for i, entry in enumerate(batch_update.added):
+        if not isinstance(entry, (tuple, list)) or len(entry) != 4:
+            raise TypeError(f"BatchUpdate.added[{i}] must be (index, params, prompt token ids, output token ids), "
+                            f"got {_shape_of(entry)}")
+        _check_index(f"BatchUpdate.added[{i}] index", entry[0], max_num_reqs)
+    for i, entry in enumerate(batch_update.moved):
+        if not isinstance(entry, (tuple, list)) or len(entry) != 3:
+            raise TypeError(f"BatchUpdate.moved[{i}] must be (src, dst, MoveDirectionality), got {_shape_of(entry)}")
+        _check_index(f"BatchUpdate.moved[{i}] src", entry[0], max_num_reqs)
+        _check_index(f"BatchUpdate.moved[{i}] dst", entry[1], max_num_reqs)
+        if not isinstance(entry[2], MoveDirectionality):
+            raise TypeError(f"BatchUpdate.moved[{i}] direction must be MoveDirectionality.UNIDIRECTIONAL or "
+                            f".SWAP, got {entry[2]!r}")
 
 
 def to_device(values, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
@@ -136,6 +183,16 @@ class LogitsProcessor(ABC):
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         """Follow the batch: process `removed`, then `added`, then `moved`."""
 
+    def check_update(self, batch_update: BatchUpdate | None) -> None:
+        """Raise (TypeError / ValueError naming the field) if `update_state` would refuse
+        `batch_update`, changing nothing. `LogitsProcessors.update_state` calls it on every
+        processor before any `update_state`, so that a refused update leaves every processor
+        as it was. The default checks the indices and directions (`check_batch_update`,
+        against `max_num_reqs`); a processor that refuses some parameters checks them in an
+        override that calls this one.
+        """
+        check_batch_update(batch_update, getattr(self, "max_num_reqs", None))
+
     @abstractmethod
     def apply(self, logits: torch.Tensor, rows: LogitsRows | None = None) -> torch.Tensor:
         """Transform `logits` ([num_rows, vocab] fp32, in place allowed) and return it."""
@@ -149,15 +206,18 @@ def process_dict_updates(state: dict, batch_update: BatchUpdate | None, new_entr
     """Apply removed -> added -> moved to a sparse `{index: entry}` state.
 
     `new_entry(params, prompt_ids, output_ids)` returns the entry for an added request or
-    None when the request does not use the processor. Returns True if the state changed.
+    None when the request does not use the processor. Every entry is made before the state
+    changes, so a `new_entry` that raises leaves the state as it was. Returns True if the
+    state changed.
     """
     if batch_update is None:
         return False
+    added = [(index, new_entry(params, prompt_ids, output_ids))
+             for index, params, prompt_ids, output_ids in batch_update.added]
     changed = False
     for index in batch_update.removed:
         changed |= state.pop(index, None) is not None
-    for index, params, prompt_ids, output_ids in batch_update.added:
-        entry = new_entry(params, prompt_ids, output_ids)
+    for index, entry in added:
         if entry is None:
             changed |= state.pop(index, None) is not None
         else:

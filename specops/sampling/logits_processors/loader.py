@@ -83,6 +83,11 @@ class LogitsProcessors:
         self.non_argmax_invariant = [p for p in self.all if not p.is_argmax_invariant()]
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
+        """Every processor's `check_update` first, then every `update_state`: an update that
+        one processor refuses (a bad index or direction, a bad parameter) raises before any
+        processor's state changes."""
+        for proc in self.all:
+            proc.check_update(batch_update)
         for proc in self.all:
             proc.update_state(batch_update)
 

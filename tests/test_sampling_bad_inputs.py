@@ -1,0 +1,190 @@
+"""Malformed inputs are refused where they are given, with errors that name them.
+
+- bad_words_token_ids / output_token_ids: checked when the metadata is built (from_params,
+  from_rows, expand), not left to crash in the Sampler after it wrote the caller's logits.
+- compute_logprobs: int logits and a bool num_logprobs.
+- BatchUpdate: indices, directions and parameters checked before any processor changes.
+- Sampler: stream and kernel_options checked when built; metadata and logitsprocs types.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from specops.sampling import (BatchUpdate, MoveDirectionality, Sampler, SamplingMetadata, build_logits_processors)
+from specops.sampling.logits_processors import LogitBiasLogitsProcessor, MinPLogitsProcessor, MinTokensLogitsProcessor
+from specops.sampling.logprobs import compute_logprobs, compute_processed_logprobs
+from specops.sampling.metadata import RowParams
+
+V = 6
+
+
+def P(**kw):
+    """Request parameters as the processors read them (SamplingParams attributes)."""
+    base = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=None, min_tokens=0, logit_bias=None,
+                stop_token_ids=None, ignore_eos=False)
+    return SimpleNamespace(**(base | kw))
+
+
+# ---- bad words and their history --------------------------------------------------------------
+
+@pytest.mark.parametrize("bad,history,exc,words", [
+    ({0: [[3, 4]]}, [None], TypeError, r"output_token_ids\[0\] must be a list of token ids"),
+    ({0: [5]}, [[]], TypeError, r"bad_words_token_ids\[0\]\[0\] must be a list of token ids, got int"),
+    ([[5]], [[]], TypeError, r"bad_words_token_ids must be a dict"),
+    ({0: 5}, [[]], TypeError, r"bad_words_token_ids\[0\] must be a list of token id lists, got int"),
+    ({0: [[5], []]}, [[]], ValueError, r"bad_words_token_ids\[0\]\[1\] must not be empty"),
+    ({0: [[5], [1, V]]}, [[]], ValueError, rf"bad_words_token_ids\[0\]\[1\]\[1\] must be <= {V - 1}, got {V}"),
+    ({0: [[1, "a"]]}, [[]], TypeError, r"bad_words_token_ids\[0\]\[0\]\[1\] must be an int"),
+    ({1: [[5]]}, [[]], ValueError, r"bad_words_token_ids row must be <= 0, got 1"),
+    ({0: [[1, 2, 5]]}, [[1, "x", 2]], TypeError, r"output_token_ids\[0\]\[1\] must be an int, got str"),
+    ({0: [[5]]}, 7, TypeError, r"output_token_ids must be a list with one list of token ids per row, got int"),
+    ({0: [[5]]}, [[], []], ValueError, r"output_token_ids must have one list per row \(1\), got 2"),
+])
+def test_malformed_bad_words_are_refused_when_built(bad, history, exc, words):
+    # they crashed in the Sampler (TypeError: object of type 'NoneType' has no len(), int has no
+    # len, AttributeError on a list), after it had written the allowed-token mask into the logits
+    with pytest.raises(exc, match=words):
+        SamplingMetadata.from_params([1.0], vocab_size=V, seeds=[1], allowed_token_ids=[[1, 2]],
+                                     bad_words_token_ids=bad, output_token_ids=history)
+    with pytest.raises(exc, match=words):
+        SamplingMetadata.from_rows([RowParams(temperature=1.0)], vocab_size=V, bad_words_token_ids=bad,
+                                   output_token_ids=history)
+
+
+def test_only_the_history_bad_words_read_is_checked():
+    # of a row with bad words, the last len(word) - 1 ids; other rows' histories are not read
+    md = SamplingMetadata.from_params([1.0, 1.0], vocab_size=V, bad_words_token_ids={0: [[1, 2, 5]]},
+                                      output_token_ids=[["not read", 1, 2], None])
+    logits = torch.zeros(2, V)
+    Sampler(backend="torch")(logits, md)
+    assert logits[0, 5] == -torch.inf and bool((logits[0, :5] == 0).all()) and bool((logits[1] == 0).all())
+
+
+def test_expand_checks_the_history_of_its_rows():
+    md = SamplingMetadata.from_params([1.0, 1.0], vocab_size=V, bad_words_token_ids={1: [[4, 5]]},
+                                      output_token_ids=[[1], [2]])
+    with pytest.raises(TypeError, match=r"output_token_ids\[2\] must be a list of token ids"):
+        md.expand([0, 0, 1], output_token_ids=[[1], [1], 4])
+    with pytest.raises(TypeError, match=r"output_token_ids\[1\]\[0\] must be an int"):
+        md.expand([0, 1], output_token_ids=[[1], [2.0]])
+    assert md.expand([0, 1], output_token_ids=[None, [4]]).bad_words_token_ids == {1: [[4, 5]]}
+
+
+def test_a_refused_batch_leaves_the_callers_logits_as_they_were():
+    logits = torch.arange(float(V))[None]
+    with pytest.raises(TypeError):
+        md = SamplingMetadata.from_params([1.0], vocab_size=V, seeds=[1], allowed_token_ids=[[1, 2]],
+                                          bad_words_token_ids={0: [[3, 4]]}, output_token_ids=[None])
+        Sampler(backend="torch")(logits, md)
+    assert torch.equal(logits, torch.arange(float(V))[None])
+
+
+# ---- compute_logprobs -------------------------------------------------------------------------
+
+def test_logprobs_refuse_integer_logits_and_a_bool_count():
+    x, tok = torch.randn(2, 8), torch.tensor([1, 2])
+    for dtype in (torch.int64, torch.float64):
+        with pytest.raises(TypeError, match=f"raw_logits must be fp32, bf16 or fp16, got {dtype}"):
+            compute_logprobs("raw_logprobs", 1, tok, raw_logits=x.to(dtype), backend="torch")
+    with pytest.raises(ValueError, match=r"num_logprobs must be an int in \[0, 8\], got True"):
+        compute_logprobs("raw_logprobs", True, tok, raw_logits=x, backend="torch")
+    md = SamplingMetadata.from_params([1.0, 1.0], vocab_size=8, seeds=[1, 2], max_num_logprobs=1)
+    out = Sampler(logprobs_mode="processed_logprobs", backend="torch")(x.clone(), md)
+    inv_t, res = torch.ones(2), out.result
+    with pytest.raises(TypeError, match="processed_logits must be fp32, bf16 or fp16, got torch.int64"):
+        compute_logprobs("processed_logprobs", 1, tok, processed_logits=x.long(), inv_temperature=inv_t, result=res)
+    for backend in ("torch", "triton"):
+        with pytest.raises(TypeError, match="processed_logits must be fp32, bf16 or fp16, got torch.int64"):
+            compute_processed_logprobs("processed_logprobs", 1, tok, x.long(), inv_t, res, backend=backend)
+        with pytest.raises(ValueError, match=r"num_logprobs must be an int in \[0, 8\], got False"):
+            compute_processed_logprobs("processed_logprobs", False, tok, x, inv_t, res, backend=backend)
+
+
+# ---- BatchUpdate ------------------------------------------------------------------------------
+
+def states(procs):
+    return (procs.get(MinPLogitsProcessor).min_p.tolist(), dict(procs.get(LogitBiasLogitsProcessor).state),
+            dict(procs.get(MinTokensLogitsProcessor).state))
+
+
+@pytest.mark.parametrize("update,exc,words", [
+    (BatchUpdate(1, added=[(-1, P(min_p=0.5), [], [])]), ValueError,
+     r"BatchUpdate.added\[0\] index must be in \[0, 4\) \(max_num_reqs\), got -1"),    # set row 3
+    (BatchUpdate(1, added=[(7, P(min_p=0.5), [], [])]), ValueError, r"BatchUpdate.added\[0\] index must be in"),
+    (BatchUpdate(1, added=[(0, P(logit_bias={1: 1.0}), [], []), (1, P(min_p=1.5), [], [])]), ValueError,
+     r"BatchUpdate.added\[1\] min_p must be in \[0, 1\], got 1.5"),          # logit_bias was updated
+    (BatchUpdate(1, moved=[(0, 1, "swap")]), TypeError,
+     r"BatchUpdate.moved\[0\] direction must be MoveDirectionality"),        # taken as one-way
+    (BatchUpdate(1, added=[(0, P(min_tokens="x"), [], [])]), ValueError,
+     r"BatchUpdate.added\[0\] min_tokens must be an int >= 0, got 'x'"),     # int(): invalid literal
+    (BatchUpdate(1, added=[(0, P(min_p=0.1, logit_bias={"x": 1.0}), [], [])]), ValueError,
+     r"BatchUpdate.added\[0\] logit_bias token id must be an int"),
+    (BatchUpdate(1, added=[(0, P(min_tokens=2, stop_token_ids=["a"]), [], [])]), TypeError,
+     r"BatchUpdate.added\[0\] stop_token_ids must hold token ids"),
+    (BatchUpdate(1, removed=[4]), ValueError, r"BatchUpdate.removed\[0\] must be in \[0, 4\)"),
+    (BatchUpdate(1, moved=[(0, 4, MoveDirectionality.SWAP)]), ValueError, r"BatchUpdate.moved\[0\] dst"),
+    (BatchUpdate(5), ValueError, r"BatchUpdate.batch_size must be in \[0, 4\], got 5"),
+    (BatchUpdate(1, added=[(0, P())]), TypeError, r"BatchUpdate.added\[0\] must be \(index, params"),
+])
+def test_a_refused_batch_update_changes_no_processor(update, exc, words):
+    procs = build_logits_processors(4, V, use_entry_points=False, eos_token_ids=[0])
+    procs.update_state(BatchUpdate(2, added=[(0, P(min_p=0.2, logit_bias={2: 1.0}), [], []),
+                                             (1, P(min_p=0.3, min_tokens=2), [], [])]))
+    before = states(procs)
+    with pytest.raises(exc, match=words):
+        procs.update_state(update)
+    assert states(procs) == before
+
+
+def test_each_built_in_checks_an_update_before_it_changes():
+    minp, bias = MinPLogitsProcessor(4, V), LogitBiasLogitsProcessor(4, V)
+    for proc in (minp, bias):
+        proc.update_state(BatchUpdate(1, added=[(0, P(min_p=0.2, logit_bias={2: 1.0}), [], [])]))
+        with pytest.raises(ValueError, match=r"BatchUpdate.added\[0\] index must be in \[0, 4\)"):
+            proc.update_state(BatchUpdate(1, removed=[0], added=[(-1, P(min_p=0.5, logit_bias={3: 1.0}), [], [])]))
+    # a bad parameter after a good one: the good one is not taken either
+    with pytest.raises(ValueError, match=r"BatchUpdate.added\[1\] min_p must be in \[0, 1\], got nan"):
+        minp.update_state(BatchUpdate(2, removed=[0], added=[(1, P(min_p=0.5), [], []),
+                                                             (2, P(min_p=float("nan")), [], [])]))
+    with pytest.raises(ValueError, match=r"BatchUpdate.added\[1\] logit_bias values must be finite"):
+        bias.update_state(BatchUpdate(2, removed=[0], added=[(1, P(logit_bias={1: 1.0}), [], []),
+                                                             (2, P(logit_bias={1: float("inf")}), [], [])]))
+    assert minp.min_p.tolist() == [pytest.approx(0.2), 0.0, 0.0, 0.0] and bias.state == {0: ([2], [1.0])}
+
+
+def test_a_good_batch_update_still_follows_the_batch():
+    procs = build_logits_processors(4, V, use_entry_points=False)
+    procs.update_state(BatchUpdate(2, added=[(0, P(min_p=0.2, logit_bias={"2": 1.0, 2: 0.5}), [], []),
+                                             (3, P(min_p=0.3), [], [])],
+                                   moved=[(3, 1, MoveDirectionality.UNIDIRECTIONAL)]))
+    assert states(procs)[:2] == ([pytest.approx(0.2), pytest.approx(0.3), 0.0, 0.0], {0: ([2], [1.5])})
+
+
+# ---- Sampler ----------------------------------------------------------------------------------
+
+def test_sampler_checks_stream_and_kernel_options_when_built():
+    for stream in (-1, 2**16, 1.0, True):
+        with pytest.raises(ValueError, match=r"stream must be an int in \[0, 2\*\*16\)"):
+            Sampler(stream=stream)
+    for backend in ("torch", "auto", "triton"):
+        for opts in ({"bogus": 1}, {"cpa": 64, "tile": 16}):
+            with pytest.raises(ValueError, match=r"kernel_options has unknown keys \['(bogus|cpa)'\]"):
+                Sampler(backend=backend, kernel_options=opts)
+    with pytest.raises(TypeError, match="kernel_options must be a dict or None, got list"):
+        Sampler(kernel_options=[("tile", 16)])
+    from specops.sampling.sampler import kernel_option_names
+    assert {"cap", "tile", "num_chunks", "blocks_per_program", "search", "pivot"} <= kernel_option_names()
+    Sampler(backend="triton", kernel_options=dict(tile=16, cap=64, num_chunks=2, pivot=False))
+
+
+def test_sampler_and_metadata_check_their_argument_types():
+    with pytest.raises(TypeError, match="metadata must be a SamplingMetadata"):
+        Sampler(backend="torch")(torch.zeros(1, V), None)
+    procs = build_logits_processors(1, V, use_entry_points=False)
+    with pytest.raises(TypeError, match="logitsprocs must be a LogitsProcessors .* got list"):
+        SamplingMetadata.from_params([1.0], vocab_size=V, logitsprocs=list(procs.all))
+    with pytest.raises(TypeError, match="logitsprocs must be a LogitsProcessors"):
+        SamplingMetadata.from_rows([RowParams(temperature=1.0)], vocab_size=V, logitsprocs=procs.all[0])
+    assert SamplingMetadata.from_params([1.0], vocab_size=V, logitsprocs=procs).logitsprocs is procs
