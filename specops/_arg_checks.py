@@ -1,7 +1,13 @@
 """Argument checks shared by the Python launchers (shapes, dtypes, devices; never values,
-which would sync the host)."""
+which would sync the host) and by the host-side builders (ints and reals given as host values)."""
+
+import math
+import numbers
 
 import torch
+
+LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+"""The logits (and draft probs) dtypes every op takes."""
 
 
 def check_1d(name: str, t, length: int, dtypes, device) -> None:
@@ -23,3 +29,42 @@ def dense(t):
     the wrong elements; .contiguous() is free when the tensor is dense already.
     """
     return t if t is None or not isinstance(t, torch.Tensor) else t.contiguous()
+
+
+def check_real(name: str, v, lo: float | None = None, hi: float | None = None,
+               lo_open: bool = False) -> float:
+    """`v` as a finite float, raising TypeError / ValueError naming `name` unless it is a real
+    number (numpy scalars too, never a bool) within [lo, hi] (lo excluded with lo_open)."""
+    # numbers.Real takes numpy scalars too (np.float32 is no Python float; np.float64 is)
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
+    try:
+        v = float(v)
+    except OverflowError:   # an int past the float range (e.g. 10**400 from JSON)
+        raise ValueError(f"{name} must be a finite float, got an int of {int(v).bit_length()} bits") from None
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {v}")
+    if lo is not None and (v <= lo if lo_open else v < lo):
+        raise ValueError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {v}")
+    if hi is not None and v > hi:
+        raise ValueError(f"{name} must be <= {hi}, got {v}")
+    return v
+
+
+def check_int(name: str, v, lo: int | None = None, hi: int | None = None) -> int:
+    """`v` as an int, raising TypeError / ValueError naming `name` unless it is an int (a numpy
+    integer too, never a bool) within [lo, hi]."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        try:
+            import numpy as np
+            if isinstance(v, np.integer):
+                v = int(v)
+        except ImportError:  # pragma: no cover
+            pass
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    if lo is not None and v < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {v}")
+    if hi is not None and v > hi:
+        raise ValueError(f"{name} must be <= {hi}, got {v}")
+    return v

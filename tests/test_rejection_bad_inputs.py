@@ -152,3 +152,39 @@ def test_max_spec_len_is_exported_and_enforced():
     cfg = EngineConfig(spec_method="ngram", num_spec_tokens=MAX_SPEC_LEN + 1)
     with pytest.raises(ValueError, match=r"num_spec_tokens must be an int in \[1, 128\] \(MAX_SPEC_LEN\)"):
         cfg.validate()
+
+
+# ---- the host copy of the drafts, and a history row without bad words ----------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_draft_token_lists_are_checked_before_any_launch(backend):
+    spec = build_spec_decode_metadata([3, 0], [4, 5], device=DEVICE)
+    md = SamplingMetadata.from_params([0.0, 0.8], vocab_size=10, device=DEVICE, bad_words_token_ids={0: [[1, 2]]},
+                                      output_token_ids=[[7], [8]])
+    logits = torch.zeros(5, 10, device=DEVICE)
+    drafts = torch.tensor([1, 2, 3], device=DEVICE)
+    for lists, exc, match in (([[1, "x", 3], []], TypeError, r"draft_token_lists\[0\]\[1\] must be an int"),
+                              ([[1, 2], []], ValueError, r"draft_token_lists\[0\] must be a list of "
+                                                         r"num_draft_tokens\[0\] = 3 drafts, got 2"),
+                              ([[1, 2, 3]], ValueError, r"one list of drafts per request \(2\)")):
+        spy = _SpySampler()
+        with pytest.raises(exc, match=match):
+            RejectionSampler(spy, backend=backend)(logits, spec, md, draft_token_ids=drafts, draft_token_lists=lists)
+        assert spy.calls == 0, match
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_history_row_without_bad_words_may_be_none(backend):
+    # only rows with bad words need a history; request 1 (none) gives None
+    spec = build_spec_decode_metadata([2, 1], [3, 5], device=DEVICE)
+    md = SamplingMetadata.from_params([0.0, 0.0], vocab_size=10, device=DEVICE, bad_words_token_ids={0: [[1, 2]]},
+                                      output_token_ids=[[7], None])
+    logits = torch.zeros(5, 10, device=DEVICE)
+    logits[:, 2] = 5.0                      # rows: request 0's two target rows and bonus, request 1's
+    logits[:, 4] = 4.0                      # target row and bonus
+    logits[0, 1] = 6.0
+    drafts = torch.tensor([1, 2, 2], device=DEVICE)
+    out = RejectionSampler(_sampler(), backend=backend)(logits, spec, md, draft_token_ids=drafts)
+    # request 0: draft 1 is row 0's argmax (accepted); after it 2 is banned, so row 1 emits 4;
+    # request 1: its draft 2 is the argmax, then the bonus row's argmax 2
+    assert out.output_token_ids.tolist() == [[1, 4, -1], [2, 2, -1]]

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from specops.sampling import (BatchUpdate, MoveDirectionality, Sampler, SamplingMetadata, build_logits_processors)
-from specops.sampling.logits_processors import LogitBiasLogitsProcessor, MinPLogitsProcessor, MinTokensLogitsProcessor
+from specops.sampling.logits_processors import (LogitBiasLogitsProcessor, MinPLogitsProcessor, MinTokensLogitsProcessor,
+                                                check_batch_update)
 from specops.sampling.logprobs import compute_logprobs, compute_processed_logprobs
 from specops.sampling.metadata import RowParams
 
@@ -72,13 +73,15 @@ def test_expand_checks_the_history_of_its_rows():
     assert md.expand([0, 1], output_token_ids=[None, [4]]).bad_words_token_ids == {1: [[4, 5]]}
 
 
-def test_a_refused_batch_leaves_the_callers_logits_as_they_were():
+def test_a_malformed_history_is_refused_before_the_sampler_writes_the_logits():
+    # the metadata refuses it when built, so no Sampler ever sees it (before, the Sampler wrote
+    # the allowed-token mask into the caller's logits, then failed on the history)
+    good = dict(vocab_size=V, seeds=[1], allowed_token_ids=[[1, 2]], bad_words_token_ids={0: [[3, 4]]})
+    with pytest.raises(TypeError, match=r"output_token_ids\[0\] must be a list of token ids"):
+        SamplingMetadata.from_params([1.0], output_token_ids=[None], **good)
     logits = torch.arange(float(V))[None]
-    with pytest.raises(TypeError):
-        md = SamplingMetadata.from_params([1.0], vocab_size=V, seeds=[1], allowed_token_ids=[[1, 2]],
-                                          bad_words_token_ids={0: [[3, 4]]}, output_token_ids=[None])
-        Sampler(backend="torch")(logits, md)
-    assert torch.equal(logits, torch.arange(float(V))[None])
+    Sampler(backend="torch")(logits, SamplingMetadata.from_params([1.0], output_token_ids=[[3]], **good))
+    assert logits[0, 4] == -torch.inf and logits[0, 3] == -torch.inf and logits[0, 1] == 1.0
 
 
 # ---- compute_logprobs -------------------------------------------------------------------------
@@ -121,6 +124,10 @@ def states(procs):
      r"BatchUpdate.added\[0\] min_tokens must be an int >= 0, got 'x'"),     # int(): invalid literal
     (BatchUpdate(1, added=[(0, P(min_p=0.1, logit_bias={"x": 1.0}), [], [])]), ValueError,
      r"BatchUpdate.added\[0\] logit_bias token id must be an int"),
+    (BatchUpdate(1, added=[(0, P(logit_bias={"1_0": 1.0}), [], [])]), ValueError,
+     r"logit_bias token id must be an int \(or its decimal string\), got '1_0'"),   # int() reads 10
+    (BatchUpdate(1, added=[(0, P(logit_bias={" 7 ": 1.0}), [], [])]), ValueError,
+     r"logit_bias token id must be an int \(or its decimal string\), got ' 7 '"),
     (BatchUpdate(1, added=[(0, P(min_tokens=2, stop_token_ids=["a"]), [], [])]), TypeError,
      r"BatchUpdate.added\[0\] stop_token_ids must hold token ids"),
     (BatchUpdate(1, removed=[4]), ValueError, r"BatchUpdate.removed\[0\] must be in \[0, 4\)"),
@@ -188,3 +195,12 @@ def test_sampler_and_metadata_check_their_argument_types():
     with pytest.raises(TypeError, match="logitsprocs must be a LogitsProcessors"):
         SamplingMetadata.from_rows([RowParams(temperature=1.0)], vocab_size=V, logitsprocs=procs.all[0])
     assert SamplingMetadata.from_params([1.0], vocab_size=V, logitsprocs=procs).logitsprocs is procs
+
+
+def test_batch_update_bounds_read_well_without_a_limit():
+    # max_num_reqs None (a processor built without one): no upper bound, and the message says so
+    check_batch_update(BatchUpdate(3, added=[(10**6, P(), [], [])]), None)
+    with pytest.raises(ValueError, match=r"BatchUpdate.batch_size must be >= 0, got -1"):
+        check_batch_update(BatchUpdate(-1), None)
+    with pytest.raises(ValueError, match=r"BatchUpdate.removed\[0\] must be >= 0, got -2"):
+        check_batch_update(BatchUpdate(1, removed=[-2]), None)

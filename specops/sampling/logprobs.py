@@ -42,18 +42,17 @@ from dataclasses import dataclass
 
 import torch
 
-from specops._arg_checks import check_1d
+from specops._arg_checks import LOGIT_DTYPES, check_1d
 
 from .metadata import LOGPROBS_MODES
 from .sampler_torch import SampleResult, keep_drawn_tokens, need_distribution, scale_logits
 from .topk_topp import resolve_backend
 
 
-_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _check_logits_dtype(name: str, logits) -> None:
-    if not isinstance(logits, torch.Tensor) or logits.dtype not in _KERNEL_DTYPES:
+    if not isinstance(logits, torch.Tensor) or logits.dtype not in LOGIT_DTYPES:
         got = logits.dtype if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise TypeError(f"{name} must be fp32, bf16 or fp16, got {got}")
 

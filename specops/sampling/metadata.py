@@ -25,13 +25,13 @@ Conventions (documented once, used by every backend):
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import torch
 
 from specops import rng
+from specops._arg_checks import check_int, check_real
 
 from .logits_processors.interface import LogitsRows, to_device
 from .logits_processors.loader import LogitsProcessors
@@ -58,41 +58,6 @@ def _as_list(name: str, values, n: int | None, default=None) -> list:
     return values
 
 
-def _check_real(name: str, v, lo: float | None = None, hi: float | None = None,
-                lo_open: bool = False) -> float:
-    # numbers.Real takes numpy scalars too (np.float32 is no Python float; np.float64 is)
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
-    try:
-        v = float(v)
-    except OverflowError:   # an int past the float range (e.g. 10**400 from JSON)
-        raise ValueError(f"{name} must be a finite float, got an int of {int(v).bit_length()} bits") from None
-    if not math.isfinite(v):
-        raise ValueError(f"{name} must be finite, got {v}")
-    if lo is not None and (v <= lo if lo_open else v < lo):
-        raise ValueError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {v}")
-    if hi is not None and v > hi:
-        raise ValueError(f"{name} must be <= {hi}, got {v}")
-    return v
-
-
-def _check_int(name: str, v, lo: int | None = None, hi: int | None = None) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        try:
-            import numpy as np
-            if isinstance(v, np.integer):
-                v = int(v)
-        except ImportError:  # pragma: no cover
-            pass
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-    if lo is not None and v < lo:
-        raise ValueError(f"{name} must be >= {lo}, got {v}")
-    if hi is not None and v > hi:
-        raise ValueError(f"{name} must be <= {hi}, got {v}")
-    return v
-
-
 def _check_penalty_state(on: bool, prompt_mask, output_counts, n: int, V: int) -> None:
     if not on:
         return
@@ -104,7 +69,7 @@ def _check_penalty_state(on: bool, prompt_mask, output_counts, n: int, V: int) -
 
 
 def _check_allowed(name: str, ids, V: int) -> list[int]:
-    ids = [_check_int(name, t, 0, V - 1) for t in ids]
+    ids = [check_int(name, t, 0, V - 1) for t in ids]
     if not ids:
         raise ValueError(f"{name} must not be empty")
     return ids
@@ -117,7 +82,7 @@ def _check_bad_words(bad_words, n: int, V: int) -> dict[int, list[list[int]]]:
                         f"got {type(bad_words).__name__}")
     bad = {}
     for row, words in bad_words.items():
-        row = _check_int("bad_words_token_ids row", row, 0, n - 1)
+        row = check_int("bad_words_token_ids row", row, 0, n - 1)
         if not isinstance(words, (list, tuple)):
             raise TypeError(f"bad_words_token_ids[{row}] must be a list of token id lists, got {type(words).__name__}")
         bad[row] = []
@@ -127,7 +92,7 @@ def _check_bad_words(bad_words, n: int, V: int) -> dict[int, list[list[int]]]:
                 raise TypeError(f"{name} must be a list of token ids, got {type(word).__name__}")
             if not word:
                 raise ValueError(f"{name} must not be empty")
-            bad[row].append([_check_int(f"{name}[{k}]", t, 0, V - 1) for k, t in enumerate(word)])
+            bad[row].append([check_int(f"{name}[{k}]", t, 0, V - 1) for k, t in enumerate(word)])
     return bad
 
 
@@ -151,7 +116,7 @@ def _check_history(history, bad: dict, n: int, rows: str = "row") -> None:
                             f"got {type(hist).__name__}")
         tail = min(len(hist), max(len(w) for w in words) - 1) if words else 0
         for k in range(len(hist) - tail, len(hist)):
-            _check_int(f"output_token_ids[{row}][{k}]", hist[k])
+            check_int(f"output_token_ids[{row}][{k}]", hist[k])
 
 
 def _check_logitsprocs(logitsprocs) -> None:
@@ -195,21 +160,21 @@ class RowParams:
         """Check an object with SamplingParams attributes (the checks of `from_params`)."""
         V = vocab_size
         g = lambda name, default: getattr(p, name, default)  # noqa: E731
-        t = _check_real("temperature", g("temperature", 1.0), lo=0.0, hi=FP32_MAX)
-        k = _check_int("top_k", g("top_k", 0), lo=-1)
-        top_p = _check_real("top_p", g("top_p", 1.0))
+        t = check_real("temperature", g("temperature", 1.0), lo=0.0, hi=FP32_MAX)
+        k = check_int("top_k", g("top_k", 0), lo=-1)
+        top_p = check_real("top_p", g("top_p", 1.0))
         if not 0.0 < top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
         seed = g("seed", None)
         allowed = g("allowed_token_ids", None)
         return cls(
             temperature=0.0 if t < GREEDY_EPS else t, top_k=0 if (k <= 0 or k >= V) else k, top_p=top_p,
-            min_p=_check_real("min_p", g("min_p", 0.0), lo=0.0, hi=1.0),
-            seed=None if seed is None else _check_int("seed", seed, _INT64_MIN, _INT64_MAX),
-            repetition_penalty=_check_real("repetition_penalty", g("repetition_penalty", 1.0), lo=FP32_TINY,
+            min_p=check_real("min_p", g("min_p", 0.0), lo=0.0, hi=1.0),
+            seed=None if seed is None else check_int("seed", seed, _INT64_MIN, _INT64_MAX),
+            repetition_penalty=check_real("repetition_penalty", g("repetition_penalty", 1.0), lo=FP32_TINY,
                                            hi=FP32_MAX),
-            frequency_penalty=_check_real("frequency_penalty", g("frequency_penalty", 0.0), -2.0, 2.0),
-            presence_penalty=_check_real("presence_penalty", g("presence_penalty", 0.0), -2.0, 2.0),
+            frequency_penalty=check_real("frequency_penalty", g("frequency_penalty", 0.0), -2.0, 2.0),
+            presence_penalty=check_real("presence_penalty", g("presence_penalty", 0.0), -2.0, 2.0),
             allowed_token_ids=None if allowed is None else _check_allowed("allowed_token_ids", allowed, V),
             num_logprobs=g("logprobs", None))
 
@@ -433,15 +398,15 @@ class SamplingMetadata:
         row with bad words, the last len(word) - 1 ids are read, and checked).
         `logitsprocs` is a `LogitsProcessors` (`build_logits_processors`) or None.
         """
-        V = _check_int("vocab_size", vocab_size, lo=1)
+        V = check_int("vocab_size", vocab_size, lo=1)
         temps = _as_list("temperature", temperature, None)
         n = len(temps)
-        temps = [_check_real(f"temperature[{i}]", t, lo=0.0, hi=FP32_MAX) for i, t in enumerate(temps)]
+        temps = [check_real(f"temperature[{i}]", t, lo=0.0, hi=FP32_MAX) for i, t in enumerate(temps)]
         temps = [0.0 if t < GREEDY_EPS else t for t in temps]
 
         ks = None
         if top_k is not None:
-            ks = [_check_int(f"top_k[{i}]", k, lo=-1) for i, k in enumerate(_as_list("top_k", top_k, n))]
+            ks = [check_int(f"top_k[{i}]", k, lo=-1) for i, k in enumerate(_as_list("top_k", top_k, n))]
             ks = [0 if (k <= 0 or k >= V) else k for k in ks]
             if not any(ks):
                 ks = None
@@ -449,7 +414,7 @@ class SamplingMetadata:
         if top_p is not None:
             ps = []
             for i, p in enumerate(_as_list("top_p", top_p, n)):
-                p = _check_real(f"top_p[{i}]", p)
+                p = check_real(f"top_p[{i}]", p)
                 if not 0.0 < p <= 1.0:
                     raise ValueError(f"top_p[{i}] must be in (0, 1], got {p}")
                 ps.append(p)
@@ -457,25 +422,25 @@ class SamplingMetadata:
                 ps = None
         mps = None
         if min_p is not None:
-            mps = [_check_real(f"min_p[{i}]", m, lo=0.0, hi=1.0) for i, m in enumerate(_as_list("min_p", min_p, n))]
+            mps = [check_real(f"min_p[{i}]", m, lo=0.0, hi=1.0) for i, m in enumerate(_as_list("min_p", min_p, n))]
             if not any(mps):
                 mps = None
 
         seed_list = _as_list("seeds", seeds, n)
         has = [s is not None for s in seed_list]
-        seed_vals = [0 if s is None else _check_int(f"seeds[{i}]", s, _INT64_MIN, _INT64_MAX)
+        seed_vals = [0 if s is None else check_int(f"seeds[{i}]", s, _INT64_MIN, _INT64_MAX)
                      for i, s in enumerate(seed_list)]
-        pos_vals = [_check_int(f"positions[{i}]", p, 0, 2**32 - 1)
+        pos_vals = [check_int(f"positions[{i}]", p, 0, 2**32 - 1)
                     for i, p in enumerate(_as_list("positions", positions, n, 0))]
-        engine_seed = _check_int("engine_seed", engine_seed, _INT64_MIN, _INT64_MAX)
+        engine_seed = check_int("engine_seed", engine_seed, _INT64_MIN, _INT64_MAX)
 
         rep = freq = pres = None
         if any(x is not None for x in (repetition_penalties, frequency_penalties, presence_penalties)):
-            rep = [_check_real(f"repetition_penalties[{i}]", r, lo=FP32_TINY, hi=FP32_MAX)
+            rep = [check_real(f"repetition_penalties[{i}]", r, lo=FP32_TINY, hi=FP32_MAX)
                    for i, r in enumerate(_as_list("repetition_penalties", repetition_penalties, n, 1.0))]
-            freq = [_check_real(f"frequency_penalties[{i}]", f, -2.0, 2.0)
+            freq = [check_real(f"frequency_penalties[{i}]", f, -2.0, 2.0)
                     for i, f in enumerate(_as_list("frequency_penalties", frequency_penalties, n, 0.0))]
-            pres = [_check_real(f"presence_penalties[{i}]", p, -2.0, 2.0)
+            pres = [check_real(f"presence_penalties[{i}]", p, -2.0, 2.0)
                     for i, p in enumerate(_as_list("presence_penalties", presence_penalties, n, 0.0))]
             if all(r == 1.0 for r in rep) and not any(freq) and not any(pres):
                 rep = freq = pres = None
@@ -487,7 +452,7 @@ class SamplingMetadata:
             if all(a is None for a in allowed):
                 allowed = None
         if max_num_logprobs is not None:
-            max_num_logprobs = _check_int("max_num_logprobs", max_num_logprobs, 0, V)
+            max_num_logprobs = check_int("max_num_logprobs", max_num_logprobs, 0, V)
         return cls._build(V, device, temps, ks, ps, mps, seed_vals, has, pos_vals, engine_seed, step, rep, freq,
                           pres, prompt_mask, output_counts, allowed, bad_words_token_ids, output_token_ids,
                           max_num_logprobs, logitsprocs, rows)
@@ -514,7 +479,7 @@ class SamplingMetadata:
         `positions`: a seeded request must be given its token position at every step (e.g.
         `expand(..., position_offsets=positions)`), or it reuses the same noise every step.
         bad_words_token_ids, output_token_ids and logitsprocs are checked as in `from_params`."""
-        V = _check_int("vocab_size", vocab_size, lo=1)
+        V = check_int("vocab_size", vocab_size, lo=1)
         n = len(params)
         temps = [r.temperature for r in params]
         ks = [r.top_k for r in params]
@@ -527,16 +492,16 @@ class SamplingMetadata:
             rep = freq = pres = None
         _check_penalty_state(rep is not None, prompt_mask, output_counts, n, V)
         allowed = [r.allowed_token_ids for r in params]
-        nlp = [_check_int(f"num_logprobs of row {i}", r.num_logprobs, 0, V)
+        nlp = [check_int(f"num_logprobs of row {i}", r.num_logprobs, 0, V)
                for i, r in enumerate(params) if r.num_logprobs is not None]
         seeds = [0 if r.seed is None else r.seed for r in params]
         has = [r.seed is not None for r in params]
-        engine_seed = _check_int("engine_seed", engine_seed, _INT64_MIN, _INT64_MAX)
+        engine_seed = check_int("engine_seed", engine_seed, _INT64_MIN, _INT64_MAX)
         return cls._build(
             V, device, temps, ks if any(ks) else None, None if all(p >= 1.0 for p in ps) else ps,
             mps if any(mps) else None, seeds, has, [0] * n, engine_seed, step, rep, freq, pres, prompt_mask,
             output_counts, allowed if any(a is not None for a in allowed) else None, bad_words_token_ids,
-            output_token_ids, _check_int("max_num_logprobs", max(nlp), 0, V) if nlp else None, logitsprocs, rows)
+            output_token_ids, check_int("max_num_logprobs", max(nlp), 0, V) if nlp else None, logitsprocs, rows)
 
     @classmethod
     def _build(cls, V, device, temps, ks, ps, mps, seed_vals, has, pos_vals, engine_seed, step, rep, freq, pres,
@@ -563,7 +528,7 @@ class SamplingMetadata:
                              f"{step.dtype} of shape {tuple(step.shape)}")
         step_t = step.to(dev, torch.int64).reshape(()) if isinstance(step, torch.Tensor) else None
         if step_t is None:
-            step = _check_int("step", step, 0)
+            step = check_int("step", step, 0)
 
         # rows padded to a multiple of 4 values: every row view starts 16-byte aligned whatever
         # the batch, so the Triton kernels that read them are compiled for one alignment only
@@ -611,8 +576,8 @@ class SamplingMetadata:
         the other keyword arguments are `from_params`'s."""
         g = lambda name, default: [getattr(p, name, default) for p in params]  # noqa: E731
         allowed = g("allowed_token_ids", None)
-        V = _check_int("vocab_size", vocab_size, lo=1)
-        nlp = [_check_int(f"logprobs of row {i}", x, 0, V) for i, x in enumerate(g("logprobs", None)) if x is not None]
+        V = check_int("vocab_size", vocab_size, lo=1)
+        nlp = [check_int(f"logprobs of row {i}", x, 0, V) for i, x in enumerate(g("logprobs", None)) if x is not None]
         kwargs.setdefault("max_num_logprobs", max(nlp) if nlp else None)
         return cls.from_params(
             g("temperature", 1.0), vocab_size=vocab_size, device=device, top_k=g("top_k", 0),
@@ -655,7 +620,7 @@ class SamplingMetadata:
                                 f"of shape {tuple(row_req_index.shape)}")
             idx = row_req_index.to(dev, torch.int64)   # not range-checked: that would sync the host
         else:
-            host_idx = [_check_int(f"row_req_index[{j}]", i) for j, i in enumerate(row_req_index)]
+            host_idx = [check_int(f"row_req_index[{j}]", i) for j, i in enumerate(row_req_index)]
             if any(not 0 <= i < self.num_rows for i in host_idx):
                 raise ValueError(f"row_req_index values must be in [0, {self.num_rows})")
             idx = to_device(host_idx, torch.int64, dev)

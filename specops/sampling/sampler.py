@@ -34,13 +34,14 @@ from dataclasses import dataclass
 import torch
 
 from specops import rng
+from specops._arg_checks import LOGIT_DTYPES
 
 from .logits_processors.builtin import MinPLogitsProcessor
 from .logprobs import LogprobsTensors, compute_logprobs, compute_processed_logprobs
 from .metadata import LOGPROBS_MODES, SamplingMetadata
 from .sampler_torch import (SampleResult, apply_allowed_token_mask_, apply_bad_words_, apply_penalties_torch,
                             row_thresholds_torch, scale_logits, target_probs_torch)
-from .topk_topp import _LOGIT_DTYPES, check_backend_name, resolve_backend, sample, sample_options
+from .topk_topp import check_backend_name, resolve_backend, sample, sample_options
 
 
 @dataclass
@@ -190,7 +191,7 @@ class Sampler:
                             f"got {type(metadata).__name__}")
         if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
             raise ValueError("logits must be a 2-D tensor [rows, vocab]")
-        if logits.dtype not in _LOGIT_DTYPES:
+        if logits.dtype not in LOGIT_DTYPES:
             # checked here, not only by the draw: a batch that writes the logits casts them first
             raise TypeError(f"logits must be fp32, bf16 or fp16, got {logits.dtype}")
         R, V = logits.shape

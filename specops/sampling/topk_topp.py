@@ -16,11 +16,10 @@ import os
 import torch
 
 from specops import rng
-from specops._arg_checks import check_1d, dense
+from specops._arg_checks import LOGIT_DTYPES, check_1d, dense
 
 from .sampler_torch import SampleResult, sample_torch
 
-_LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _check_rows(name: str, t, R: int, dtypes, device, optional: bool = False) -> None:
@@ -37,7 +36,7 @@ def check_sample_args(logits, inv_temperature, top_k, top_p, min_p, seeds, posit
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
     if logits.dim() != 2:
         raise ValueError(f"logits must be 2-D [rows, vocab], got shape {tuple(logits.shape)}")
-    if logits.dtype not in _LOGIT_DTYPES:
+    if logits.dtype not in LOGIT_DTYPES:
         raise TypeError(f"logits must be fp32, bf16 or fp16, got {logits.dtype}")
     R, V = logits.shape
     if V < 1:

@@ -58,7 +58,7 @@ def parse_output(
     for r, row in enumerate(rows):
         n = row.index(PLACEHOLDER_TOKEN_ID) if PLACEHOLDER_TOKEN_ID in row else len(row)
         toks = row[:n]
-        if any(t < PLACEHOLDER_TOKEN_ID for t in row):
+        if row and min(row) < PLACEHOLDER_TOKEN_ID:
             raise ValueError(f"output_token_ids row {r} holds {min(row)}: tokens are >= 0 and "
                              f"{PLACEHOLDER_TOKEN_ID} is the only placeholder (corrupted output): {row}")
         if any(t != PLACEHOLDER_TOKEN_ID for t in row[n:]):

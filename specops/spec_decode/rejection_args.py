@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from specops._arg_checks import check_1d
+from specops._arg_checks import LOGIT_DTYPES, check_1d
 from specops.spec_decode.metadata import MAX_SPEC_LEN
 
 _INT_DTYPES = (torch.int32, torch.int64)
-_LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def check_draft_probs(draft_probs, num_drafts: int, vocab: int, device: torch.device) -> None:
@@ -25,10 +24,16 @@ def check_draft_probs(draft_probs, num_drafts: int, vocab: int, device: torch.de
     if not isinstance(draft_probs, torch.Tensor) or tuple(draft_probs.shape) != (num_drafts, vocab):
         raise ValueError(f"draft_probs must have shape [{num_drafts}, {vocab}], got "
                          f"{tuple(draft_probs.shape) if isinstance(draft_probs, torch.Tensor) else draft_probs!r}")
-    if draft_probs.dtype not in _LOGIT_DTYPES:
+    if draft_probs.dtype not in LOGIT_DTYPES:
         raise TypeError(f"draft_probs must be float32, float16 or bfloat16, got {draft_probs.dtype}")
     if draft_probs.device != device:
         raise ValueError(f"draft_probs must be on {device}, got {draft_probs.device}")
+
+
+def check_max_spec_len(name: str, max_spec_len) -> None:
+    """Raise ValueError naming `name` unless max_spec_len is an int in [0, MAX_SPEC_LEN]."""
+    if not isinstance(max_spec_len, int) or isinstance(max_spec_len, bool) or not 0 <= max_spec_len <= MAX_SPEC_LEN:
+        raise ValueError(f"{name} must be an int in [0, {MAX_SPEC_LEN}] (MAX_SPEC_LEN), got {max_spec_len!r}")
 
 
 def check_rejection_args(
@@ -42,14 +47,13 @@ def check_rejection_args(
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
         raise ValueError(f"logits must be a [num_logits, vocab] tensor, got "
                          f"{tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__}")
-    if logits.dtype not in _LOGIT_DTYPES:
+    if logits.dtype not in LOGIT_DTYPES:
         raise TypeError(f"logits must be float32, float16 or bfloat16, got {logits.dtype}")
     device = logits.device
     num_logits, vocab = logits.shape
     if vocab == 0:
         raise ValueError("logits must have vocab >= 1 columns")
-    if not isinstance(max_spec_len, int) or isinstance(max_spec_len, bool) or not 0 <= max_spec_len <= MAX_SPEC_LEN:
-        raise ValueError(f"max_spec_len must be an int in [0, {MAX_SPEC_LEN}] (MAX_SPEC_LEN), got {max_spec_len!r}")
+    check_max_spec_len("max_spec_len", max_spec_len)
     if not isinstance(cu_num_draft_tokens, torch.Tensor) or cu_num_draft_tokens.dim() != 1:
         raise ValueError("cu_num_draft_tokens must be a [num_reqs] tensor")
     num_reqs = cu_num_draft_tokens.shape[0]

@@ -30,10 +30,10 @@ from specops.sampling.logits_processors.builtin import MinPLogitsProcessor
 from specops.sampling.logits_processors.interface import to_device
 from specops.sampling.topk_topp import resolve_backend, sample_options
 from specops.sampling.topk_topp import sample as sample_with_thresholds
-from specops.spec_decode.metadata import MAX_SPEC_LEN, SpecDecodeMetadata
-from specops._arg_checks import check_1d
+from specops.spec_decode.metadata import SpecDecodeMetadata
+from specops._arg_checks import LOGIT_DTYPES, check_1d, check_int
 from specops.spec_decode.rejection import rejection_sample
-from specops.spec_decode.rejection_args import check_draft_probs
+from specops.spec_decode.rejection_args import check_draft_probs, check_max_spec_len
 from specops.triton_kernels.expand import expand_to_draft_rows
 
 
@@ -79,8 +79,7 @@ def _check_spec(spec) -> list[int]:
         raise ValueError(f"spec.num_draft_tokens must be a list of ints >= 0, got {counts!r}")
     counts = [int(c) for c in counts]
     k = spec.max_spec_len
-    if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_SPEC_LEN:
-        raise ValueError(f"spec.max_spec_len must be an int in [0, {MAX_SPEC_LEN}] (MAX_SPEC_LEN), got {k!r}")
+    check_max_spec_len("spec.max_spec_len", k)
     if counts and max(counts) > k:
         r = counts.index(max(counts))
         raise ValueError(f"spec.num_draft_tokens[{r}] = {counts[r]} exceeds spec.max_spec_len = {k}: "
@@ -99,6 +98,19 @@ def _check_spec(spec) -> list[int]:
         raise ValueError(f"spec.cu_num_draft_tokens must be the cumulative sum of spec.num_draft_tokens "
                          f"{counts}, got {cu.tolist()}")
     return counts
+
+
+def _check_draft_lists(draft_token_lists, counts: list[int]) -> None:
+    """Raise TypeError / ValueError unless draft_token_lists holds num_draft_tokens[r] ints for
+    every request r (host values: the caller's copy of the drafts)."""
+    if not isinstance(draft_token_lists, (list, tuple)) or len(draft_token_lists) != len(counts):
+        raise ValueError(f"draft_token_lists must be a list with one list of drafts per request ({len(counts)})")
+    for r, (drafts, c) in enumerate(zip(draft_token_lists, counts)):
+        if not isinstance(drafts, (list, tuple)) or len(drafts) != c:
+            raise ValueError(f"draft_token_lists[{r}] must be a list of num_draft_tokens[{r}] = {c} drafts, got "
+                             f"{len(drafts) if isinstance(drafts, (list, tuple)) else type(drafts).__name__}")
+        for i, t in enumerate(drafts):
+            check_int(f"draft_token_lists[{r}][{i}]", t)
 
 
 def _active(procs, argmax_invariant: bool) -> list:
@@ -201,7 +213,7 @@ class RejectionSampler:
                              f"{tuple(logits.shape) if isinstance(logits, torch.Tensor) else logits!r}")
         if metadata.num_rows != num_reqs:
             raise ValueError(f"metadata has {metadata.num_rows} rows, expected one per request ({num_reqs})")
-        if logits.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        if logits.dtype not in LOGIT_DTYPES:
             raise TypeError(f"logits must be float32, float16 or bfloat16, got {logits.dtype}")
         device, vocab = logits.device, logits.shape[1]
         metadata.check_vocab(vocab)
@@ -225,8 +237,8 @@ class RejectionSampler:
             flat = draft_token_ids.tolist()   # host sync: bad_words / custom processors work on host lists
             starts = [sum(counts[:r]) for r in range(num_reqs)]
             draft_token_lists = [flat[s:s + c] for s, c in zip(starts, counts)]
-        if draft_token_lists is not None and [len(d) for d in draft_token_lists] != counts:
-            raise ValueError("draft_token_lists must hold num_draft_tokens[r] drafts for every request r")
+        if draft_token_lists is not None:
+            _check_draft_lists(draft_token_lists, counts)
 
         cu = spec.cu_num_draft_tokens.to(device)
         row_req = [r for r, c in enumerate(counts) for _ in range(c)]
@@ -308,7 +320,9 @@ class RejectionSampler:
     def _history(md: SamplingMetadata, row_req: list[int], num_before: list[int],
                  drafts: list[list[int]]) -> list[list[int]]:
         base = md.output_token_ids or [[] for _ in range(md.num_rows)]
-        return [list(base[r]) + list(drafts[r][:n]) for r, n in zip(row_req, num_before)]
+        # a row without bad words may have no history (None): the Sampler reads none of it
+        return [(list(base[r]) if base[r] is not None else []) + list(drafts[r][:n])
+                for r, n in zip(row_req, num_before)]
 
     @staticmethod
     def _count_drafts(md: SamplingMetadata, row_req: list[int], num_before: list[int], counts: list[int],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from collections.abc import Mapping
 from typing import Sequence
 
@@ -39,12 +40,12 @@ def _token_ids(name: str, ids) -> list[int]:
 
 
 def _bias_token(tok, where: str) -> int:
-    """A logit_bias key as a token id: an int, or its decimal string (JSON object keys)."""
+    """A logit_bias key as a token id: an int, or its decimal string (JSON object keys): ASCII
+    digits with an optional "-", nothing else (int() would also take "1_0", " 7 " or other
+    scripts' digits)."""
     if isinstance(tok, str):
-        try:
+        if re.fullmatch(r"-?[0-9]+", tok):
             return int(tok)
-        except ValueError:
-            pass
     elif isinstance(tok, numbers.Integral) and not isinstance(tok, bool):
         return int(tok)
     raise ValueError(f"{where}logit_bias token id must be an int (or its decimal string), got {tok!r}")

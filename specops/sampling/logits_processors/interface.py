@@ -55,12 +55,17 @@ class BatchUpdate:
     moved: Sequence[tuple] = field(default_factory=list)
 
 
-def _check_index(name: str, v, max_num_reqs: int | None) -> None:
+def _check_int_in(name: str, v, stop: int | None, what: str) -> None:
+    """TypeError / ValueError naming `name` unless v is an int in [0, stop] (`what`: how that
+    bound reads, e.g. "[0, 4)"); stop None: no upper bound."""
     if isinstance(v, bool) or not isinstance(v, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-    if v < 0 or (max_num_reqs is not None and v >= max_num_reqs):
-        want = ">= 0" if max_num_reqs is None else f"in [0, {max_num_reqs}) (max_num_reqs)"
-        raise ValueError(f"{name} must be {want}, got {v}")
+    if v < 0 or (stop is not None and v > stop):
+        raise ValueError(f"{name} must be {'>= 0' if stop is None else 'in ' + what}, got {v}")
+
+
+def _check_index(name: str, v, max_num_reqs: int | None) -> None:
+    _check_int_in(name, v, None if max_num_reqs is None else max_num_reqs - 1, f"[0, {max_num_reqs}) (max_num_reqs)")
 
 
 def _shape_of(entry) -> str:
@@ -79,11 +84,7 @@ def check_batch_update(batch_update: BatchUpdate | None, max_num_reqs: int | Non
         return
     if not isinstance(batch_update, BatchUpdate):
         raise TypeError(f"batch_update must be a BatchUpdate or None, got {type(batch_update).__name__}")
-    bs = batch_update.batch_size
-    if isinstance(bs, bool) or not isinstance(bs, numbers.Integral):
-        raise TypeError(f"BatchUpdate.batch_size must be an int, got {type(bs).__name__}")
-    if bs < 0 or (max_num_reqs is not None and bs > max_num_reqs):
-        raise ValueError(f"BatchUpdate.batch_size must be in [0, {max_num_reqs}], got {bs}")
+    _check_int_in("BatchUpdate.batch_size", batch_update.batch_size, max_num_reqs, f"[0, {max_num_reqs}]")
     for i, index in enumerate(batch_update.removed):
         _check_index(f"BatchUpdate.removed[{i}]", index, max_num_reqs)
     for i, entry in enumerate(batch_update.added):
