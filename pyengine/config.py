@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specops._arg_checks import check_int, check_real
 from specops.spec_decode.metadata import MAX_SPEC_LEN
 
 MAX_NUM_SEQS = 1 << 16
@@ -129,8 +130,10 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be None or a positive int, got {value!r}")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        check_int("seed", self.seed, -2**63, 2**63 - 1)   # the engine seed of unseeded requests: an int64
+        check_real("gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, lo_open=True)
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
         if not isinstance(self.sampler_cuda_graphs, bool):
             raise ValueError(f"sampler_cuda_graphs must be a bool, got {self.sampler_cuda_graphs!r}")
         if self.dtype not in (None, "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"):
@@ -158,8 +161,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if self.ngram_min_n > self.ngram_max_n:
             raise ValueError(f"ngram_min_n must be <= ngram_max_n, got {self.ngram_min_n} > {self.ngram_max_n}")
-        if self.spec_log_interval_s is not None and not self.spec_log_interval_s > 0:
-            raise ValueError(f"spec_log_interval_s must be None or > 0, got {self.spec_log_interval_s!r}")
+        if self.spec_log_interval_s is not None:
+            check_real("spec_log_interval_s", self.spec_log_interval_s, 0.0, lo_open=True)
         if self.spec_method is None:
             return
         from .spec_decode import SyntheticAcceptance, parse_batch_schedule

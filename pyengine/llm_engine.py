@@ -235,6 +235,7 @@ class LLMEngine:
             if not isinstance(params, SamplingParams):
                 raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
             params.validate(self.vocab_size)
+            self.runner.sampler.check_request(params, ids)
         except (ValueError, TypeError, RecursionError) as exc:
             if isinstance(exc, RecursionError):   # e.g. a JSON schema text thousands of levels deep
                 exc = ValueError("sampling params are nested too deeply to check (e.g. a JSON schema hundreds "

@@ -116,6 +116,18 @@ class BatchSampler:
 
     # ---- following the batch ------------------------------------------------------------
 
+    def check_request(self, params, prompt_token_ids: list[int]) -> None:
+        """Raise ValueError with what a logits processor refuses in a request's parameters
+        (its `check_update` on the request joining an empty batch), so that the engine fails
+        that request when it arrives instead of the step that would add it to the batch."""
+        update = BatchUpdate(1, added=[(0, params, list(prompt_token_ids), [])])
+        for proc in self.procs.all:
+            try:
+                proc.check_update(update)
+            except Exception as exc:   # a custom processor may raise anything
+                raise ValueError(f"logits processor {type(proc).__name__} refused the request: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+
     def update_state(self, upd: BatchUpdate | None, reqs: list[Request]) -> None:
         """Apply the step's BatchUpdate; `reqs` are the batch's rows after it."""
         self.procs.update_state(upd)  # every step: min_tokens drops requests that reached their minimum

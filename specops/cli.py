@@ -306,8 +306,19 @@ def _read_prompts(path: str, chat: bool = False) -> list[dict]:
             elif chat and not isinstance(obj["prompt"], str):
                 raise ValueError(f"{path}:{lineno}: with --chat, \"prompt\" must be a string (the user message), "
                                  f"got {type(obj['prompt']).__name__}")
+            elif not _is_prompt(obj["prompt"]):   # a bare number would be read as one token id
+                raise ValueError(f"{path}:{lineno}: \"prompt\" must be a string or a list of token ids (ints), "
+                                 f"got {json.dumps(obj['prompt'])[:60]}")
             items.append(obj)
     return items
+
+
+def _is_prompt(prompt) -> bool:
+    """A prompt of a prompts-file line: a string, or a non-empty list of token ids (ints, not bools)."""
+    if isinstance(prompt, str):
+        return True
+    return (isinstance(prompt, list) and len(prompt) > 0
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt))
 
 
 def _json_number(v: float) -> float | None:

@@ -321,3 +321,16 @@ def test_batch_lines_stay_json_when_logprobs_meet_a_grammar(tiny_checkpoint, tmp
     tops = [v for step in row["logprobs"][0] for v in step["top"].values()]
     assert len(tops) == 5 * len(row["token_ids"]) and None in tops     # masked tokens: null, not -Infinity
     assert all(v is None or v <= 0 for v in tops)
+
+
+def test_prompts_file_refuses_a_prompt_that_is_no_text_or_token_list(tmp_path):
+    # {"prompt": 5} was read as the one-token prompt [5], or made the batch fail after the model
+    # loaded with an error naming no line
+    from specops.cli import _read_prompts
+    for bad in (5, True, [], [1, "a"], [True], {"x": 1}):
+        src = tmp_path / "in.jsonl"
+        src.write_text(json.dumps("fine") + "\n" + json.dumps({"prompt": bad}) + "\n")
+        with pytest.raises(ValueError, match=r'in.jsonl:2: "prompt" must be a string or a list of token ids'):
+            _read_prompts(str(src))
+    src.write_text(json.dumps({"prompt": [5, 6]}) + "\n" + json.dumps({"prompt": "text"}) + "\n")
+    assert [item["prompt"] for item in _read_prompts(str(src))] == [[5, 6], "text"]

@@ -304,3 +304,60 @@ def test_nan_logits_at_a_draft_fail_only_that_request(spec):
     bad = mixed[3]
     assert bad.error is not None and "NaN" in bad.error and bad.outputs[0].finish_reason == "error"
     assert len(bad.token_ids) == 2, bad.token_ids
+
+
+class RefuseOddScale(LogitsProcessor):
+    """Custom processor whose `check_update` refuses a request with extra_args["scale"] <= 0."""
+
+    def __init__(self, max_num_reqs, vocab_size, device="cpu"):
+        super().__init__(max_num_reqs, vocab_size, device)
+        self.scales = {}
+
+    @staticmethod
+    def _scale(params, prompt, out):
+        scale = params.extra_args.get("scale")
+        if scale is not None and not scale > 0:
+            raise KeyError(f"scale must be > 0, got {scale}")   # any exception type, as a custom one may raise
+        return scale
+
+    def is_argmax_invariant(self):
+        return True
+
+    def check_update(self, batch_update):
+        super().check_update(batch_update)
+        for _, params, prompt, out in (batch_update.added if batch_update is not None else []):
+            self._scale(params, prompt, out)
+
+    def update_state(self, batch_update):
+        process_dict_updates(self.scales, batch_update, self._scale)
+
+    def apply(self, logits, rows=None):
+        return logits
+
+
+def test_a_request_a_custom_processor_refuses_fails_alone_on_arrival():
+    # before, the refusal came from the step that added the request to the batch: every request
+    # of that step failed, and every later step too
+    eng = LLMEngine(EngineConfig(max_model_len=64, logits_processors=[RefuseOddScale]), loaded=small_model())
+    good = [eng.add_request(prompt(), SamplingParams(max_tokens=4, ignore_eos=True, extra_args={"scale": 2.0}))
+            for _ in range(2)]
+    bad = eng.add_request(prompt(), SamplingParams(max_tokens=4, ignore_eos=True, extra_args={"scale": -1.0}))
+    done = {}
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = out
+    assert all(done[i].error is None and len(done[i].token_ids) == 4 for i in good)
+    assert "RefuseOddScale refused the request" in done[bad].error and "scale must be > 0" in done[bad].error
+    assert done[bad].token_ids == []
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("seed", 2**64, "seed must be <= 9223372036854775807"), ("seed", None, "seed must be an int"),
+    ("gpu_memory_utilization", "0.5", "gpu_memory_utilization must be a real number"),
+    ("enable_prefix_caching", "no", "enable_prefix_caching must be a bool"),
+    ("spec_log_interval_s", "5", "spec_log_interval_s must be a real number")])
+def test_engine_config_refuses_bad_fields_by_name(field, value, words):
+    # a bad seed was taken, then every step failed with "engine_seed must be ..."
+    with pytest.raises((TypeError, ValueError), match=words):
+        EngineConfig(**{field: value}).validate()

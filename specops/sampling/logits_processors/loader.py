@@ -82,12 +82,17 @@ class LogitsProcessors:
         self.argmax_invariant = [p for p in self.all if p.is_argmax_invariant()]
         self.non_argmax_invariant = [p for p in self.all if not p.is_argmax_invariant()]
 
-    def update_state(self, batch_update: BatchUpdate | None) -> None:
-        """Every processor's `check_update` first, then every `update_state`: an update that
-        one processor refuses (a bad index or direction, a bad parameter) raises before any
-        processor's state changes."""
+    def check_update(self, batch_update: BatchUpdate | None) -> None:
+        """Every processor's `check_update`: raises what one of them refuses (a bad index or
+        direction, a bad parameter), changing nothing. An engine can run it on a request's
+        parameters when the request arrives, to fail that request alone."""
         for proc in self.all:
             proc.check_update(batch_update)
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        """`check_update`, then every processor's `update_state`: an update that one processor
+        refuses raises before any processor's state changes."""
+        self.check_update(batch_update)
         for proc in self.all:
             proc.update_state(batch_update)
 
