@@ -260,6 +260,9 @@ def _check_half_enforced(s: dict, path: str) -> None:
                 raise ValueError(f"json_schema at {path} lists {kw} value {json.dumps(bad[0])}, which its other "
                                  f"keywords ({', '.join(siblings)}) exclude: structured output would produce it; "
                                  f"remove it from {kw!r}")
+    if isinstance(s.get("pattern"), str):
+        # xgrammar's schema compiler drops what its regex parser cannot read (e.g. lookaround)
+        _check_xgrammar_regex(s["pattern"], f"json_schema 'pattern' at {path}")
     if "pattern" in s and ("minLength" in s or "maxLength" in s):
         raise ValueError(f"json_schema has 'pattern' with 'minLength'/'maxLength' at {path}: structured output "
                          "enforces only the pattern; put the length in the pattern (e.g. ^a{2,5}$)")
@@ -296,6 +299,33 @@ def _values_outside(values: list, siblings: dict) -> list:
         return []   # a malformed sibling: the meta-schema check reports it
 
 
+_REPEAT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+MAX_REPEAT = 2**31 - 1
+"""Largest repetition count of a regex / EBNF quantifier ({n}, {n,m}): xgrammar keeps counts
+in 32 bits, so a larger one is refused or, from 2**32 on, silently wrapped."""
+
+
+def _check_repeat_counts(text: str, what: str) -> None:
+    """Refuse a quantifier {n} / {n,} / {n,m} of `text` with a count above MAX_REPEAT."""
+    for m in _REPEAT.finditer(text):
+        for count in m.groups():
+            if count and int(count) > MAX_REPEAT:
+                raise ValueError(f"{what} has the quantifier {m.group(0)}: a repetition count must be at most "
+                                 f"{MAX_REPEAT} (xgrammar holds counts in 32 bits)")
+
+
+def _check_xgrammar_regex(regex: str, what: str) -> None:
+    """Refuse a regex that xgrammar's regex parser does not accept (e.g. lookaround), or a
+    count it cannot hold."""
+    _check_repeat_counts(regex, what)
+    import xgrammar as xgr
+
+    try:
+        xgr.Grammar.from_regex(regex)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"{what} {_short(regex)} is invalid: {clean_xgrammar_error(e)}") from None
+
+
 def check_regex(regex) -> None:
     """A non-empty regex that xgrammar's regex parser accepts."""
     if not isinstance(regex, str):
@@ -304,12 +334,7 @@ def check_regex(regex) -> None:
         raise ValueError("regex must not be empty")
     if len(regex) > MAX_SPEC_CHARS:
         raise ValueError(f"regex is too long ({len(regex)} characters, at most {MAX_SPEC_CHARS})")
-    import xgrammar as xgr
-
-    try:
-        xgr.Grammar.from_regex(regex)
-    except (RuntimeError, ValueError) as e:
-        raise ValueError(f"regex {_short(regex)} is invalid: {clean_xgrammar_error(e)}") from None
+    _check_xgrammar_regex(regex, "regex")
 
 
 def check_choice(choice) -> None:
@@ -337,6 +362,7 @@ def check_ebnf(grammar) -> None:
         raise ValueError("grammar must not be empty")
     if len(grammar) > MAX_SPEC_CHARS:
         raise ValueError(f"grammar is too long ({len(grammar)} characters, at most {MAX_SPEC_CHARS})")
+    _check_repeat_counts(grammar, "grammar")
     import xgrammar as xgr
 
     try:
