@@ -37,6 +37,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.common import _median_events  # noqa: E402
 from bench.exp_rejection_pass1 import make_inputs  # noqa: E402
 from specops.triton_kernels import rejection_sample as rs  # noqa: E402
 
@@ -172,20 +173,8 @@ def compile_for_sm90() -> None:
     """Compile the instrumented pass 1 and finalize for sm_90 without a GPU (launches compiled,
     never run) and print their registers: checks that the patches still apply and compile."""
     os.environ.pop("TRITON_INTERPRET", None)
-    from triton.runtime import driver as triton_driver
-    from triton.runtime.jit import JITFunction
-
-    from scripts.triton_resources import Sm90Driver, resource_usage
-    triton_driver.set_active(Sm90Driver())
-    compiled = []
-    original_run = JITFunction.run
-
-    def compile_only(self, *args, grid, warmup, **kwargs):
-        kernel = original_run(self, *args, grid=grid, warmup=True, **kwargs)
-        compiled.append((self.fn.__name__, kernel))
-        return kernel
-
-    JITFunction.run = compile_only
+    from scripts.triton_resources import record_compiles, resource_usage
+    compiled = record_compiles()
     batch, k = 8, 4
     a = dict(target_rows=torch.arange(batch * k), draft_token_ids=torch.zeros(batch * k, dtype=torch.int64),
              draft_probs=None, cu_num_draft_tokens=torch.arange(1, batch + 1) * k,
@@ -205,15 +194,7 @@ def compile_for_sm90() -> None:
 
 def median_us(g, calls: int, iters: int = 50) -> float:
     """Median µs of one call in graph g of `calls` calls (CUDA events around each replay)."""
-    times = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e) * 1000 / calls)
-    return sorted(times)[len(times) // 2]
+    return _median_events(g.replay, iters) / calls
 
 
 def main() -> None:

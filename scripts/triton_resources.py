@@ -122,16 +122,9 @@ def compile_logprobs(R: int, V: int, dtype: torch.dtype) -> None:
                                         top1=top1, widen=widen, top_n=top_n)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--op", default="sample", choices=("sample", "rejection", "logprobs"))
-    ap.add_argument("--cap", type=int, default=1024)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--vocab", type=int, default=128256)
-    ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
-    ap.add_argument("--pivot", action="store_true", help="sample: the tokens-only call (pivot rounds)")
-    a = ap.parse_args()
-
+def record_compiles() -> list:
+    """Make this process compile for sm_90 without a GPU: the stand-in driver, and every Triton
+    launch compiled instead of run. Returns the list each launch appends (kernel name, kernel) to."""
     triton_driver.set_active(Sm90Driver())
     compiled = []
     original_run = JITFunction.run
@@ -142,6 +135,20 @@ def main() -> None:
         return kernel
 
     JITFunction.run = compile_only
+    return compiled
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--op", default="sample", choices=("sample", "rejection", "logprobs"))
+    ap.add_argument("--cap", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--vocab", type=int, default=128256)
+    ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
+    ap.add_argument("--pivot", action="store_true", help="sample: the tokens-only call (pivot rounds)")
+    a = ap.parse_args()
+
+    compiled = record_compiles()
     dtype = torch.float32 if a.dtype == "fp32" else torch.bfloat16
     if a.op == "sample":
         compile_sample(a.batch, a.vocab, dtype, a.cap, a.pivot)
