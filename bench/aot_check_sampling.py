@@ -15,10 +15,14 @@ with Triton's flags for the register / spill / stack report.
 Prints one line per kernel and configuration; exits 1 when anything fails to compile.
 `--quick`: fp32 at V = 128256 only (plus the test knobs and the direct path's latency
 variants, compiled at the first vocabulary and dtype only); `--only`: kernels whose name
-contains NAME; `--vocab`: other vocabularies instead of 128256 and 151936.
+contains NAME; `--vocab`: other vocabularies instead of 128256 and 151936; `--digest FILE`:
+write one line per compile (kernel, config, SHA-256 of its PTX without the debug and line
+information), so that two trees' files show whether a change that should only move code
+(a refactor) changed any compiled kernel: `diff` them.
 """
 
 import argparse
+import hashlib
 import os
 import re
 import subprocess
@@ -134,6 +138,15 @@ def ptxas_report(ptx, options):
             grab(r"(\d+) bytes stack frame"))
 
 
+def code_digest(ptx: str) -> str:
+    """SHA-256 of the PTX's code: without the .file / .loc directives, the debug-scope labels
+    and the DWARF sections, which name source files and lines."""
+    code = ptx.split("\t.section\t.debug", 1)[0]
+    keep = [ln for ln in code.splitlines()
+            if not re.match(r"\s*(\.file|\.loc)\b", ln) and not re.match(r"\$L__(tmp|func_end)\d*:", ln)]
+    return hashlib.sha256("\n".join(keep).encode()).hexdigest()
+
+
 def short(constexprs, signature):
     """A compact config: the constexprs, and the pointer / integer types passed."""
     names = list(signature)
@@ -147,6 +160,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="")
     ap.add_argument("--vocab", type=int, action="append")
+    ap.add_argument("--digest", default="", help="write each compile's code digest to this file")
     a = ap.parse_args()
     vocabs = tuple(a.vocab) if a.vocab else VOCABS[:1] if a.quick else VOCABS
     dtypes = DTYPES[:1] if a.quick else DTYPES
@@ -162,6 +176,7 @@ def main():
         elif label not in seen[key][5]:
             seen[key][5].append(label)
     failed = 0
+    digests = []
     print(f"triton {triton.__version__}, target sm_90a, {len(seen)} distinct compiles", flush=True)
     print(f"{'kernel':<24} {'warps':>5} {'maxnreg':>7} {'regs':>4} {'spill st/ld':>11} {'stack':>5} "
           f"{'smem':>6} {'s':>5}  config / used by", flush=True)
@@ -170,6 +185,8 @@ def main():
         try:
             k = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET, options=options.__dict__)
             regs, st, ld, stack = ptxas_report(k.asm["ptx"], options)
+            digests.append(f"{fn.__name__} {options.num_warps} {options.maxnreg} {short(constexprs, signature)} "
+                           f"{str(attrs)} {code_digest(k.asm['ptx'])}")
             res = f"{regs:>4} {f'{st}/{ld}':>11} {stack:>5} {k.metadata.shared:>6}"
         except Exception as e:     # noqa: BLE001: report every kernel, fail at the end
             failed += 1
@@ -179,6 +196,9 @@ def main():
             traceback.print_exc(file=sys.stderr)
         print(f"{fn.__name__:<24} {options.num_warps:>5} {str(options.maxnreg):>7} {res} {time.time() - t0:5.1f}  "
               f"{short(constexprs, signature)} | {'; '.join(labels)}", flush=True)
+    if a.digest:
+        with open(a.digest, "w") as f:
+            f.write("".join(line + "\n" for line in sorted(digests)))
     print("FAILED: %d" % failed if failed else "all compiled", flush=True)
     return 1 if failed else 0
 

@@ -45,8 +45,9 @@ import triton.language as tl
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from specops.triton_kernels.sampling_common import token_noise  # noqa: E402
-from specops.triton_kernels.sampling_topk_topp import (_collect, _direct_top_k, _finish_direct,  # noqa: E402
-                                                       _select_tiles, _sorted_candidates, _tile_bound, _top_tiles)
+from specops.triton_kernels.sampling_candidates import _sorted_candidates  # noqa: E402
+from specops.triton_kernels.sampling_direct import _direct_top_k, _finish_direct, _tile_bound, _top_tiles  # noqa: E402
+from specops.triton_kernels.sampling_tiles import _collect, _select_tiles  # noqa: E402
 
 V = 128256
 TILE = 128

@@ -35,8 +35,8 @@ import triton.language as tl
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from specops.triton_kernels.sampling_common import pack_key  # noqa: E402
-from specops.triton_kernels.sampling_topk_topp import (_finish_collected, _sorted_candidates,  # noqa: E402
-                                                       _sorted_values)
+from specops.triton_kernels.sampling_candidates import (_finish_collected, _sorted_candidates,  # noqa: E402
+                                                        _sorted_values)
 
 V = 128256
 NS = (200, 300, 450, 900)          # candidates in the set

@@ -1,4 +1,4 @@
-"""Experiment: the small top-k path of the sort-free sampler (sampling_topk_topp._direct_top_k).
+"""Experiment: the small top-k path of the sort-free sampler (sampling_direct._direct_top_k).
 
     python bench/exp_sampling_direct.py      (GPU machine, repo root; < 60 s; exits 0 without CUDA)
 

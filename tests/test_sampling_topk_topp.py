@@ -23,7 +23,8 @@ from specops import rng
 from specops.sampling import SamplingMetadata, row_thresholds_torch, sample, sample_torch
 from specops.sampling.sampler_torch import scale_logits
 from specops.triton_kernels.sampling_common import pack_key
-from specops.triton_kernels.sampling_topk_topp import _finish_collected, _finish_collected_sized, _tile_bound
+from specops.triton_kernels.sampling_candidates import _finish_collected, _finish_collected_sized
+from specops.triton_kernels.sampling_direct import _tile_bound
 
 CUDA = torch.cuda.is_available()
 KERNEL_DEVICE = "cuda" if CUDA else "cpu"     # where tests of single jit helpers launch them (the interpreter on CPU)
@@ -1471,7 +1472,7 @@ def test_pass1_block_grouping_changes_nothing(dtype, monkeypatch):
     # contraction, so every output is bit for bit the same however they are grouped; likewise
     # for the register caps of the plan and the collect launch (set by the batch's size); rows
     # of every path, a NaN row and an all -inf row included
-    from specops.triton_kernels import sampling_topk_topp
+    from specops.triton_kernels import sampling_select, sampling_topk_topp
     device, V, kw = ("cuda", 128256, {}) if CUDA else ("cpu", 3001, dict(tile=16, num_chunks=7))
     R = 12
     g = torch.Generator(device=device).manual_seed(11)
@@ -1490,7 +1491,7 @@ def test_pass1_block_grouping_changes_nothing(dtype, monkeypatch):
     runs = [sample(logits, inv, k, p, mp, seeds, pos, backend="triton", blocks_per_program=bpp, paths=paths, **kw)
             for bpp in (1, 2, 3, 4)]
     assert runs[0].tokens[4] == -1 and runs[0].tokens[5] == -1 and (runs[0].tokens[:4] >= 0).all()
-    assert (paths["mode"] == int(sampling_topk_topp.COLLECT.value)).any()   # the collect launch ran
+    assert (paths["mode"] == int(sampling_select.COLLECT.value)).any()   # the collect launch ran
     for regs in ({"plan": None, "collect": None}, {"plan": 128, "collect": 64}, {"plan": 96, "collect": 96}):
         monkeypatch.setattr(sampling_topk_topp, "later_maxnreg", lambda rows, regs=regs: regs)
         runs.append(sample(logits, inv, k, p, mp, seeds, pos, backend="triton", **kw))

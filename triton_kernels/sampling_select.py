@@ -1,6 +1,6 @@
 """Sampling, the threshold search spread over the whole GPU: plan, refine, collect.
 
-Between pass 1 (sampling_stats.py) and the finish (sampling_topk_topp.py) a row with
+Between pass 1 (sampling_stats.py) and the finish (sampling_finish.py) a row with
 top-k / top-p / min-p (but not a small top-k: mode DIRECT, decided in the plan from the
 tile maxima) goes through at most four small launches, each one read of the row at most,
 many programs per row, no host sync:
@@ -15,7 +15,7 @@ many programs per row, no host sync:
    - REFINE_COUNT / REFINE_MASS: more than CAP tokens: a finer histogram is needed;
    - FALLBACK: anything the bounds cannot settle (the k-th value or the top-p cut below
      the 31-unit window, top-k above CAP with top-p and a bracket of more than CAP
-     tokens): the exact single-program search of sampling_topk_topp.py.
+     tokens): the exact single-program search of sampling_exact.py.
    With top-k (at most CAP) and top-p, a bracket of more than CAP tokens is refined like
    top-k alone (REFINE_COUNT); the collect then stores every token from the k-th value's
    sub-bin up (at most k plus that sub-bin's tokens), and the finish cuts top-p among them.
@@ -46,7 +46,7 @@ REFINE_COUNT = tl.constexpr(2)
 REFINE_MASS = tl.constexpr(3)
 COLLECT = tl.constexpr(4)
 FALLBACK = tl.constexpr(5)
-DIRECT = tl.constexpr(6)       # small top-k, decided in the plan from the top tiles (sampling_topk_topp.py)
+DIRECT = tl.constexpr(6)       # small top-k, decided in the plan from the top tiles (sampling_direct.py)
 SPREAD = tl.constexpr(7)       # small top-k, top tiles listed by the plan, read by collect, decided by the finish
 PIVOT_PENDING = tl.constexpr(8)  # top-p / min-p without top-k, by pivot rejection (sampling_pivot.py): pending
 PIVOTED = tl.constexpr(9)        # the same rows, a candidate accepted by pivot rejection (token decided)
@@ -439,7 +439,7 @@ def collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, st_
                     n_ptr, f_ptr, i_ptr, V, S3, BPP, stream, r, c, mode,
                     BLOCK: tl.constexpr, CAP: tl.constexpr, ATOMIC_SLOTS: tl.constexpr = False):
     """Program c of row r of the collect launch (arguments as `_collect_kernel`'s); also
-    called by sampling_topk_topp's collect launch that decides deferred direct rows.
+    called by sampling_direct's collect launch that decides deferred direct rows.
 
     A block's candidates get their slots in the row's list from the row's atomic count: one
     atomic add of the block's count and a scan of the block (ATOMIC_SLOTS=False), or one

@@ -7,15 +7,16 @@ blocks, else one, so that small batches still spread over the SMs. Every block i
 on its own, in the same layout whichever program reads it: what pass 1 writes does not
 depend on how the launch groups the blocks. For each block it writes
 
-- the max of every tile (`tile_max`, temperature-scaled): the greedy argmax and the exact
-  search of sampling_topk_topp.py use it (bounds of the thresholds, tiles worth reading);
+- the max of every tile (`tile_max`, temperature-scaled): the greedy argmax, the direct
+  top-k path and the exact search use it (bounds of the thresholds, tiles worth reading:
+  sampling_tiles.py);
 - the block's max and sum exp(x - max) (NaN when the block holds a NaN or +inf; the sum:
   each tile's sum exp(x - tile max), then the tiles weighted by exp(tile max - block max),
   compiled without fma contraction), and its number of finite tokens on rows that get a
   histogram (below; 0 on the others, whose plan never reads it);
 - for rows that need no threshold (random, no top-k / top-p / min-p) the sum of
   exp(x - tile max) of every tile (`tile_sum`), from which the plan draws the row's
-  sub-chunk (sampling_topk_topp.py: a two-level race, the token noise of one sub-chunk only);
+  sub-chunk (sampling_plan.py: a two-level race, the token noise of one sub-chunk only);
 - for rows with top-k or top-p (but not rows with 1 <= top_k <= KMAX, which the plan
   decides from the tile maxima alone), a count histogram of the block over the
   absolute value grid a(x) = floor(x * BINS_PER_UNIT): bin j counts the tokens with
