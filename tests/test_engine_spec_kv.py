@@ -78,7 +78,8 @@ def cached_kv(kv_caches, block_ids: list[int], block_size: int, n: int) -> list[
     return [(cache[0, blocks, pos % block_size], cache[1, blocks, pos % block_size]) for cache in kv_caches]
 
 
-def assert_same_kv(got, want, what):
+def assert_same_kv(got, want, what, num_layers):
+    assert len(got) == len(want) == num_layers, (what, len(got), len(want), num_layers)
     for layer, ((k, v), (rk, rv)) in enumerate(zip(got, want)):
         assert torch.allclose(k, rk, atol=2e-4, rtol=1e-3), (what, layer, (k - rk).abs().max())
         assert torch.allclose(v, rv, atol=2e-4, rtol=1e-3), (what, layer, (v - rv).abs().max())
@@ -94,7 +95,8 @@ def check_step(eng, draft_model) -> int:
         if n == 0:
             continue
         want = reference_kv(eng.model, req.all_token_ids[:n])
-        assert_same_kv(cached_kv(eng.runner.kv_caches, req.block_ids, bm.block_size, n), want, req.request_id)
+        assert_same_kv(cached_kv(eng.runner.kv_caches, req.block_ids, bm.block_size, n), want, req.request_id,
+                       eng.model.config.num_layers)
         checked += n
         for i in range(req.num_hashed_blocks):  # registered blocks hold committed tokens
             assert (i + 1) * bm.block_size <= n
@@ -105,7 +107,7 @@ def check_step(eng, draft_model) -> int:
             m = state.num_computed
             k, v = eng.proposer.committed_kv(req.request_id, layer=0).unbind(0)
             rk, rv = reference_kv(draft_model, req.all_token_ids[:m])[0]
-            assert_same_kv([(k, v)], [(rk, rv)], f"draft {req.request_id}")
+            assert_same_kv([(k, v)], [(rk, rv)], f"draft {req.request_id}", 1)   # layer 0 only
     return checked
 
 

@@ -12,7 +12,9 @@ and CUDA-graph capture.
 import pytest
 import torch
 
+import specops.triton_kernels.logprob_stats as logprob_stats_module
 from specops.sampling.logprobs import LogprobsTensors, compute_logprobs
+from specops.sampling.topk_topp import resolve_backend
 from specops.triton_kernels.logprob_stats import chunk_geometry, logprob_stats
 
 CUDA = torch.cuda.is_available()
@@ -202,11 +204,32 @@ def test_batch_invariance(device):
         assert torch.equal(one.logprobs, full.logprobs[r:r + 1])
 
 
-def test_auto_backend_dispatch(device):
+def test_auto_backend_dispatch(device, monkeypatch):
+    """backend="auto" runs the Triton kernel on CUDA and torch elsewhere; "triton" always runs it
+    (under the interpreter on CPU)."""
+    want = "triton" if device == "cuda" else "torch"
+    assert resolve_backend("auto", torch.device(device)) == want
+    calls = []
+
+    def recording(scores, *args, **kwargs):   # the Triton launcher, which the triton path imports per call
+        calls.append(scores.device.type)
+        return logprob_stats(scores, *args, **kwargs)
+
+    monkeypatch.setattr(logprob_stats_module, "logprob_stats", recording)
     x = random_scores(3, 1000, torch.float32, device)
     tok = random_tokens(3, 1000, device)
     auto = compute_logprobs("raw_logprobs", 1, tok, raw_logits=x)
+    assert calls == ([device] if want == "triton" else []), calls
     check(x, tok, 1, "raw_logprobs", out=auto)
+    calls.clear()
+    tri = compute_logprobs("raw_logprobs", 1, tok, raw_logits=x, backend="triton")
+    assert calls == [device], calls
+    check(x, tok, 1, "raw_logprobs", out=tri)          # the kernel's result, against torch
+    assert torch.equal(auto.token_ids, tri.token_ids) and torch.equal(auto.ranks, tri.ranks)
+    if want == "triton":                                # the same kernel: bitwise
+        assert torch.equal(auto.logprobs, tri.logprobs)
+    else:
+        torch.testing.assert_close(auto.logprobs, tri.logprobs, rtol=1e-5, atol=1e-5, equal_nan=True)
     with pytest.raises(ValueError, match="backend"):
         compute_logprobs("raw_logprobs", 1, tok, raw_logits=x, backend="cuda")
 

@@ -92,7 +92,7 @@ def test_tokenizer(tiny_checkpoint):
     assert tok.decode(ids) == "user\nHi\nassistant\n"
     assert tok.id_to_token(2) == "<|im_end|>"
     assert tok.decode([5, 10**6, -1]) == tok.decode([5])  # ids outside the vocabulary are dropped
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="text must be a str, got int"):
         tok.encode(123)
     # messages the template cannot use: a ValueError naming the message (was jinja's UndefinedError / TypeError)
     for bad, words in [([{"role": "user"}], r"messages\[0\]\['content'\] must be a string, got nothing"),

@@ -1,6 +1,7 @@
 """K schedule (batch size, per-request caps) and synthetic acceptance."""
 
 import math
+import re
 from types import SimpleNamespace as NS
 
 import numpy as np
@@ -21,10 +22,16 @@ def test_parse_batch_schedule_forms():
     assert parse_batch_schedule({16: 2, 1: 4, 64: 0}) == want
     assert parse_batch_schedule([(64, 0), (1, 4), (16, 2)]) == want
     assert parse_batch_schedule(None) is None and parse_batch_schedule("") is None
-    for bad in ("1-4", "1:4,1:2", "0:4", "1:-1", [(1, 2, 3)], "a:b",
-                # int() took these as other values (found by a review): 16, 4, truncations, a bool
-                "1_6:2", "1:\u0664", "1:", {1.9: 4}, [(1, 2.7)], {True: 3}, [(1, None)], 5):
-        with pytest.raises(ValueError):
+    look = re.escape("batch schedule must look like '1:4,16:2,64:0', got ")
+    pairs = re.escape("batch schedule must be (min_batch_size, K) pairs, got ")
+    ints = re.escape("batch schedule pairs must hold ints, got ")
+    for bad, match in [("1-4", look), ("1:4,1:2", "batch schedule lists a batch size twice"),
+                       ("0:4", re.escape("batch schedule needs min_batch_size >= 1 and K >= 0, got (0, 4)")),
+                       ("1:-1", look), ([(1, 2, 3)], pairs), ("a:b", look),
+                       # int() took these as other values (found by a review): 16, 4, truncations, a bool
+                       ("1_6:2", look), ("1:\u0664", look), ("1:", look), ({1.9: 4}, ints), ([(1, 2.7)], ints),
+                       ({True: 3}, ints), ([(1, None)], ints), (5, pairs)]:
+        with pytest.raises(ValueError, match="^" + match):   # the schedule's own message, not int()'s
             parse_batch_schedule(bad)
     assert parse_batch_schedule({np.int64(16): np.int32(2)}) == [(16, 2)]
 
@@ -96,5 +103,6 @@ def test_synthetic_emit():
     target = [[5, 6, 9, 4], [1, 2], [3]]
     assert SyntheticAcceptance.emit(drafts, target, [3, 0, 0]) == [[5, 6, 7, 4], [1], [3]]
     assert SyntheticAcceptance.emit(drafts, target, [1, 1, 0]) == [[5, 6], [8, 2], [3]]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=re.escape("need len(target_tokens) = len(drafts) + 1 and "
+                                                   "0 <= n <= len(drafts), got 2, 2, 0")):
         SyntheticAcceptance.emit([[1, 2]], [[1, 2]], [0])

@@ -220,8 +220,11 @@ def exact_target(logits_row: np.ndarray, inv_t: float, k: int, p: float, mp: flo
 
 
 def chi2_ok(counts: np.ndarray, probs: np.ndarray) -> tuple[bool, float, float]:
-    """Chi-square goodness of fit, bins with expected < 5 merged; threshold at p ~ 1e-6."""
+    """Chi-square goodness of fit, bins with expected < 5 merged; threshold at p ~ 1e-6. Fails
+    outright when a token of probability 0 was drawn (the merged bins would hide it)."""
     n = counts.sum()
+    if counts[probs == 0].sum() > 0:     # a token of probability 0 was drawn
+        return False, math.inf, 0.0
     exp = probs * n
     big = exp >= 5
     obs_b = list(counts[big]) + [counts[~big].sum()]

@@ -1,6 +1,7 @@
 """Spec-decoding metrics: counts, rates, the periodic log line, snapshot and summary."""
 
 import logging
+import re
 
 import pytest
 import torch
@@ -27,9 +28,9 @@ def test_stats_arithmetic():
     both.observe([2, 3, 5], [2, 0, 3])
     assert a == both
     assert SpecDecodingStats().mean_acceptance_length == 0.0 and SpecDecodingStats().acceptance_rate == 0.0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=re.escape("accepted tokens must be in [0, drafts], got 3 of 2")):
         s.observe([2], [3])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="num_draft_tokens and num_accepted must have the same length, got 2 and 1"):
         s.observe([2, 2], [1])
 
 
@@ -74,8 +75,9 @@ def test_draft_batch_gather_probs():
     got = db.gather_probs(["b", "c", "a"], [1, 0, 2])  # next step's order, drafts of a truncated to 2
     assert torch.equal(got, torch.stack([probs[1, 0], probs[0, 0], probs[0, 1]]))
     assert db.gather_probs(["c"], [0]).shape == (0, 5)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^request 'b': 2 drafts to verify but 1 were proposed$"):
         db.gather_probs(["b"], [2])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=re.escape("request 'zz': 1 drafts to verify but 0 were proposed "
+                                                   "(with no draft probabilities)")):
         db.gather_probs(["zz"], [1])
     assert DraftBatch(["a"], [[1]]).gather_probs(["a"], [1]) is None

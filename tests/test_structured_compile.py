@@ -226,6 +226,6 @@ def test_manager_bad_specs_sync_and_async():
     with pytest.raises(ValueError, match="already has structured output"):
         so.add_request("ok", StructuredOutputOptions(regex="x+"))
     so.remove_request("ok")
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="^'ok'$"):   # the removed request is unknown
         so.poll("ok")
     so.shutdown()
