@@ -40,8 +40,9 @@ from specops.spec_decode.metadata import SpecDecodeMetadata, build_spec_decode_m
 from specops.spec_decode.parse import parse_output
 
 from .input_batch import InputBatch
+from .readback import to_logprobs
 from .request import Logprob, Request
-from .sampling import BatchSampler, to_logprobs
+from .sampling import BatchSampler
 from .scheduler import SchedulerOutput
 from .spec_decode.proposer import TargetHiddenStates
 from .structured_output.batch_bitmask import apply_batch_bitmask

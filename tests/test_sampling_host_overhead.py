@@ -11,7 +11,8 @@ import torch
 from specops import rng
 from specops.engine.input_batch import InputBatch
 from specops.engine.request import Request
-from specops.engine.sampling import BatchSampler, _checked_argmax, to_logprobs
+from specops.engine.readback import to_logprobs
+from specops.engine.sampling import BatchSampler, _checked_argmax
 from specops.engine.sampling_params import SamplingParams
 from specops.sampling.logits_processors import LogitBiasLogitsProcessor, LogitsRows, MinTokensLogitsProcessor
 from specops.sampling.logits_processors.interface import BatchUpdate
@@ -209,7 +210,7 @@ def test_to_logprobs(device):
 def test_packed_readback_equals_to_logprobs():
     """One float64 readback gives the same tokens and Logprob entries as the per-field copies."""
     from specops.engine.request import Logprob
-    from specops.engine.sampling import pack_readback, to_logprobs, unpack_readback
+    from specops.engine.readback import pack_readback, to_logprobs, unpack_readback
     from specops.sampling.logprobs import LogprobsTensors
 
     g = torch.Generator().manual_seed(3)

@@ -12,7 +12,8 @@ import torch
 from specops import rng
 from specops.engine.input_batch import InputBatch
 from specops.engine.request import Logprob, Request
-from specops.engine.sampling import BatchSampler, pack_readback, pack_readback_torch, unpack_readback
+from specops.engine.readback import pack_readback, pack_readback_torch, unpack_readback
+from specops.engine.sampling import BatchSampler
 from specops.engine.sampling_params import SamplingParams
 from specops.sampling.logits_processors import LogitBiasLogitsProcessor, LogitsRows
 from specops.sampling.logits_processors.interface import BatchUpdate
