@@ -6,7 +6,8 @@
 Every kernel is compiled and run a few times first; only the last call runs between
 cudaProfilerStart and cudaProfilerStop, so ncu (with --profile-from-start off) sees one
 call's kernels. Cases (fp32, V = 128256, bench_sampling's 'llm' logits and bench_rejection's
-inputs): s_<mix><B> for the sampler (mix: greedy, plain, topp, topk, mix = bench_sampling's
+inputs): s_<mix><B> for the sampler (mix: greedy, plain, topp, topk, widek = top_k 500 with
+top_p 0.95, the rows whose collect launch reads at 4x the floor at B = 512, mix = bench_sampling's
 mixed rows), r_k<K>b<B>[p] for rejection sampling (p: with draft probs).
 """
 import os
@@ -20,7 +21,7 @@ from bench.bench_sampling import MIX, make_logits, metadata  # noqa: E402
 
 VOCAB = 128256
 MIXES = {"greedy": [(0.0, 0, 1.0, 0.0)], "plain": [(1.0, 0, 1.0, 0.0)], "topp": [(1.0, 0, 0.9, 0.0)],
-         "topk": [(1.0, 50, 1.0, 0.0)], "mix": MIX}
+         "topk": [(1.0, 50, 1.0, 0.0)], "widek": [(1.0, 500, 0.95, 0.0)], "mix": MIX}
 
 
 def sampler_call(mix: str, batch: int):
@@ -49,7 +50,7 @@ def main() -> None:
     elif m := re.fullmatch(r"r_k(\d+)b(\d+)(p?)", case):
         fn = rejection_call(int(m.group(1)), int(m.group(2)), m.group(3) == "p")
     else:
-        raise SystemExit(f"unknown case {case!r}: s_<greedy|plain|topp|topk|mix><B> or r_k<K>b<B>[p]")
+        raise SystemExit(f"unknown case {case!r}: s_<greedy|plain|topp|topk|widek|mix><B> or r_k<K>b<B>[p]")
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
