@@ -120,6 +120,7 @@ class EngineConfig:
     reasoning_start: str | None = "<think>"
 
     def validate(self) -> None:
+        """Raise a ValueError naming the first field whose value is out of range or of the wrong type."""
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

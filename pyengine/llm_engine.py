@@ -399,6 +399,8 @@ class LLMEngine:
         self._pending.append(self._make_output(parent))
 
     def has_unfinished_requests(self) -> bool:
+        """Whether `step` has work: a request is waiting or running, or a rejected or aborted one
+        still has its output to report."""
         return self.scheduler.has_unfinished_requests() or bool(self._pending)
 
     # ---- one step -----------------------------------------------------------------------
@@ -563,6 +565,9 @@ class LLMEngine:
     # ---- conveniences -------------------------------------------------------------------
 
     def stats(self) -> dict:
+        """Counters since the engine started: steps, generated tokens, preemptions, KV-cache usage,
+        prefix-cache hit rate, time in the forward and in sampling (seconds, with the clock now),
+        and "spec_decoding" (the speculative-decoding metrics; None without speculation)."""
         bm = self.block_manager
         return {"steps": self.num_steps, "generated_tokens": self.num_generated_tokens,
                 "preemptions": self.scheduler.num_preemptions, "kv_usage": bm.usage,
