@@ -111,12 +111,15 @@ def _request_keys(seeds_ptr, has_seed_ptr, positions_ptr, step_ptr, req, HAS_SEE
 
 @triton.jit
 def _row_scale(temp_ptr, threshold_ptr, req, j, greedy, TEMP_MODE: tl.constexpr, HAS_THRESHOLD: tl.constexpr):
-    """(1/T, threshold) of target row j of request req; greedy rows: (1, -inf)."""
+    """(1/T, threshold) of target row j of request req; greedy rows: (1, -inf). A random row's
+    1/T that is not finite and > 0 (T <= 0, NaN or +-inf: not checked on the host, no sync)
+    comes out NaN, which makes the row invalid."""
     inv_t = tl.full([], 1.0, tl.float32)
     if TEMP_MODE == 1:
         inv_t = tl.where(greedy, 1.0, tl.math.div_rn(1.0, tl.load(temp_ptr + req).to(tl.float32)))
     if TEMP_MODE == 2:
         inv_t = tl.where(greedy, 1.0, tl.load(temp_ptr + j).to(tl.float32))
+    inv_t = tl.where((inv_t > 0.0) & (inv_t < float("inf")), inv_t, float("nan"))
     thr = tl.full([], float("-inf"), tl.float32)
     if HAS_THRESHOLD:
         thr = tl.where(greedy, float("-inf"), tl.load(threshold_ptr + j).to(tl.float32))
