@@ -104,8 +104,7 @@ def test_bad_spec_raises_before_any_launch(backend, penalties):
 
 @pytest.mark.parametrize("bad", [-1.0, -0.0, 0.0, float("nan"), float("inf"), -float("inf")])
 def test_bad_temperature_of_a_random_request_gives_invalid_rows(bad):
-    # request 0 (random, bad T) and 2 (greedy, bad T ignored) beside a good request 1; V = 10
-    # is not a multiple of chunk_size(V) = 64, where the kernels give -1 for every bad T
+    # request 0 (random, bad T) and 2 (greedy, bad T ignored) beside a good request 1
     g = torch.Generator().manual_seed(1)
     logits = (torch.randn(6, 10, generator=g) * 2).to(DEVICE)
     drafts = logits.argmax(1)
@@ -129,14 +128,16 @@ def test_bad_temperature_of_a_random_request_gives_invalid_rows(bad):
         assert torch.equal(out, outs[0])
 
 
-def test_torch_path_makes_bad_temperature_rows_invalid_at_any_vocab():
-    # V = 64 is a multiple of chunk_size(64): the reference gives -1 there too (the kernels do
-    # not yet, see rejection_sample's docstring)
-    logits = torch.randn(2, 64) * 2
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_temperature_rows_are_invalid_at_any_vocab(backend):
+    # V = 64 is a multiple of chunk_size(64): no padding past V turns a bad scale into NaN there,
+    # so the kernels' own guard (_row_scale) is what makes the row invalid
+    logits = (torch.randn(2, 64) * 2).to(DEVICE)
     drafts = logits.argmax(1)
-    for bad in (-1.0, -0.5, float("inf")):
-        out = rejection_sample(logits, drafts, torch.tensor([1, 2]), 1, torch.tensor([5, 6]),
-                               temperature=torch.tensor([bad, 1.0]), backend="torch")
+    for bad in (-1.0, -0.5, float("inf"), -float("inf")):
+        out = rejection_sample(logits, drafts, torch.tensor([1, 2], device=DEVICE), 1,
+                               torch.tensor([5, 6], device=DEVICE),
+                               temperature=torch.tensor([bad, 1.0], device=DEVICE), backend=backend)
         assert out[0].tolist() == [-1, -1] and out[1, 0] != -1
 
 

@@ -20,6 +20,8 @@ and this pass is not launched):
   tokens by l_t * (1/T) - log E_t.
 
 A row without any mass emits token 0 (as torch.argmax of the all -inf keys of the reference).
+A rejected row whose draft probs hold a value < 0, NaN or +inf (with a valid draft: the row's
+residual is read) is invalid: its token is -1, which ends the request's output.
 """
 
 import torch
@@ -107,6 +109,8 @@ def _residual_mass_kernel(
             ww = tl.arange(0, 4)[None, :]
             acc = tl.full([], 0.0, tl.float32)
             acc_px = tl.full([], 0.0, tl.float32)
+            min_q = tl.full([], 0.0, tl.float32)     # with sum_q: a q < 0, NaN or +inf in the row
+            sum_q = tl.full([], 0.0, tl.float32)
             sub0 = k * SUB
             limit = tl.minimum(vocab_size, sub0 + SUB)
             for off in range(0, SUB, BLOCK):
@@ -115,7 +119,12 @@ def _residual_mass_kernel(
                 p = tl.exp(v - row_max) / row_sum
                 acc += tl.sum(tl.sum(tl.where(mask, tl.maximum(p - q, 0.0), 0.0), 1), 0)
                 acc_px += tl.sum(tl.sum(tl.where(mask & (t != x), p, 0.0), 1), 0)
-            tl.store(part_res_ptr + req * NUM_SUBS + k, acc)
+                min_q = tl.minimum(min_q, tl.min(tl.min(q, 1), 0))
+                sum_q += tl.sum(tl.sum(q, 1), 0)
+            # a draft prob < 0 (the min), NaN or +inf (the sum) in the rejected row: the residual
+            # is no distribution, so its sum is stored as NaN, which makes the row invalid
+            bad_q = (min_q < 0.0) | ~(sum_q < float("inf"))
+            tl.store(part_res_ptr + req * NUM_SUBS + k, tl.where(bad_q, float("nan"), acc))
             if k == x // SUB:
                 tl.store(part_px_ptr + req, acc_px)
 
@@ -162,6 +171,8 @@ def _recover_race_kernel(
         # p normalised by the row's max and sum, put back on pass 1's scale)
         kk = tl.arange(0, SUB_BLOCK)
         res = tl.load(part_res_ptr + req * NUM_SUBS + kk, mask=kk < tl.where(valid, NUM_SUBS, 0), other=0.0)
+        bad_q = tl.sum((res != res).to(tl.int32), 0) > 0      # a draft prob < 0, NaN or +inf in the row
+        res = tl.where(res == res, res, 0.0)
         use_res = tl.max(res, 0) > 0.0
         log_res = tl.where(res > 0.0, tl.log(tl.where(res > 0.0, res, 1.0)), float("-inf"))
         log_p = _sub_log_mass(part_m_ptr, part_sub_ptr, j, kk, NUM_SUBS, CHUNK // SUB, NUM_SPLITS)
@@ -182,7 +193,7 @@ def _recover_race_kernel(
             inv_t, thr = _row_scale(temp_ptr, threshold_ptr, req, j, False, TEMP_MODE, HAS_THRESHOLD)
             token = _race_sub_chunk(row_ptr, q_ptr, c, use_res, x, row_max, row_sum, inv_t, thr, seed_r, pos_r,
                                     vocab_size, SUB, BLOCK, HAS_THRESHOLD)
-        tl.store(out_ptr + req.to(tl.int64) * out_stride + i, token)
+        tl.store(out_ptr + req.to(tl.int64) * out_stride + i, tl.where(bad_q, -1, token))   # -1 ends the output
 
 
 def rejection_recover_pass(

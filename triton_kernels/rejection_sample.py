@@ -111,12 +111,15 @@ def _request_keys(seeds_ptr, has_seed_ptr, positions_ptr, step_ptr, req, HAS_SEE
 
 @triton.jit
 def _row_scale(temp_ptr, threshold_ptr, req, j, greedy, TEMP_MODE: tl.constexpr, HAS_THRESHOLD: tl.constexpr):
-    """(1/T, threshold) of target row j of request req; greedy rows: (1, -inf)."""
+    """(1/T, threshold) of target row j of request req; greedy rows: (1, -inf). A random row's
+    1/T that is not finite and > 0 (T <= 0, NaN or +-inf: not checked on the host, no sync)
+    comes out NaN, which makes the row invalid."""
     inv_t = tl.full([], 1.0, tl.float32)
     if TEMP_MODE == 1:
         inv_t = tl.where(greedy, 1.0, tl.math.div_rn(1.0, tl.load(temp_ptr + req).to(tl.float32)))
     if TEMP_MODE == 2:
         inv_t = tl.where(greedy, 1.0, tl.load(temp_ptr + j).to(tl.float32))
+    inv_t = tl.where((inv_t > 0.0) & (inv_t < float("inf")), inv_t, float("nan"))
     thr = tl.full([], float("-inf"), tl.float32)
     if HAS_THRESHOLD:
         thr = tl.where(greedy, float("-inf"), tl.load(threshold_ptr + j).to(tl.float32))
@@ -249,15 +252,16 @@ def _race_chunk_tokens(row_ptr, c, excluded, inv_t, thr, seed_r, pos_r, vocab_si
 def _request_rows(cu_ptr, draft_ids_ptr, req, num_target_rows, vocab_size, MAX_K: tl.constexpr,
                   OUT_BLOCK: tl.constexpr):
     """The draft rows of request req: (rr [OUT_BLOCK] draft index = output column, start, n,
-    rmask = rr < n, jj = start + rr their target rows, x [OUT_BLOCK] their valid draft ids or -1).
-    Inputs only: readable before pdl_wait."""
+    rmask = rr < n, jj = start + rr their target rows, x [OUT_BLOCK] their valid draft ids or -1,
+    too_many: more than MAX_K drafts, so that the bonus token (drawn after all of them) cannot
+    follow the first MAX_K). Inputs only: readable before pdl_wait."""
     rr = tl.arange(0, OUT_BLOCK)
     start, end = _request_span(cu_ptr, req, num_target_rows)
     n = tl.maximum(tl.minimum(end - start, MAX_K), 0)
     rmask = rr < n
     jj = start + rr
     x = _valid_draft(tl.load(draft_ids_ptr + jj, mask=rmask, other=-1), vocab_size)
-    return rr, start, n, rmask, jj, x
+    return rr, start, n, rmask, jj, x, end - start > MAX_K
 
 
 @triton.jit
@@ -296,10 +300,10 @@ def _accept_rows(part_m_ptr, part_s_ptr, part_idx_ptr, rr, n, rmask, jj, x, lx, 
                  GREEDY_MODE: tl.constexpr):
     """Acceptance of a request's draft rows from pass 1's chunk partials: greedy rows accept x
     == argmax, random ones p(x) >= u q(x) with p(x) = exp(l_x * (1/T) - row max) / row sum.
-    An invalid row (a NaN or +inf scaled logit, or none above -inf) accepts nothing: it ends
-    its request's output (the caller writes -1 there). Returns (num_accepted, rejected,
-    first_rej, argmax, row max (0 for an all -inf row), row sum, row_ok); the last four
-    [OUT_BLOCK]."""
+    An invalid row (a NaN or +inf scaled logit, or none above -inf; on a random row a valid
+    draft's prob q(x) < 0, NaN or +inf) accepts nothing: it ends its request's output (the
+    caller writes -1 there). Returns (num_accepted, rejected, first_rej, argmax, row max (0 for
+    an all -inf row), row sum, row_ok); the last four [OUT_BLOCK]."""
     ss = tl.arange(0, SPLIT_BLOCK)
     m2 = rmask[:, None] & (ss < NUM_SPLITS)[None, :]
     poff = jj[:, None] * NUM_SPLITS + ss[None, :]
@@ -327,7 +331,9 @@ def _accept_rows(part_m_ptr, part_s_ptr, part_idx_ptr, rr, n, rmask, jj, x, lx, 
             ps_k = tl.load(part_s_ptr + jj * NUM_SPLITS + k, mask=rmask, other=0.0)
             row_sum = row_sum + ps_k * tl.exp(pm_k - m_safe)
         row_sum = tl.where(rmask, row_sum, 1.0)
-        row_ok = row_sum > 0.0   # NaN (a NaN or +inf logit) and 0 (every logit -inf) fail
+        # NaN (a NaN or +inf logit) and 0 (every logit -inf) fail, and on a random row a valid
+        # draft's prob q(x) that is negative, NaN or +inf (draft probs: not checked on the host)
+        row_ok = (row_sum > 0.0) & (greedy | (x < 0) | ((q_x >= 0.0) & (q_x < float("inf"))))
         p_x = tl.exp(lx - m_safe) / row_sum
         acc_random = valid & (p_x > 0.0) & (p_x >= u * q_x)
         accepted = tl.where(greedy, acc_greedy, acc_random) & row_ok
@@ -622,8 +628,8 @@ def _rejection_finalize_kernel(
     drafts too: this launch then ends only after pass 1 has, which the recover pass (waiting
     on this launch only) relies on to read what pass 1 wrote."""
     req = tl.program_id(0)
-    rr, start, n, rmask, jj, x = _request_rows(cu_ptr, draft_ids_ptr, req, num_target_rows, vocab_size, MAX_K,
-                                               OUT_BLOCK)
+    rr, start, n, rmask, jj, x, too_many = _request_rows(cu_ptr, draft_ids_ptr, req, num_target_rows, vocab_size,
+                                                         MAX_K, OUT_BLOCK)
     greedy = _request_greedy(greedy_ptr, req, GREEDY_MODE)
     seeded, seed, position, step = _request_keys(seeds_ptr, has_seed_ptr, positions_ptr, step_ptr, req, HAS_SEEDS)
     engine_seed64 = engine_seed.to(tl.int64)
@@ -652,6 +658,12 @@ def _rejection_finalize_kernel(
         num_accepted, rejected, first_rej, argmax, m_safe, row_sum, row_ok = _accept_rows(
             part_m_ptr, part_s_ptr, part_idx_ptr, rr, n, rmask, jj, x, lx, q_x, u, greedy,
             NUM_SPLITS, SPLIT_BLOCK, OUT_BLOCK, GREEDY_MODE)
+        # more drafts than MAX_K (inconsistent metadata, not checked on the host: no sync): the
+        # output is empty (-1), as for an invalid first row
+        num_accepted = tl.where(too_many, 0, num_accepted)
+        rejected = rejected | too_many
+        first_rej = tl.where(too_many, 0, first_rej)
+        row_ok = row_ok & (too_many == 0)
         at_rej = rr == first_rej
         rej_ok = tl.max(tl.where(at_rej, row_ok, 0).to(tl.int32), 0) > 0   # rejected, not invalid
         recovered = tl.full([], 0, tl.int32)                       # no mass: as torch.argmax

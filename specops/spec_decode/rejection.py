@@ -67,10 +67,7 @@ def rejection_sample(
       A random request whose temperature is not finite and > 0 (0, negative, +-inf or NaN;
       likewise an ``inv_temperature`` that is not finite and > 0) is a caller's bug, and every
       one of its rows is invalid: its output is all -1 (greedy requests ignore their
-      temperature). The Triton path follows this when V is not a multiple of
-      chunk_size(V) (e.g. 32000, 128256, 151936); when it is (e.g. 32768), a negative or
-      infinite T scales the logits by 1/T instead (a kernel-side guard is to come), so give
-      0 < T < inf;
+      temperature);
     - when every draft is accepted, ``bonus_token_ids[r]`` is appended.
 
     The output row is the emitted tokens followed by -1. Uniforms come from
@@ -92,12 +89,10 @@ def rejection_sample(
         non-decreasing from a first value >= 0, ends at T (``cu[-1] == T``) and gives no
         request more than ``max_spec_len`` drafts. The torch path reads these values back
         and raises ValueError on a violation; the Triton path cannot (no host sync) and
-        stays in bounds but gives wrong output without an error: a request with more than
-        ``max_spec_len`` drafts is verified on its first ``max_spec_len`` drafts only, and
-        if they are all accepted the bonus token is appended after them (a sequence the
-        target never produced); counts are clamped into [0, T], and a decreasing ``cu``
-        gives the requests concerned unspecified outputs (tokens of the vocabulary, bonus
-        tokens or -1). ``RejectionSampler`` checks its host copy of the counts before any
+        stays in bounds instead: a request with more than ``max_spec_len`` drafts emits
+        nothing (all -1), counts are clamped into [0, T], and a decreasing ``cu`` gives the
+        requests concerned unspecified outputs (tokens of the vocabulary, bonus tokens or
+        -1). ``RejectionSampler`` checks its host copy of the counts before any
         launch. Draft ids are read at their width (int64 ids are never narrowed).
     max_spec_len : int
         At least the largest draft count of one request (the output has max_spec_len + 1
@@ -107,12 +102,12 @@ def rejection_sample(
         Draft distributions; None for n-gram style drafts. The caller must guarantee that
         row i is the distribution draft i was drawn from: finite, >= 0, summing to 1 (up to
         rounding), with q(x) > 0 at the draft token. Only the shape, dtype and device are
-        checked (reading the values would sync the host); otherwise no error is raised and
-        the output no longer follows the target law: acceptance uses q(x) as given (q(x) <= 0
-        accepts every draft with p(x) > 0, a NaN q(x) rejects it, a row scaled by c accepts
-        with probability min(1, p(x) / (c q(x)))), the recovered token is drawn from
-        max(0, p - q) of the given row (negative entries raise their tokens' weight, NaN
-        entries give an unspecified token), and the two backends may emit different tokens.
+        checked on the host (reading the values would sync it). What the kernels read is
+        guarded: a random row whose valid draft has q(x) < 0, NaN or +inf is invalid (the
+        output ends there, -1), and so is the recovered token of a rejected row holding
+        such a value anywhere (-1), on both backends. Other bad values are not detected and
+        bias the output: q(x) = 0 accepts every draft with p(x) > 0, and a row scaled by c
+        accepts with probability min(1, p(x) / (c q(x))).
     temperature : torch.Tensor, optional
         Per-request temperature applied inside the kernel as logits * (1 / T) (ignored for
         greedy requests), finite and > 0 for random requests (see above for other values);

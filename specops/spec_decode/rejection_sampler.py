@@ -184,8 +184,8 @@ class RejectionSampler:
         draft_probs : torch.Tensor, optional
             [T, V] probabilities the drafts were sampled from. The caller must guarantee
             that each row is a distribution (finite, >= 0, summing to 1) with q(x) > 0 at
-            its draft x; only shape, dtype and device are checked, and other values bias
-            the output silently (see ``rejection_sample``).
+            its draft x; only shape, dtype and device are checked on the host (see
+            ``rejection_sample`` for what the kernels guard and what biases the output).
         draft_token_lists : list of list of int, optional
             Host copy of each request's drafts, used by bad_words and logits processors
             (read back from the device when needed and not given).

@@ -130,6 +130,9 @@ def rejection_sample_torch(
     p_x = torch.where(valid, p.gather(1, xc)[:, 0], torch.zeros_like(u))
     q_x = draft_probs.double().gather(1, xc)[:, 0] if draft_probs is not None else torch.ones_like(u)
     target_argmax = torch.argmax(rows, dim=1)          # greedy rows: unscaled, unmasked
+    # a random row whose valid draft has q(x) < 0, NaN or +inf is invalid too (draft probs are not
+    # checked on the host: the kernels find it in their read of q(x))
+    row_ok = row_ok & (greedy | ~valid | ((q_x >= 0) & (q_x < float("inf"))))
     accepted = torch.where(greedy, valid & (x == target_argmax), valid & (p_x > 0) & (p_x >= u * q_x)) & row_ok
 
     # the token each row emits if it is its request's first rejection: a two-level race
@@ -150,6 +153,10 @@ def rejection_sample_torch(
         use_residual = valid & (residual.max(dim=1).values > 0)
         recovered = torch.where(use_residual, two_level_race(residual, residual / noise, sub, sub_noise),
                                 recovered)
+        # a draft prob < 0, NaN or +inf in the row of a valid draft: its residual is not a
+        # distribution, so the row is invalid where it is the first rejection
+        q_bad = (draft_probs < 0).any(dim=1) | draft_probs.isnan().any(dim=1) | draft_probs.isposinf().any(dim=1)
+        recovered = torch.where(valid & q_bad, -1, recovered)
     emitted = torch.where(accepted, x, torch.where(greedy, target_argmax, recovered))
     emitted = torch.where(row_ok, emitted, -1)
 
