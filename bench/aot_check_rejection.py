@@ -76,7 +76,7 @@ def geometry(vocab: int, max_k: int, sub: int | None = None) -> dict:
     subs = triton.cdiv(vocab, sub)
     block = min(chunk, 4096)
     return dict(chunk=chunk, splits=splits, sub=sub, subs=subs, block=block, warps=4,
-                split_block=triton.next_power_of_2(splits), sub_block=triton.next_power_of_2(subs),
+                sub_block=triton.next_power_of_2(subs),
                 out_block=triton.next_power_of_2(max_k + 1), race_block=min(sub, 8192), race_warps=8, fin_warps=8,
                 res_block=min(sub, 4096), max_k=max_k)
 
@@ -216,7 +216,7 @@ def bench_geometries(ptx_dir: str) -> tuple[int, int]:
                         cx = dict(MAX_K=max_k, GRID_K=max_k, NUM_SPLITS=splits, CHUNK=chunk, BLOCK=block,
                                   SUB=sub, NUM_SUBS=triton.cdiv(VOCAB, sub),
                                   OUT_BLOCK=triton.next_power_of_2(max_k + 1),
-                                  SPLIT_BLOCK=triton.next_power_of_2(splits), HAS_TARGET_ROWS=True,
+                                  HAS_TARGET_ROWS=True,
                                   TEMP_MODE=1, HAS_THRESHOLD=False, GREEDY_MODE=2,
                                   HAS_SEEDS=False, FUSE_RACE=False, NEED_SX=not dp, PREFETCH=pf,
                                   WRITE_REC=dp)
@@ -230,7 +230,7 @@ def bench_geometries(ptx_dir: str) -> tuple[int, int]:
             if race_block > g["sub"]:
                 continue
             cx = dict(MAX_K=max_k, NUM_SPLITS=g["splits"], CHUNK=g["chunk"], SUB=g["sub"], NUM_SUBS=g["subs"],
-                      OUT_BLOCK=g["out_block"], SPLIT_BLOCK=g["split_block"], SUB_BLOCK=g["sub_block"],
+                      OUT_BLOCK=g["out_block"], SUB_BLOCK=g["sub_block"],
                       GREEDY_MODE=2, HAS_DRAFT_PROBS=False,
                       HAS_SEEDS=False, FUSE_RACE=False, RACE=True, RACE_BLOCK=race_block, HAS_TARGET_ROWS=True,
                       TEMP_MODE=1, HAS_THRESHOLD=False)
@@ -280,14 +280,14 @@ def main() -> int:
             jobs.append((RS._rejection_sample_kernel, dict(
                 MAX_K=max_k, GRID_K=max(max_k, 1), NUM_SPLITS=g["splits"], CHUNK=g["chunk"], BLOCK=g["block"],
                 SUB=g["sub"], NUM_SUBS=g["subs"],
-                OUT_BLOCK=g["out_block"], SPLIT_BLOCK=g["split_block"], GREEDY_MODE=gm,
+                OUT_BLOCK=g["out_block"], GREEDY_MODE=gm,
                 HAS_SEEDS=seeds, FUSE_RACE=fuse, NEED_SX=not dp and gm != 1, PREFETCH=pf,
                 WRITE_REC=dp and gm != 1, LANES=128 * g["warps"] if RS.LANE_STATS and not fuse and not pf else 0,
                 **flags), g["warps"], label))
             # finalize (does not depend on the prefetch flag)
             race = not dp and gm != 1
             fin = dict(MAX_K=max_k, NUM_SPLITS=g["splits"], CHUNK=g["chunk"], SUB=g["sub"], NUM_SUBS=g["subs"],
-                       OUT_BLOCK=g["out_block"], SPLIT_BLOCK=g["split_block"], SUB_BLOCK=g["sub_block"],
+                       OUT_BLOCK=g["out_block"], SUB_BLOCK=g["sub_block"],
                        GREEDY_MODE=gm, HAS_SEEDS=seeds, HAS_DRAFT_PROBS=dp,
                        FUSE_RACE=fuse, RACE=race, RACE_BLOCK=g["race_block"], **flags)
             fkey = ("fin", vocab, g["sub"], max_k, dp, gm, fuse, tr, tm, thr, seeds, dtype, ids)

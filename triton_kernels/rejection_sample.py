@@ -190,11 +190,27 @@ def _scaled_block(row_ptr, base, kk, ww, vocab_size, inv_t, thr, HAS_THRESHOLD: 
 
 
 @triton.jit
+def _argmax_combine(k1, i1, k2, i2):
+    """Combine of (key, index) pairs: the larger key, the lower index on ties; a NaN key loses
+    to any other (as a max that ignores NaN). Associative and commutative, so one tuple
+    reduction gives what a max and then a min over the indices at the max gave."""
+    take2 = (k2 > k1) | ((k2 == k1) & (i2 < i1)) | ((k1 != k1) & (k2 == k2))
+    return tl.where(take2, k2, k1), tl.where(take2, i2, i1)
+
+
+@triton.jit
+def _argmax_lowest(key, idx, axis: tl.constexpr):
+    """(max of key along axis, the lowest idx where key is that max): one reduction of the pair
+    (one exchange across warps instead of two). When every key is NaN: (NaN, the lowest idx)."""
+    return tl.reduce((key, idx), axis, _argmax_combine)
+
+
+@triton.jit
 def _merge_block_max(v, t, best, best_t):
     """Running (max, token) updated with the block v [N, 4] of tokens t: the block's max
     (lowest token on ties) replaces the running one when strictly larger."""
-    bm = tl.max(tl.max(v, 1), 0)
-    bi = tl.min(tl.min(tl.where(v == bm, t, _INT_MAX), 1), 0)
+    bm, bi = _argmax_lowest(v, t, 1)
+    bm, bi = _argmax_lowest(bm, bi, 0)
     return tl.maximum(best, bm), tl.where(bm > best, bi, best_t)
 
 
@@ -213,17 +229,29 @@ def _token_noise(seed_r, pos_r, quad, ww):
 
 
 @triton.jit
-def _race_chunks(log_mass, kk, seed_r, pos_r):
-    """Level 1 of the recovered-token draw: the sub-chunk argmax_k log(M_k) - log(E_k) over
-    sub-chunks kk [SUB_BLOCK] (lowest on ties), E_k = Exp(1) from word k % 4 of
-    random_words(seed_r, pos_r, STREAM_RECOVER_CHUNK, k // 4). Returns (sub-chunk, its key);
-    the key is -inf when no sub-chunk has mass."""
+def _sub_chunk_log_noise(kk, seed_r, pos_r):
+    """log E_k of level 1 for sub-chunks kk (any shape, with seed_r / pos_r broadcast to it):
+    E_k = Exp(1) from word k % 4 of random_words(seed_r, pos_r, STREAM_RECOVER_CHUNK, k // 4)."""
     w0, w1, w2, w3 = random_words(seed_r, pos_r, STREAM_RECOVER_CHUNK, kk // 4)
     w = kk % 4
     word = tl.where(w == 0, w0, tl.where(w == 1, w1, tl.where(w == 2, w2, w3)))
-    key = log_mass - tl.log(exponential(word))
-    best = tl.max(key, 0)
-    return tl.min(tl.where(key == best, kk, _INT_MAX), 0), best
+    return tl.log(exponential(word))
+
+
+@triton.jit
+def _race_chunks_by_noise(log_mass, log_noise, kk):
+    """Level 1 of the recovered-token draw with its noise given: the sub-chunk argmax_k
+    log(M_k) - log(E_k) over sub-chunks kk [SUB_BLOCK] (lowest on ties). Returns (sub-chunk,
+    its key); the key is -inf when no sub-chunk has mass."""
+    best, c = _argmax_lowest(log_mass - log_noise, kk, 0)
+    return c, best
+
+
+@triton.jit
+def _race_chunks(log_mass, kk, seed_r, pos_r):
+    """Level 1 of the recovered-token draw: _race_chunks_by_noise with the noise of row key
+    (seed_r, pos_r) (_sub_chunk_log_noise)."""
+    return _race_chunks_by_noise(log_mass, _sub_chunk_log_noise(kk, seed_r, pos_r), kk)
 
 
 @triton.jit
@@ -296,40 +324,43 @@ def _accept_uniforms(rr, jj, seeded, seed, position, engine_seed, step):
 
 @triton.jit
 def _accept_rows(part_m_ptr, part_s_ptr, part_idx_ptr, rr, n, rmask, jj, x, lx, q_x, u, greedy,
-                 NUM_SPLITS: tl.constexpr, SPLIT_BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr,
-                 GREEDY_MODE: tl.constexpr):
+                 NUM_SPLITS: tl.constexpr, OUT_BLOCK: tl.constexpr, GREEDY_MODE: tl.constexpr):
     """Acceptance of a request's draft rows from pass 1's chunk partials: greedy rows accept x
     == argmax, random ones p(x) >= u q(x) with p(x) = exp(l_x * (1/T) - row max) / row sum.
     An invalid row (a NaN or +inf scaled logit, or none above -inf; on a random row a valid
     draft's prob q(x) < 0, NaN or +inf) accepts nothing: it ends its request's output (the
-    caller writes -1 there). Returns (num_accepted, rejected, first_rej, argmax, row max (0 for
-    an all -inf row), row sum, row_ok); the last four [OUT_BLOCK]."""
-    ss = tl.arange(0, SPLIT_BLOCK)
-    m2 = rmask[:, None] & (ss < NUM_SPLITS)[None, :]
-    poff = jj[:, None] * NUM_SPLITS + ss[None, :]
-    pm = tl.load(part_m_ptr + poff, mask=m2, other=float("-inf"))
-    row_max = tl.max(pm, 1)
-    pidx = tl.load(part_idx_ptr + poff, mask=m2, other=_INT_MAX)
-    argmax = tl.min(tl.where(pm == row_max[:, None], pidx, _INT_MAX), 1)
+    caller writes -1 there). Returns (num_accepted, rejected,
+    first_rej, rej_ok: that row is valid (False without a rejection), argmax, row max (0 for an
+    all -inf row), row sum, row_ok); the last four [OUT_BLOCK]."""
+    # One column (chunk) at a time, row-wise operations only: no reduction across threads comes
+    # before the last load of the partials, so that all of them are issued together after the
+    # PDL wait (a tl.max over the [OUT_BLOCK, NUM_SPLITS] tile put a barrier, and so a second
+    # round trip, between its load and the others). Max and min are exact in any order; the
+    # sums are added in chunk order (a tl.sum over the tile would add them in an order set by
+    # the compiler's layout of that tile, which may change with OUT_BLOCK: the batch's K).
+    row_max = tl.full(jj.shape, float("-inf"), tl.float32)
+    for k in tl.static_range(NUM_SPLITS):
+        row_max = tl.maximum(row_max, tl.load(part_m_ptr + jj * NUM_SPLITS + k, mask=rmask, other=float("-inf")))
+    m_safe = tl.where(row_max == float("-inf"), 0.0, row_max)
+    argmax = tl.full(jj.shape, _INT_MAX, tl.int32)
+    row_sum = tl.zeros_like(m_safe)
+    nan_flags = tl.zeros(jj.shape, tl.int32)
+    for k in tl.static_range(NUM_SPLITS):
+        pm_k = tl.load(part_m_ptr + jj * NUM_SPLITS + k, mask=rmask, other=float("-inf"))
+        pidx_k = tl.load(part_idx_ptr + jj * NUM_SPLITS + k, mask=rmask, other=_INT_MAX)
+        argmax = tl.minimum(argmax, tl.where(pm_k == row_max, pidx_k, _INT_MAX))
+        ps_k = tl.load(part_s_ptr + jj * NUM_SPLITS + k, mask=rmask, other=0.0)
+        if GREEDY_MODE == 1:
+            nan_flags += (ps_k != ps_k).to(tl.int32)     # pass 1 stored NaN flags instead of sums
+        else:
+            row_sum = row_sum + ps_k * tl.exp(pm_k - m_safe)
     valid = x >= 0
     acc_greedy = valid & (x == argmax)
-    m_safe = tl.where(row_max == float("-inf"), 0.0, row_max)
-    row_sum = tl.zeros_like(m_safe)
     if GREEDY_MODE == 1:
-        # pass 1 stored NaN flags instead of sums; +inf and all -inf show in the max (a NaN max,
-        # where a max propagates NaN, fails too)
-        flags = tl.load(part_s_ptr + poff, mask=m2, other=1.0)
-        row_ok = (tl.sum((flags != flags).to(tl.int32), 1) == 0) & (row_max > float("-inf")) & \
-            (row_max < float("inf"))
+        # +inf and all -inf show in the max (a NaN max, where a max propagates NaN, fails too)
+        row_ok = (nan_flags == 0) & (row_max > float("-inf")) & (row_max < float("inf"))
         accepted = acc_greedy & row_ok
     else:
-        # the chunks' sums added in chunk order, one column at a time: a tl.sum over the
-        # [OUT_BLOCK, SPLIT_BLOCK] tile would add them in an order set by the compiler's layout
-        # of that tile, which may change with OUT_BLOCK (the batch's max_spec_len)
-        for k in tl.static_range(NUM_SPLITS):
-            pm_k = tl.load(part_m_ptr + jj * NUM_SPLITS + k, mask=rmask, other=float("-inf"))
-            ps_k = tl.load(part_s_ptr + jj * NUM_SPLITS + k, mask=rmask, other=0.0)
-            row_sum = row_sum + ps_k * tl.exp(pm_k - m_safe)
         row_sum = tl.where(rmask, row_sum, 1.0)
         # NaN (a NaN or +inf logit) and 0 (every logit -inf) fail, and on a random row a valid
         # draft's prob q(x) that is negative, NaN or +inf (draft probs: not checked on the host)
@@ -337,8 +368,28 @@ def _accept_rows(part_m_ptr, part_s_ptr, part_idx_ptr, rr, n, rmask, jj, x, lx, 
         p_x = tl.exp(lx - m_safe) / row_sum
         acc_random = valid & (p_x > 0.0) & (p_x >= u * q_x)
         accepted = tl.where(greedy, acc_greedy, acc_random) & row_ok
-    first_rej = tl.min(tl.where(rmask & (accepted == 0), rr, OUT_BLOCK), 0)
-    return tl.minimum(first_rej, n), first_rej < n, first_rej, argmax, m_safe, row_sum, row_ok
+    # the first rejected row and the first invalid one in one reduction: rows before the first
+    # rejection were accepted, so valid, and that row is valid iff the first invalid comes later
+    first_rej, first_bad = tl.reduce((tl.where(rmask & (accepted == 0), rr, OUT_BLOCK),
+                                      tl.where(rmask & (row_ok == 0), rr, OUT_BLOCK)), 0, _min2)
+    rej_ok = first_bad != first_rej
+    return tl.minimum(first_rej, n), first_rej < n, first_rej, rej_ok, argmax, m_safe, row_sum, row_ok
+
+
+@triton.jit
+def _min2(a1, b1, a2, b2):
+    return tl.minimum(a1, a2), tl.minimum(b1, b2)
+
+
+@triton.jit
+def _max2(a1, b1, a2, b2):
+    return tl.maximum(a1, a2), tl.maximum(b1, b2)
+
+
+@triton.jit
+def _max8_combine(a1, b1, c1, d1, e1, f1, g1, h1, a2, b2, c2, d2, e2, f2, g2, h2):
+    return (tl.maximum(a1, a2), tl.maximum(b1, b2), tl.maximum(c1, c2), tl.maximum(d1, d2), tl.maximum(e1, e2),
+            tl.maximum(f1, f2), tl.maximum(g1, g2), tl.maximum(h1, h2))
 
 
 @triton.jit
@@ -474,7 +525,7 @@ def _rejection_sample_kernel(
     num_target_rows, num_logits, vocab_size,
     MAX_K: tl.constexpr, GRID_K: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr,
     SUB: tl.constexpr, NUM_SUBS: tl.constexpr,
-    BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr,
     HAS_TARGET_ROWS: tl.constexpr,
     TEMP_MODE: tl.constexpr,                  # 0: none, 1: per-request temperature, 2: per-row 1/T
     HAS_THRESHOLD: tl.constexpr,
@@ -610,7 +661,7 @@ def _rejection_finalize_kernel(
     draft_probs_ptr, draft_probs_stride,      # [T, V] (HAS_DRAFT_PROBS)
     num_target_rows, vocab_size,
     MAX_K: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
-    NUM_SUBS: tl.constexpr, OUT_BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr, SUB_BLOCK: tl.constexpr,
+    NUM_SUBS: tl.constexpr, OUT_BLOCK: tl.constexpr, SUB_BLOCK: tl.constexpr,
     GREEDY_MODE: tl.constexpr, HAS_SEEDS: tl.constexpr, FUSE_RACE: tl.constexpr,
     HAS_DRAFT_PROBS: tl.constexpr,            # q(x) from the draft probs; rejection_recover draws the tokens
     RACE: tl.constexpr,                       # draw recovered tokens here (no draft probs, random rows)
@@ -655,17 +706,24 @@ def _rejection_finalize_kernel(
                             other=float("-inf"))
             sub_s = tl.load(part_sub_ptr + jj[:, None] * NUM_SUBS + kk[None, :], mask=tmask, other=0.0)
             sx = tl.load(part_sx_ptr + jj, mask=rmask & (x >= 0), other=0.0)
-        num_accepted, rejected, first_rej, argmax, m_safe, row_sum, row_ok = _accept_rows(
+        else:
+            sx = tl.zeros(jj.shape, tl.float32)
+        num_accepted, rejected, first_rej, rej_ok, argmax, m_safe, row_sum, row_ok = _accept_rows(
             part_m_ptr, part_s_ptr, part_idx_ptr, rr, n, rmask, jj, x, lx, q_x, u, greedy,
-            NUM_SPLITS, SPLIT_BLOCK, OUT_BLOCK, GREEDY_MODE)
+            NUM_SPLITS, OUT_BLOCK, GREEDY_MODE)
         # more drafts than MAX_K (inconsistent metadata, not checked on the host: no sync): the
         # output is empty (-1), as for an invalid first row
         num_accepted = tl.where(too_many, 0, num_accepted)
         rejected = rejected | too_many
         first_rej = tl.where(too_many, 0, first_rej)
-        row_ok = row_ok & (too_many == 0)
-        at_rej = rr == first_rej
-        rej_ok = tl.max(tl.where(at_rej, row_ok, 0).to(tl.int32), 0) > 0   # rejected, not invalid
+        rej_ok = rej_ok & (too_many == 0)
+        # everything the rest needs of the first rejected row, in one reduction: each value a
+        # max over the rows, every other row's set to the lowest value
+        sel = rr == first_rej
+        x_rej, sx_rej, row_rej, inv_t_rej, thr_rej, argmax_rej, m_rej, sum_rej = tl.reduce(
+            (tl.where(sel, x, -1), tl.where(sel, sx, -1.0), tl.where(sel, rows, -1),
+             tl.where(sel, inv_t, float("-inf")), tl.where(sel, thr, float("-inf")), tl.where(sel, argmax, -1),
+             tl.where(sel, m_safe, float("-inf")), tl.where(sel, row_sum, float("-inf"))), 0, _max8_combine)
         recovered = tl.full([], 0, tl.int32)                       # no mass: as torch.argmax
         if HAS_DRAFT_PROBS:
             recovered = tl.full([], -1, tl.int32)                  # -1: rejection_recover writes it
@@ -674,13 +732,11 @@ def _rejection_finalize_kernel(
             # sub-chunk masses are pass 1's partials), level 2 over the chosen sub-chunk's tokens,
             # or that sub-chunk's winner which pass 1 already found (FUSE_RACE)
             if rejected & (greedy == 0) & rej_ok:
-                sel = rr == first_rej
                 j_rej = start + first_rej
-                x_rej = tl.max(tl.where(sel, x, -1), 0)
                 x_sub = tl.where(x_rej >= 0, x_rej // SUB, -1)
-                s_k = tl.max(tl.where(sel[:, None], sub_s, -1.0), 0)
-                s_k = tl.where(kk == x_sub, tl.max(tl.where(sel, sx, -1.0), 0), s_k)
-                m_k = tl.max(tl.where(sel[:, None], sub_m, float("-inf")), 0)
+                s_k, m_k = tl.reduce((tl.where(sel[:, None], sub_s, -1.0),
+                                      tl.where(sel[:, None], sub_m, float("-inf"))), 0, _max2)
+                s_k = tl.where(kk == x_sub, sx_rej, s_k)
                 log_mass = tl.where(s_k > 0.0, m_k + tl.log(tl.where(s_k > 0.0, s_k, 1.0)), float("-inf"))
                 seed_j, pos_j = _row_key(seeded, seed, position, engine_seed64, step, first_rej.to(tl.int64), j_rej)
                 c, best = _race_chunks(log_mass, kk, seed_j, pos_j)
@@ -688,21 +744,18 @@ def _rejection_finalize_kernel(
                     if FUSE_RACE:
                         recovered = tl.load(part_kidx_ptr + j_rej * NUM_SUBS + c)
                     else:
-                        row = tl.max(tl.where(sel, rows, -1), 0)
-                        inv_t_j = tl.max(tl.where(sel, inv_t, float("-inf")), 0)
-                        thr_j = tl.max(tl.where(sel, thr, float("-inf")), 0)
-                        recovered = _race_chunk_tokens(logits_ptr + row * logits_stride, c, x_rej, inv_t_j, thr_j,
-                                                       seed_j, pos_j, vocab_size, SUB, RACE_BLOCK, HAS_THRESHOLD)
-        fill = tl.where(row_ok, tl.where(greedy, argmax, recovered), -1)   # an invalid row ends the output
-        token = tl.sum(tl.where(at_rej, fill, 0), 0)
+                        recovered = _race_chunk_tokens(logits_ptr + row_rej * logits_stride, c, x_rej, inv_t_rej,
+                                                       thr_rej, seed_j, pos_j, vocab_size, SUB, RACE_BLOCK,
+                                                       HAS_THRESHOLD)
+        token = tl.where(rej_ok, tl.where(greedy, argmax_rej, recovered), -1)   # an invalid row ends the output
         _write_row(out_ptr, out_stride, req, rr, x, num_accepted, rejected, token, bonus, MAX_K)
         if HAS_DRAFT_PROBS:
             # the one row whose recovered token rejection_recover must draw, and its softmax
             # statistics (-inf without a rejection: not read then); picked by a max, not a sum, so
             # that no float sum's order depends on the launch (num_warps)
             tl.store(rec_j_ptr + req, tl.where(rejected & (greedy == 0) & rej_ok, start + first_rej, -1))
-            tl.store(rec_ms_ptr + req * 2, tl.max(tl.where(at_rej, m_safe, float("-inf")), 0))
-            tl.store(rec_ms_ptr + req * 2 + 1, tl.max(tl.where(at_rej, row_sum, float("-inf")), 0))
+            tl.store(rec_ms_ptr + req * 2, m_rej)
+            tl.store(rec_ms_ptr + req * 2 + 1, sum_rej)
 
 
 def temp_mode_of(temperature, inv_temperature, dummy):
@@ -851,7 +904,7 @@ def rejection_sample_pass(
         num_target_rows, logits.shape[0], vocab,
         MAX_K=max_k, GRID_K=max(max_k, 1), NUM_SPLITS=num_splits, CHUNK=chunk, SUB=sub, NUM_SUBS=num_subs,
         BLOCK=block,
-        OUT_BLOCK=triton.next_power_of_2(max_k + 1), SPLIT_BLOCK=triton.next_power_of_2(num_splits),
+        OUT_BLOCK=triton.next_power_of_2(max_k + 1),
         HAS_TARGET_ROWS=target_rows is not None,
         TEMP_MODE=temp_mode, HAS_THRESHOLD=threshold is not None, GREEDY_MODE=greedy_mode,
         HAS_SEEDS=seeds is not None, FUSE_RACE=fuse_race,
@@ -875,7 +928,7 @@ def rejection_sample_pass(
         draft_probs if draft_probs is not None else logits, draft_probs.stride(0) if draft_probs is not None else 0,
         num_target_rows, vocab,
         MAX_K=max_k, NUM_SPLITS=num_splits, CHUNK=chunk, SUB=sub, NUM_SUBS=num_subs,
-        OUT_BLOCK=triton.next_power_of_2(max_k + 1), SPLIT_BLOCK=triton.next_power_of_2(num_splits),
+        OUT_BLOCK=triton.next_power_of_2(max_k + 1),
         SUB_BLOCK=triton.next_power_of_2(num_subs),
         GREEDY_MODE=greedy_mode, HAS_SEEDS=seeds is not None, FUSE_RACE=fuse_race,
         HAS_DRAFT_PROBS=draft_probs is not None, RACE=race, RACE_BLOCK=race_block,
