@@ -503,6 +503,39 @@ def test_top_n_values_keep_the_sign_of_zero(device, block, max_chunks):
         assert torch.equal(torch.signbit(vals[:, 1:]), torch.signbit(want)) and torch.equal(vals[:, 1:], want)
 
 
+def test_top1_value_keeps_the_sign_of_zero(device):
+    """n = 1: the top-1 id is the first of the tied maxima and its value is that token's own:
+    the row max, a reduction over -0.0 and +0.0, may come out as either (on the GPU), so a zero
+    is read back. Raw and processed logits, zeros of both signs first, over several chunks. (The
+    interpreter's max happens to keep the first zero's sign: without the read-back this fails on
+    the GPU only.)"""
+    from specops.sampling.logprobs import compute_processed_logprobs
+    from specops.sampling.sampler_torch import SampleResult, scale_logits
+    R, V = 4, 5000
+    x = -torch.rand(R, V, device=device) - 0.5
+    x[0, [7, 2100, 4999]] = torch.tensor([-0.0, 0.0, 0.0], device=device)      # first zero negative
+    x[1, [7, 2100, 4999]] = torch.tensor([0.0, -0.0, -0.0], device=device)      # first zero positive
+    x[2, [3000, 3001]] = torch.tensor([-0.0, 0.0], device=device)              # in one chunk
+    x[3, [4000]] = -0.0                                                         # one zero only
+    tok = torch.tensor([1, 2, 3, 4], device=device)
+    inv_t = torch.tensor([-1.0, 1.25, 0.5, 2.0], device=device)
+    for dtype in (torch.float32, torch.bfloat16):
+        xd = x.to(dtype)
+        out = compute_logprobs("raw_logits", 1, tok, raw_logits=xd, backend="triton")
+        assert out.token_ids[:, 1].tolist() == [7, 7, 3000, 4000]
+        want = xd.float().gather(1, out.token_ids[:, 1:])
+        assert torch.equal(torch.signbit(out.logprobs[:, 1:]), torch.signbit(want))
+        scaled = scale_logits(xd, inv_t)
+        row_max = scaled.max(dim=-1).values
+        res = SampleResult(tok, torch.full((R,), float("-inf"), device=device), row_max,
+                           torch.logsumexp(scaled - row_max.unsqueeze(1), dim=-1))
+        pout, _ = compute_processed_logprobs("processed_logits", 1, tok, xd, inv_t, res, backend="triton")
+        assert pout.token_ids[:, 1].tolist() == [7, 7, 3000, 4000]
+        want = scaled.gather(1, pout.token_ids[:, 1:])
+        assert torch.equal(torch.signbit(pout.logprobs[:, 1:]), torch.signbit(want))
+        assert torch.signbit(pout.logprobs[:, 1]).tolist() == [True, False, True, True]
+
+
 @pytest.mark.parametrize("block, max_chunks, n", [(16, 4, 9), (64, 2, 9), (64, 2, 3)])
 def test_top_n_several_blocks_per_program(device, block, max_chunks, n):
     """Several blocks per program (of 16 or 64 tokens): the running list merged with each block,

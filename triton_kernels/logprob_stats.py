@@ -236,6 +236,12 @@ def _combine_kernel(
     if PROCESSED:
         inv_t = tl.load(inv_t_ptr + r)
     row, tok, valid, chosen = _chosen_value(scores_ptr, stride_row, tokens_ptr, r, V, inv_t, PROCESSED)
+    if TOP1:
+        # -0.0 and +0.0 compare equal: the max may be either while top_i names the first of them,
+        # so a zero is read again from the row (a row whose max is not zero loads nothing)
+        zero = valid & (top_v == 0.0)
+        top_v = tl.where(zero, _scale(tl.load(row + top_i, mask=zero, other=0.0).to(tl.float32), inv_t, PROCESSED),
+                         top_v)
     thr = float("-inf")
     if PROCESSED:
         thr = tl.load(thr_ptr + r)

@@ -24,9 +24,7 @@ ids and ranks exactly (the top-1 of tied maxima is the first index in both; amon
 n >= 2 torch.topk's order decides on the torch path and for n > 32, the lowest index first on
 the Triton one for n <= 32: the ids of tied values may then differ between a batch asking
 for 32 logprobs and one asking for 33) and on values to fp32 rounding. The kernels rank -0.0
-and +0.0 as equal, as torch does; their top-n columns (n >= 2) report each token's own value
-(-0.0 stays -0.0), while the top-1 column (n = 1) reports the row's max, which may read +0.0
-for a -0.0 token tied with a +0.0 (the torch path reports the token's own -0.0).
+and +0.0 as equal, as torch does, and report each token's own value (-0.0 stays -0.0).
 
 The processed modes have the same two backends (`compute_processed_logprobs`): "torch"
 scales the logits into a new [R, V] tensor and gathers from it; "triton"
