@@ -81,8 +81,10 @@ PATCHES = [
     # finalize
     ("    num_target_rows, vocab_size,\n    MAX_K: tl.constexpr, NUM_SPLITS",
      "    num_target_rows, vocab_size, TL_PTR,\n    MAX_K: tl.constexpr, NUM_SPLITS"),
-    ("    req = tl.program_id(0)\n    rr, start, n, rmask, jj, x = _request_rows(",
-     "    req = tl.program_id(0)\n    _t0 = _stamp()\n    rr, start, n, rmask, jj, x = _request_rows("),
+    [("    req = tl.program_id(0)\n    rr, start, n, rmask, jj, x = _request_rows(",
+      "    req = tl.program_id(0)\n    _t0 = _stamp()\n    rr, start, n, rmask, jj, x = _request_rows("),
+     ("    req = tl.program_id(0)\n    rr, start, n, rmask, jj, x, too_many = _request_rows(",
+      "    req = tl.program_id(0)\n    _t0 = _stamp()\n    rr, start, n, rmask, jj, x, too_many = _request_rows(")],
     ("    pdl_wait(PDL)\n    pdl_launch(PDL)\n    if n > 0:\n",
      "    pdl_wait(PDL)\n    _t1 = _stamp()\n    pdl_launch(PDL)\n    _t2 = _t1\n    _t3 = _t1\n    _t4 = _t1\n"
      "    if n > 0:\n"),
