@@ -18,7 +18,10 @@ variants, compiled at the first vocabulary and dtype only); `--only`: kernels wh
 contains NAME; `--vocab`: other vocabularies instead of 128256 and 151936; `--digest FILE`:
 write one line per compile (kernel, config, SHA-256 of its PTX without the debug and line
 information), so that two trees' files show whether a change that should only move code
-(a refactor) changed any compiled kernel: `diff` them.
+(a refactor) changed any compiled kernel: `diff` them. `AOT_ROWS=512` (environment) records
+the launches at that batch instead of 4, for the launch configurations of big batches (e.g. the
+collect launch's 64-register cap from `later_maxnreg`, which spills: 68 / 60 bytes of spill
+stores / loads at fp32 V = 128256, against 8 / 4 at the 80 of small batches).
 """
 
 import argparse
@@ -166,7 +169,7 @@ def main():
     dtypes = DTYPES[:1] if a.quick else DTYPES
     backend = make_backend(TARGET)
     seen = {}
-    for fn, args, kwargs, label in record_launches(vocabs, dtypes):
+    for fn, args, kwargs, label in record_launches(vocabs, dtypes, rows=int(os.environ.get("AOT_ROWS", 4))):
         if a.only and a.only not in fn.__name__:
             continue
         signature, constexprs, attrs, options = specialise(fn, args, kwargs, backend)
