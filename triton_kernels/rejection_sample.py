@@ -329,9 +329,9 @@ def _accept_rows(part_m_ptr, part_s_ptr, part_idx_ptr, rr, n, rmask, jj, x, lx, 
     == argmax, random ones p(x) >= u q(x) with p(x) = exp(l_x * (1/T) - row max) / row sum.
     An invalid row (a NaN or +inf scaled logit, or none above -inf; on a random row a valid
     draft's prob q(x) < 0, NaN or +inf) accepts nothing: it ends its request's output (the
-    caller writes -1 there). Returns (num_accepted, rejected,
-    first_rej, rej_ok: that row is valid (False without a rejection), argmax, row max (0 for an
-    all -inf row), row sum, row_ok); the last four [OUT_BLOCK]."""
+    caller writes -1 there). Returns (num_accepted, rejected, first_rej, rej_ok: that row is
+    valid (False without a rejection), argmax, row max (0 for an all -inf row), row sum); the
+    last three [OUT_BLOCK]."""
     # One column (chunk) at a time, row-wise operations only: no reduction across threads comes
     # before the last load of the partials, so that all of them are issued together after the
     # PDL wait (a tl.max over the [OUT_BLOCK, NUM_SPLITS] tile put a barrier, and so a second
@@ -373,7 +373,7 @@ def _accept_rows(part_m_ptr, part_s_ptr, part_idx_ptr, rr, n, rmask, jj, x, lx, 
     first_rej, first_bad = tl.reduce((tl.where(rmask & (accepted == 0), rr, OUT_BLOCK),
                                       tl.where(rmask & (row_ok == 0), rr, OUT_BLOCK)), 0, _min2)
     rej_ok = first_bad != first_rej
-    return tl.minimum(first_rej, n), first_rej < n, first_rej, rej_ok, argmax, m_safe, row_sum, row_ok
+    return tl.minimum(first_rej, n), first_rej < n, first_rej, rej_ok, argmax, m_safe, row_sum
 
 
 @triton.jit
@@ -708,7 +708,7 @@ def _rejection_finalize_kernel(
             sx = tl.load(part_sx_ptr + jj, mask=rmask & (x >= 0), other=0.0)
         else:
             sx = tl.zeros(jj.shape, tl.float32)
-        num_accepted, rejected, first_rej, rej_ok, argmax, m_safe, row_sum, row_ok = _accept_rows(
+        num_accepted, rejected, first_rej, rej_ok, argmax, m_safe, row_sum = _accept_rows(
             part_m_ptr, part_s_ptr, part_idx_ptr, rr, n, rmask, jj, x, lx, q_x, u, greedy,
             NUM_SPLITS, OUT_BLOCK, GREEDY_MODE)
         # more drafts than MAX_K (inconsistent metadata, not checked on the host: no sync): the
