@@ -9,6 +9,12 @@ took 197.8 -> 151.5 µs of the mixed fp32 B=512 call, and the plan at 128 (165 u
 round-robin over several rounds (median per config), at more batches, both dtypes and both
 vocabularies, so that a ratio to the uncapped call is not a drift between two timings.
 Result: logs/exp_collect_caps_2026-12-01.txt, adopted as sampling_topk_topp.later_maxnreg.
+
+    CAPS_CONFIGS=base,C80,C96,Cnone CAPS_SHAPES=fp32:mix:256,fp32:widek:512 python bench/exp_collect_caps.py
+
+picks configs (Cnone: the collect launch uncapped) and shapes (dtype:rows:batch at V = 128256;
+rows "mix" = bench_sampling's MIX, "widek" = every row top_k 500 + top_p 0.95 at T = 1, the rows
+whose collect launch spilled at 64 registers in Nsight Compute, logs/ncu_2026-12-05/).
 """
 import contextlib
 import functools
@@ -28,6 +34,8 @@ CONFIGS = {  # name -> {kernel: cap}
     "C64": {"_collect_kernel": 64},
     "C72": {"_collect_kernel": 72},
     "C80": {"_collect_kernel": 80},
+    "C96": {"_collect_kernel": 96},
+    "Cnone": {"_collect_kernel": 0},
     "C64P128": {"_collect_kernel": 64, "_plan_kernel": 128},
     "C80P128": {"_collect_kernel": 80, "_plan_kernel": 128},
     "P128": {"_plan_kernel": 128},
@@ -35,6 +43,19 @@ CONFIGS = {  # name -> {kernel: cap}
 SHAPES = [(128256, "fp32", b) for b in (8, 32, 128, 512)] + [(128256, "bf16", b) for b in (128, 512)] \
     + [(151936, "fp32", b) for b in (128, 512)]
 ROUNDS = 3
+WIDE_K = [(1.0, 500, 0.95, 0.0)]
+
+
+def chosen_shapes() -> list[tuple[int, str, int, str]]:
+    """(V, dtype, batch, rows) from CAPS_SHAPES, else SHAPES with bench_sampling's mix."""
+    spec = os.environ.get("CAPS_SHAPES")
+    if not spec:
+        return [(V, dt, B, "mix") for V, dt, B in SHAPES]
+    out = []
+    for item in spec.split(","):
+        dt, rows, b = item.split(":")
+        out.append((128256, dt, int(b), rows))
+    return out
 
 
 def main() -> None:
@@ -44,16 +65,17 @@ def main() -> None:
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     print(f"{torch.cuda.get_device_name()}; whole sample() call, µs (median of {ROUNDS} interleaved rounds), "
           "ratio to base; DIFF: an output differs from base")
-    for V, dt, B in SHAPES:
+    configs = {n: CONFIGS[n] for n in os.environ.get("CAPS_CONFIGS", ",".join(CONFIGS)).split(",")}
+    for V, dt, B, rows in chosen_shapes():
         logits = make_logits(B, V, dtypes[dt], "llm", seed=B * 7 + V)
-        md = metadata(B, V, seeded=True)
+        md = metadata(B, V, seeded=True, **({"mix": WIDE_K} if rows == "widek" else {}))
         fn = functools.partial(sample, logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds,
                                md.positions, backend="triton", **sample_options(md, md.min_p))
         ref = fn()
-        times = {name: [] for name in CONFIGS}
+        times = {name: [] for name in configs}
         diff = set()
         for _ in range(ROUNDS):
-            for name, caps in CONFIGS.items():
+            for name, caps in configs.items():
                 with contextlib.ExitStack() as stack:
                     for kernel, cap in caps.items():
                         stack.enter_context(capped(mod, kernel, cap))
@@ -63,7 +85,7 @@ def main() -> None:
         base = statistics.median(times["base"])
         cells = [f"{n} {statistics.median(t):6.1f} ({statistics.median(t) / base:.3f}){' DIFF' if n in diff else ''}"
                  for n, t in times.items()]
-        print(f"V={V} {dt} B={B:3d}: " + "  ".join(cells), flush=True)
+        print(f"V={V} {dt} {rows} B={B:3d}: " + "  ".join(cells), flush=True)
 
 
 if __name__ == "__main__":

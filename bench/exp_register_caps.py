@@ -38,13 +38,13 @@ REJECTION_CAPS = {"_rejection_sample_kernel": (None, 48, 40), "_rejection_finali
 
 @contextlib.contextmanager
 def capped(module, name: str, cap):
-    """Launches of module.<name> get maxnreg=cap (nothing changes for cap None)."""
+    """Launches of module.<name> get maxnreg=cap (nothing changes for cap None; cap 0: uncapped)."""
     fn = getattr(module, name)
     if cap is None:
         yield
         return
     def run(*args, **kwargs):                 # fn[grid](...) calls self.run
-        kwargs["maxnreg"] = cap               # over the launcher's own cap, if any
+        kwargs["maxnreg"] = cap or None       # over the launcher's own cap, if any
         return type(fn).run(fn, *args, **kwargs)
 
     fn.run = run
