@@ -7,7 +7,8 @@
     python bench/aot_check_rejection.py --subs 2048 4096        # the sub-chunk sizes compiled at
                                                    # V=128256 besides the default (these by default)
 
-Each kernel of triton_kernels/rejection_sample.py and rejection_recover.py goes through
+Each kernel of triton_kernels/rejection_pass1.py, rejection_finalize.py and rejection_recover.py
+(launched by rejection_sample.py and rejection_recover.py) goes through
 triton.compile (an ASTSource with a GPUTarget("cuda", 90, 32)) with the argument types the
 launchers really pass (Python ints are i32 strides unless --i64; cu_num_draft_tokens,
 draft ids and target_logits_indices as the spec metadata / RejectionSampler build them),

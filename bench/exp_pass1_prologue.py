@@ -1,6 +1,6 @@
 """Experiment: what the dependent loads before pass 1's first logits load cost.
 
-Rejection pass 1 (rejection_sample.py) finds its row through two dependent loads before it
+Rejection pass 1 (rejection_pass1.py) finds its row through two dependent loads before it
 can load any logits: cu_num_draft_tokens[req - 1] gives the first target row j of the
 request, then target_rows[j] gives the logits row. A read-only kernel with the same geometry
 (grid (rows, V / 4096), one load of 4096 fp32 per program, 4 warps) takes 16.6 us at

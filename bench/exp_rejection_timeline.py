@@ -2,9 +2,11 @@
 
 Issue 4 misses its 1.5x floor target at K = 1, B = 128 and K = 4, B = 32 (no draft probs) by
 1.0-1.3 us; pass 1 reads the rows within 5% of a pure read, the finalize kernel (one program a
-request) takes the other 6-7 us. This script builds an instrumented copy of
-triton_kernels/rejection_sample.py (string patches, each checked to apply exactly once; the
-module on disk is untouched) whose kernels write %globaltimer stamps (device-wide ns):
+request) takes the other 6-7 us. This script builds an instrumented copy of the rejection
+modules (triton_kernels/rejection_sample.py, the launcher, and the modules it imports:
+rejection_pass1.py, rejection_finalize.py, rejection_common.py; string patches, each checked
+to apply exactly once in them all; the modules on disk are untouched) whose kernels write
+%globaltimer stamps (device-wide ns):
 
     pass 1, each program: start (after its PDL wait), end (once its partials are computed)
     finalize, each program: t0 start, t1 after the PDL wait, t2 acceptance known, t3 level-1
@@ -21,8 +23,11 @@ instrumented tokens are checked equal to the module's own.
     python bench/exp_rejection_timeline.py --sm90 [--variant=PATH]   # no GPU: compile the instrumented
                                         # kernels for sm_90 (scripts/triton_resources.py's stand-in driver)
 
---variant=PATH adds another copy of rejection_sample.py (e.g. a branch's, written with
-`git show BRANCH:triton_kernels/rejection_sample.py > PATH` before the device call), timed and
+--variant=PATH adds another copy of rejection_sample.py, with the rejection modules it imports
+taken from beside PATH where there, else from the tree (e.g. a branch's, written with
+`mkdir -p DIR && git archive BRANCH triton_kernels | tar -x -C DIR` before the device call:
+PATH = DIR/triton_kernels/rejection_sample.py; a rejection_sample.py from before the split into
+rejection_pass1 / rejection_finalize / rejection_common imports none of them), timed and
 instrumented beside the tree's in the same run; its tokens are checked equal to the tree's.
 """
 
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sys
 import tempfile
 
@@ -111,27 +117,59 @@ PATCHES = [
 ]
 
 
-def load_module(src: str, name: str):
-    """Import the module source `src` as `name`, from a temp file (Triton reads the source)."""
-    path = os.path.join(tempfile.mkdtemp(), name + ".py")
-    with open(path, "w") as f:
-        f.write(src)
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+# an import of one rejection module by another (the launcher of its kernels, the kernels of rejection_common)
+IMPORT = re.compile(r"^from specops\.triton_kernels\.(rejection_\w+) import", re.M)
 
 
-def instrumented_module(path: str | None = None, name: str = "rejection_sample_timeline"):
-    """The rejection_sample module at `path` (default: the tree's) with the stamps patched in."""
-    src = open(path or rs.__file__).read()
+def module_sources(path: str | None = None) -> dict[str, str]:
+    """{name: source} of rejection_sample.py at `path` (default: the tree's) and of the rejection
+    modules it imports, transitively: each from beside `path` where there, else the tree's."""
+    path = path or rs.__file__
+    srcs, todo = {"rejection_sample": open(path).read()}, ["rejection_sample"]
+    while todo:
+        for dep in IMPORT.findall(srcs[todo.pop()]):
+            if dep not in srcs:
+                own = os.path.join(os.path.dirname(path), dep + ".py")
+                tree = os.path.join(os.path.dirname(rs.__file__), dep + ".py")
+                srcs[dep] = open(own if os.path.exists(own) else tree).read()
+                todo.append(dep)
+    return srcs
+
+
+def load_modules(srcs: dict[str, str], prefix: str):
+    """Import the sources of module_sources as modules prefix + name, each from a temp file (Triton
+    reads the source), their imports of each other redirected to these copies. Returns the
+    rejection_sample copy."""
+    folder = tempfile.mkdtemp()
+    mods = {}
+
+    def load(name):
+        if name not in mods:
+            for dep in IMPORT.findall(srcs[name]):
+                load(dep)
+            path = os.path.join(folder, prefix + name + ".py")
+            with open(path, "w") as f:
+                f.write(IMPORT.sub(lambda m: f"from {prefix}{m.group(1)} import", srcs[name]))
+            spec = importlib.util.spec_from_file_location(prefix + name, path)
+            mods[name] = sys.modules[prefix + name] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mods[name])
+        return mods[name]
+    return load("rejection_sample")
+
+
+def instrumented_module(path: str | None = None, prefix: str = "timeline_"):
+    """The rejection_sample module at `path` (default: the tree's), and the kernel modules it
+    imports (module_sources), with the stamps patched in: each patch applies once in them all."""
+    srcs = module_sources(path)
     for patch in PATCHES:
         options = patch if isinstance(patch, list) else [patch]
-        hits = [(old, new) for old, new in options if src.count(old) == 1]
-        if len(hits) != 1 or any(src.count(old) > 1 for old, _ in options):
+        counts = [sum(src.count(old) for src in srcs.values()) for old, _ in options]
+        hits = [opt for opt, n in zip(options, counts) if n == 1]
+        if len(hits) != 1 or max(counts) > 1:
             raise SystemExit(f"{len(hits)} of the alternatives apply once (want 1): {options[0][0][:70]!r}")
-        src = src.replace(*hits[0])
-    return load_module(src + STAMPS, name)
+        name = next(name for name, src in srcs.items() if hits[0][0] in src)
+        srcs[name] = srcs[name].replace(*hits[0]) + ("" if srcs[name].endswith(STAMPS) else STAMPS)
+    return load_modules(srcs, prefix)
 
 
 def pct(values: torch.Tensor, q: float) -> float:
@@ -166,8 +204,8 @@ def variants() -> list[tuple[str, object, object]]:
     out = [("tree", rs, instrumented_module())]
     path = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--variant=")), None)
     if path:
-        out.append(("variant", load_module(open(path).read(), "rejection_sample_variant"),
-                    instrumented_module(path, "rejection_sample_variant_timeline")))
+        out.append(("variant", load_modules(module_sources(path), "variant_"),
+                    instrumented_module(path, "variant_timeline_")))
     return out
 
 

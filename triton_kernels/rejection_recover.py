@@ -1,11 +1,11 @@
 """Rejection sampling with draft probs, pass 2: the recovered token of each request's first
 rejected random row.
 
-Pass 1 (rejection_sample.py) and its finalize kernel leave, per request, the target row j of
-its first rejection (-1 when none), the row's softmax max and sum, and the chunk and
-sub-chunk partials of every row. The token is drawn by the two-level race of
-rejection_sample.py's docstring (without draft probs the finalize kernel of pass 1 draws it
-and this pass is not launched):
+Pass 1 (rejection_pass1.py) and its finalize kernel (rejection_finalize.py), both launched by
+rejection_sample.py, leave, per request, the target row j of its first rejection (-1 when
+none), the row's softmax max and sum, and the chunk and sub-chunk partials of every row. The
+token is drawn by the two-level race of rejection_sample.py's docstring (without draft probs
+the finalize kernel of pass 1 draws it and this pass is not launched):
 
 - with a valid draft, from the residual r_t = max(0, p_t - q_t): a first launch, grid
   (num_reqs, NUM_SUBS), sums r over each sub-chunk of the rejected row (target logits and
@@ -29,10 +29,10 @@ import triton
 import triton.language as tl
 
 from specops.triton_kernels.sampling_common import pdl_kwargs, pdl_start
-from specops.triton_kernels.rejection_sample import (NO_FP_FUSION, Pass1Result, _merge_block_max, _race_chunks,
-                                                    _request_keys, _request_span, _row_key, _row_scale, _scaled_block,
-                                                    _target_row,
-                                                    _token_noise, _valid_draft, check_sub_chunk, sub_chunk_size,
+from specops.triton_kernels.rejection_common import (_merge_block_max, _race_chunks, _request_keys, _request_span,
+                                                     _row_key, _row_scale, _scaled_block, _target_row, _token_noise,
+                                                     _valid_draft)
+from specops.triton_kernels.rejection_sample import (NO_FP_FUSION, Pass1Result, check_sub_chunk, sub_chunk_size,
                                                     temp_mode_of)
 
 
