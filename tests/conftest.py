@@ -25,3 +25,14 @@ def _fresh_seed():
     torch.manual_seed(seed)
     print(f"torch seed {seed} (rerun with SPECOPS_TEST_SEED={seed})")   # shown by pytest on failure
     yield seed
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """torch on one intra-op thread for the module (small tensor ops and tiny matmuls gain
+    nothing from threads, and a busy 2-core machine makes OpenMP spin). Use with
+    `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -38,13 +38,7 @@ PROCESSED = dict(top_k=8, top_p=0.9, min_p=0.1, repetition_penalty=1.5, frequenc
                  presence_penalty=0.8)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls gain nothing from threads (and a busy machine makes OpenMP spin): one thread."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class IdTokenizer:

@@ -7,6 +7,7 @@ import math
 import random
 import pytest
 import torch
+from engine_runs import run_all
 from model_fixtures import make_tiny_checkpoint
 
 from specops.engine.config import EngineConfig
@@ -21,14 +22,7 @@ _LOADED = {}
 _PLAIN = {}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls gain nothing from threads, and on a busy 2-core machine OpenMP spinning makes
-    them 100x slower: run this module single-threaded, then restore."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -64,21 +58,10 @@ def run(lm, prompts, params, draft=None, proposer=None, on_step=None, **cfg):
         eng.proposer = proposer
         eng.runner.keep_hidden_states = proposer.needs_hidden_states
     params = params if isinstance(params, list) else [params] * len(prompts)
-    ids = [eng.add_request(p, sp) for p, sp in zip(prompts, params)]
-    done = {}
-    while eng.has_unfinished_requests():
-        for out in eng.step():
-            if out.finished:
-                assert out.request_id not in done, "finished twice"
-                done[out.request_id] = out
-        eng.scheduler.check()
-        if on_step is not None:
-            on_step(eng)
-    assert set(done) == set(ids), "a request was lost"
-    assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
+    outs = run_all(eng, prompts, params, on_step)
     if getattr(eng.proposer, "free_blocks", None) is not None:  # the draft pool is empty again too
         assert len(eng.proposer.free_blocks) == eng.proposer.num_blocks and not eng.proposer.states
-    return [done[i] for i in ids], eng
+    return outs, eng
 
 
 def copy_prompts(n, seed, vocab=384):

@@ -8,10 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_engine_spec_greedy import GREEDY, SCHEDULES, copy_prompts, model, one_thread, run, untied  # noqa: F401
+from test_engine_spec_greedy import GREEDY, SCHEDULES, copy_prompts, model, run, untied  # noqa: F401
 
 from specops.engine.model.reference import reference_forward
 from specops.engine.spec_decode import DraftBatch, EagleHead, EagleProposer
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def reference_hidden(lm, token_ids: list[int]) -> torch.Tensor:  # [len, hidden] fp32

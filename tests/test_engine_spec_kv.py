@@ -20,13 +20,7 @@ from specops.engine.model.loader import load_model
 from specops.engine.sampling_params import SamplingParams
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls gain nothing from threads (and a busy machine makes OpenMP spin): one thread."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

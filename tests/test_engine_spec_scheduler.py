@@ -8,6 +8,7 @@ plain decoding's under every budget, pool size and chunking."""
 import random
 
 import pytest
+from engine_runs import EOS, VOCAB, expected, fake_next
 
 from specops.engine.block_manager import BlockManager
 from specops.engine.config import EngineConfig
@@ -16,27 +17,7 @@ from specops.engine.sampling_params import SamplingParams
 from specops.engine.scheduler import Scheduler
 from specops.engine.spec_decode import KSchedule
 
-VOCAB = 50
-EOS = 0
 MAX_LEN = 64
-
-
-def fake_next(ctx):
-    """Deterministic 'model': the next token from the whole context (EOS now and then)."""
-    h = len(ctx)
-    for t in ctx:
-        h = (h * 1000003 + t) % (2**61 - 1)
-    return h % VOCAB
-
-
-def expected(prompt, max_tokens, max_model_len=MAX_LEN):
-    toks, out = list(prompt), []
-    while True:
-        t = fake_next(toks)
-        toks.append(t)
-        out.append(t)
-        if t == EOS or len(out) >= max_tokens or len(toks) >= max_model_len:
-            return out
 
 
 class FakeSpecRunner:
@@ -170,7 +151,7 @@ def test_spec_outputs_equal_plain_decoding(name):
     finished, runner = run(sched, arrivals)
     assert set(finished) == set(reqs), "a request was lost"
     for rid, req in reqs.items():
-        assert req.output_token_ids == expected(req.prompt_token_ids, req.sampling_params.max_tokens), rid
+        assert req.output_token_ids == expected(req.prompt_token_ids, req.sampling_params.max_tokens, MAX_LEN), rid
         assert req.status in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
     assert runner.num_accepted > 50 and runner.num_drafts - runner.num_accepted > 50  # accepts and rejects
     if name == "preempt":

@@ -8,6 +8,7 @@ import threading
 
 import pytest
 import torch
+from engine_runs import run_all
 from model_fixtures import EOS_ID, make_tiny_checkpoint, tiny_checkpoint  # noqa: F401  (fixture)
 
 from specops.engine.config import EngineConfig
@@ -30,21 +31,6 @@ def loaded_model(path, device, dtype=torch.float32):
 def engine(lm, **kw) -> LLMEngine:
     kw.setdefault("max_model_len", 256)
     return LLMEngine(EngineConfig(**kw), loaded=lm)
-
-
-def run_all(eng, prompts, params):
-    """Add everything, step to the end; return {request_id: RequestOutput} and check the pool."""
-    ids = [eng.add_request(p, sp) for p, sp in zip(prompts, params)]
-    done = {}
-    while eng.has_unfinished_requests():
-        for out in eng.step():
-            if out.finished:
-                assert out.request_id not in done, "finished twice"
-                done[out.request_id] = out
-        eng.scheduler.check()
-    assert set(done) == set(ids), "a request was lost"
-    assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
-    return [done[i] for i in ids]
 
 
 def assert_reference_greedy(lm, prompt_ids, out_ids, exact=True, logprobs=None):

@@ -26,13 +26,7 @@ def device(request) -> str:
     return request.param
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Small int64 tensor ops: intra-op threads only add overhead (and stall on shared cores).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make_case(num_drafts, vocab, *, device, dtype=torch.float32, draft_probs=False, greedy="mixed",

@@ -26,12 +26,7 @@ DEVICE = "cuda" if CUDA else "cpu"
 BACKENDS = ["torch"] + (["triton"] if CUDA else [])
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def params(**kw):

@@ -19,13 +19,7 @@ BACKENDS = ["torch"] + (["triton"] if torch.cuda.is_available() else [])
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Small int64 tensor ops: intra-op threads only add overhead (and stall on shared cores).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def chi2_ok(counts: torch.Tensor, probs: torch.Tensor, z: float = 5.0) -> bool:

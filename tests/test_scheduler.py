@@ -5,23 +5,13 @@ request may be lost or duplicated."""
 import random
 
 import pytest
+from engine_runs import EOS, VOCAB, expected, fake_next
 
 from specops.engine.block_manager import BlockManager
 from specops.engine.config import EngineConfig
 from specops.engine.request import Request, RequestStatus
 from specops.engine.sampling_params import SamplingParams
 from specops.engine.scheduler import Scheduler
-
-VOCAB = 50
-EOS = 0
-
-
-def fake_next(ctx):
-    """Deterministic 'model': the next token from the whole context (EOS now and then)."""
-    h = len(ctx)
-    for t in ctx:
-        h = (h * 1000003 + t) % (2**61 - 1)
-    return h % VOCAB
 
 
 class FakeRunner:
@@ -48,16 +38,6 @@ class FakeRunner:
             if c + n == req.num_tokens:
                 sampled[req.request_id] = [fake_next(ctx)]
         return sampled
-
-
-def expected(prompt, max_tokens, max_model_len):
-    toks, out = list(prompt), []
-    while True:
-        t = fake_next(toks)
-        toks.append(t)
-        out.append(t)
-        if t == EOS or len(out) >= max_tokens or len(toks) >= max_model_len:
-            return out
 
 
 def make_sched(num_blocks, block_size=4, max_model_len=64, **kw):

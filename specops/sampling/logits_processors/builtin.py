@@ -60,7 +60,37 @@ def _check_added(proc: LogitsProcessor, batch_update: BatchUpdate | None, entry)
             entry(params, prompt_ids, output_ids, f"BatchUpdate.added[{i}] ")
 
 
-class MinTokensLogitsProcessor(LogitsProcessor):
+class _SparseStateProcessor(LogitsProcessor):
+    """A built-in that changes the argmax and keeps a sparse `{batch index: entry}` dict:
+    `_entry(params, prompt ids, output ids, where)` makes a request's entry (None: nothing to
+    do for it) and raises on a parameter it refuses; `_cache` (the device tensors built from
+    the entries) is reset whenever the entries change."""
+
+    def __init__(self, max_num_reqs: int, vocab_size: int, device="cpu"):
+        super().__init__(max_num_reqs, vocab_size, device)
+        self.state: dict = {}
+        self._cache: tuple | None = None
+
+    def _entry(self, params, prompt_ids, output_ids, where: str = ""):
+        raise NotImplementedError
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def is_active(self) -> bool:
+        return bool(self.state)
+
+    def check_update(self, batch_update: BatchUpdate | None) -> None:
+        """The indices, and every added request's entry."""
+        _check_added(self, batch_update, self._entry)
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        self.check_update(batch_update)
+        if process_dict_updates(self.state, batch_update, self._entry):
+            self._cache = None
+
+
+class MinTokensLogitsProcessor(_SparseStateProcessor):
     """Ban stop tokens (EOS and the request's stop_token_ids) until min_tokens were generated.
 
     Parameters
@@ -76,9 +106,6 @@ class MinTokensLogitsProcessor(LogitsProcessor):
         self.eos_token_ids = [int(t) for t in eos_token_ids]
         self.state: dict[int, tuple[int, list[int], list[int]]] = {}  # index -> (min, outputs ref, stop ids)
         self._cache: tuple | None = None  # (key, [2, n] row and token index on the device); reset by updates
-
-    def is_argmax_invariant(self) -> bool:
-        return False
 
     def _entry(self, params, prompt_ids, output_ids, where: str = ""):
         min_tokens = getattr(params, "min_tokens", 0) or 0
@@ -98,17 +125,8 @@ class MinTokensLogitsProcessor(LogitsProcessor):
             return None
         return (int(min_tokens), output_ids if output_ids is not None else [], stop)
 
-    def is_active(self) -> bool:
-        return bool(self.state)
-
-    def check_update(self, batch_update: BatchUpdate | None) -> None:
-        """The indices, and every added request's min_tokens and stop token ids."""
-        _check_added(self, batch_update, self._entry)
-
     def update_state(self, batch_update: BatchUpdate | None) -> None:
-        self.check_update(batch_update)
-        if process_dict_updates(self.state, batch_update, self._entry):
-            self._cache = None
+        super().update_state(batch_update)
         # Requests that reached min_tokens need nothing more (their output list is live).
         for index in [i for i, (n, out, _) in self.state.items() if len(out) >= n]:
             del self.state[index]
@@ -145,16 +163,13 @@ class MinTokensLogitsProcessor(LogitsProcessor):
         return logits
 
 
-class LogitBiasLogitsProcessor(LogitsProcessor):
+class LogitBiasLogitsProcessor(_SparseStateProcessor):
     """Add the request's `logit_bias` {token id: bias} to its rows."""
 
     def __init__(self, max_num_reqs: int, vocab_size: int, device="cpu"):
         super().__init__(max_num_reqs, vocab_size, device)
         self.state: dict[int, tuple[list[int], list[float]]] = {}
         self._cache: tuple | None = None  # (key, [2, n] row and token index, [n] biases); reset by updates
-
-    def is_argmax_invariant(self) -> bool:
-        return False
 
     def _entry(self, params, prompt_ids, output_ids, where: str = ""):
         bias = getattr(params, "logit_bias", None)
@@ -180,18 +195,6 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
                 raise ValueError(f"{where}logit_bias for token {tok} must fit in float32 "
                                  f"(|bias| <= {_FP32_MAX:.4g}), got {val}")
         return (list(merged), list(merged.values()))
-
-    def is_active(self) -> bool:
-        return bool(self.state)
-
-    def check_update(self, batch_update: BatchUpdate | None) -> None:
-        """The indices, and every added request's logit_bias."""
-        _check_added(self, batch_update, self._entry)
-
-    def update_state(self, batch_update: BatchUpdate | None) -> None:
-        self.check_update(batch_update)
-        if process_dict_updates(self.state, batch_update, self._entry):
-            self._cache = None
 
     def apply(self, logits: torch.Tensor, rows: LogitsRows | None = None) -> torch.Tensor:
         if not self.state:
