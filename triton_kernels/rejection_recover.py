@@ -32,8 +32,7 @@ from specops.triton_kernels.sampling_common import pdl_kwargs, pdl_start
 from specops.triton_kernels.rejection_common import (_merge_block_max, _race_chunks, _request_keys, _request_span,
                                                      _row_key, _row_scale, _scaled_block, _target_row, _token_noise,
                                                      _valid_draft)
-from specops.triton_kernels.rejection_sample import (NO_FP_FUSION, Pass1Result, check_sub_chunk, sub_chunk_size,
-                                                    temp_mode_of)
+from specops.triton_kernels.rejection_sample import NO_FP_FUSION, Pass1Result, race_geometry, temp_mode_of
 
 
 @triton.jit
@@ -230,10 +229,7 @@ def rejection_recover_pass(
     """
     num_reqs = out.shape[0]
     vocab = logits.shape[1]
-    num_splits = triton.cdiv(vocab, chunk)
-    sub = min(chunk, sub_chunk_size(vocab)) if sub_chunk is None else sub_chunk
-    check_sub_chunk(sub, chunk)
-    num_subs = triton.cdiv(vocab, sub)
+    num_splits, sub, num_subs = race_geometry(vocab, chunk, sub_chunk)
     race_block = min(sub, 8192) if race_block is None else race_block
     assert race_block >= 16 and race_block & (race_block - 1) == 0 and sub % race_block == 0
     temp_mode, temp_arg = temp_mode_of(temperature, inv_temperature, logits)

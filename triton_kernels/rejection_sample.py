@@ -104,6 +104,15 @@ def check_sub_chunk(sub_chunk: int, chunk: int) -> None:
         raise ValueError(f"sub_chunk must be a power of two in [16, {chunk}], got {sub_chunk!r}")
 
 
+def race_geometry(vocab: int, chunk: int, sub_chunk: int | None) -> tuple[int, int, int]:
+    """(chunks, sub-chunk size, sub-chunks) of a row of `vocab` tokens read in chunks of `chunk`:
+    the launchers' shared layout of pass 1's partials; `sub_chunk` None: min(chunk,
+    sub_chunk_size(vocab)), else checked (check_sub_chunk)."""
+    sub = min(chunk, sub_chunk_size(vocab)) if sub_chunk is None else sub_chunk
+    check_sub_chunk(sub, chunk)
+    return triton.cdiv(vocab, chunk), sub, triton.cdiv(vocab, sub)
+
+
 def rejection_sample_pass(
     out: torch.Tensor,                   # [num_reqs, max_spec_len + 1] int32 (written whole)
     logits: torch.Tensor,                # [num_logits, V] fp32/bf16/fp16, unit stride over V
@@ -153,10 +162,7 @@ def rejection_sample_pass(
     assert chunk >= 16 and chunk & (chunk - 1) == 0, "chunk must be a power of two >= 16"
     assert draft_probs is None or draft_probs.stride(1) == 1
     dev = logits.device
-    num_splits = triton.cdiv(vocab, chunk)
-    sub = min(chunk, sub_chunk_size(vocab)) if sub_chunk is None else sub_chunk
-    check_sub_chunk(sub, chunk)
-    num_subs = triton.cdiv(vocab, sub)
+    num_splits, sub, num_subs = race_geometry(vocab, chunk, sub_chunk)
     # Blocks of up to 4096 entries (32 fp32 per thread) with 4 warps. On the H200 (V = 128256,
     # B = 128, 8192-entry chunks, exp_rejection_pass1.py, 2026-11-30) the block reductions took
     # 20.2 / 135.2 us at K = 1 / 8 against 24.8 / 174.8 for a whole chunk per load with 8 warps;
