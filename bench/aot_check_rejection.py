@@ -220,7 +220,7 @@ def bench_geometries(ptx_dir: str) -> tuple[int, int]:
                                   HAS_TARGET_ROWS=True,
                                   TEMP_MODE=1, HAS_THRESHOLD=False, GREEDY_MODE=2,
                                   HAS_SEEDS=False, FUSE_RACE=False, NEED_SX=not dp, PREFETCH=pf,
-                                  WRITE_REC=dp)
+                                  WRITE_REC=dp, LANES=128 * warps if RS.LANE_STATS and not pf else 0)
                         kern = RS._rejection_sample_kernel
                         kt = {a: types[a] for a in kern.arg_names if a not in cx}
                         label = f"bench V={VOCAB} K={max_k} dp={int(dp)} chunk={chunk} block={block} pf={int(pf)}"
