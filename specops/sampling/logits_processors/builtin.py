@@ -101,11 +101,12 @@ class MinTokensLogitsProcessor(_SparseStateProcessor):
         The model's end-of-sequence token ids (banned unless the request ignores EOS).
     """
 
+    state: dict[int, tuple[int, list[int], list[int]]]  # index -> (min, outputs ref, stop ids)
+    _cache: tuple | None  # (key, [2, n] row and token index on the device); reset by updates
+
     def __init__(self, max_num_reqs: int, vocab_size: int, device="cpu", eos_token_ids: Sequence[int] = ()):
         super().__init__(max_num_reqs, vocab_size, device)
         self.eos_token_ids = [int(t) for t in eos_token_ids]
-        self.state: dict[int, tuple[int, list[int], list[int]]] = {}  # index -> (min, outputs ref, stop ids)
-        self._cache: tuple | None = None  # (key, [2, n] row and token index on the device); reset by updates
 
     def _entry(self, params, prompt_ids, output_ids, where: str = ""):
         min_tokens = getattr(params, "min_tokens", 0) or 0
@@ -166,10 +167,8 @@ class MinTokensLogitsProcessor(_SparseStateProcessor):
 class LogitBiasLogitsProcessor(_SparseStateProcessor):
     """Add the request's `logit_bias` {token id: bias} to its rows."""
 
-    def __init__(self, max_num_reqs: int, vocab_size: int, device="cpu"):
-        super().__init__(max_num_reqs, vocab_size, device)
-        self.state: dict[int, tuple[list[int], list[float]]] = {}
-        self._cache: tuple | None = None  # (key, [2, n] row and token index, [n] biases); reset by updates
+    state: dict[int, tuple[list[int], list[float]]]  # index -> (token ids, biases)
+    _cache: tuple | None  # (key, [2, n] row and token index, [n] biases); reset by updates
 
     def _entry(self, params, prompt_ids, output_ids, where: str = ""):
         bias = getattr(params, "logit_bias", None)
