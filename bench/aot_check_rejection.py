@@ -6,6 +6,7 @@
     python bench/aot_check_rejection.py --ptx DIR  # keep the PTX / TTGIR of each kernel there
     python bench/aot_check_rejection.py --subs 2048 4096        # the sub-chunk sizes compiled at
                                                    # V=128256 besides the default (these by default)
+    python bench/aot_check_rejection.py --waves    # also the global-load round trips from the SASS
 
 Each kernel of triton_kernels/rejection_pass1.py, rejection_finalize.py and rejection_recover.py
 (launched by rejection_sample.py and rejection_recover.py) goes through
@@ -42,6 +43,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from bench.sass_waves import load_waves  # noqa: E402
 from specops.triton_kernels import rejection_recover as RR  # noqa: E402
 from specops.triton_kernels import rejection_sample as RS  # noqa: E402
 
@@ -51,6 +53,7 @@ _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin
 PTXAS = next((os.path.join(_BIN, p) for p in ("ptxas-blackwell", "ptxas") if os.path.exists(os.path.join(_BIN, p))),
              "ptxas")
 LOGIT = {"fp32": "*fp32", "bf16": "*bf16"}
+WAVES = False         # --waves: each compile's global-load round trips from its SASS (bench/sass_waves.py)
 REDUCE_LAYOUTS = {}   # (kernel, vocab, sub) -> {layouts of its f32 tensors reduced with an add: [labels]}
 
 
@@ -139,8 +142,12 @@ def compile_one(kernel, types: dict, constexprs: dict, num_warps: int, label: st
         out += f"\n{fmas} fma.rn.f32 in the PTX: compiled with contraction (see rejection_sample.NO_FP_FUSION)"
     ok = r.returncode == 0 and not fmas
     tag = "ok  " if ok else "FAIL"
+    waves = ""
+    if WAVES:
+        w = load_waves(k.asm["cubin"])
+        waves = f" ldg={w['ldg']} waves={w['waves']} after_wait={w['waves_after_wait']} bar={w['bar']}"
     print(f"{tag} {kernel.__name__:28s} {label:70s} warps={num_warps} regs={regs:>4s} spill(st/ld B)={spill:>8s} "
-          f"smem={k.metadata.shared} {time.time() - t0:4.1f}s", flush=True)
+          f"smem={k.metadata.shared}{waves} {time.time() - t0:4.1f}s", flush=True)
     if not ok:
         print(out, flush=True)
     return ok
@@ -256,7 +263,11 @@ def main() -> int:
                     help="also the geometries of bench/exp_rejection_pass1.py (chunk, block, warps, race block)")
     ap.add_argument("--subs", type=int, nargs="*", default=[2048, 4096],
                     help="sub-chunk sizes also compiled at V=128256 (engine call shape; default 2048 4096)")
+    ap.add_argument("--waves", action="store_true",
+                    help="also each compile's global-load round trips read from its SASS (bench/sass_waves.py)")
     args = ap.parse_args()
+    global WAVES
+    WAVES = args.waves
     ptx_dir = args.ptx or tempfile.mkdtemp(prefix="aot_rej_")
     os.makedirs(ptx_dir, exist_ok=True)
     stride = "i64" if args.i64 else "i32"

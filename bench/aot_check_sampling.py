@@ -18,7 +18,8 @@ variants, compiled at the first vocabulary and dtype only); `--only`: kernels wh
 contains NAME; `--vocab`: other vocabularies instead of 128256 and 151936; `--digest FILE`:
 write one line per compile (kernel, config, SHA-256 of its PTX without the debug and line
 information), so that two trees' files show whether a change that should only move code
-(a refactor) changed any compiled kernel: `diff` them. `AOT_ROWS=512` (environment) records
+(a refactor) changed any compiled kernel: `diff` them; `--waves`: each compile's global-load
+round trips as its SASS issues them (bench/sass_waves.py). `AOT_ROWS=512` (environment) records
 the launches at that batch instead of 4, for the launch configurations of big batches (e.g. the
 collect launch's 64-register cap from `later_maxnreg`, which spills: 68 / 60 bytes of spill
 stores / loads at fp32 V = 128256, against 8 / 4 at the 80 of small batches).
@@ -43,6 +44,8 @@ from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
 from triton.compiler import ASTSource, make_backend    # noqa: E402
 from triton.runtime import jit as _jit          # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository root
+from bench.sass_waves import load_waves                                      # noqa: E402
 from specops.triton_kernels.logprob_stats import logprob_stats              # noqa: E402
 from specops.triton_kernels.sampling_topk_topp import sample_top_k_top_p_triton  # noqa: E402
 
@@ -164,6 +167,8 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--vocab", type=int, action="append")
     ap.add_argument("--digest", default="", help="write each compile's code digest to this file")
+    ap.add_argument("--waves", action="store_true",
+                    help="also the global-load round trips read from the SASS (bench/sass_waves.py)")
     a = ap.parse_args()
     vocabs = tuple(a.vocab) if a.vocab else VOCABS[:1] if a.quick else VOCABS
     dtypes = DTYPES[:1] if a.quick else DTYPES
@@ -191,6 +196,9 @@ def main():
             digests.append(f"{fn.__name__} {options.num_warps} {options.maxnreg} {short(constexprs, signature)} "
                            f"{str(attrs)} {code_digest(k.asm['ptx'])}")
             res = f"{regs:>4} {f'{st}/{ld}':>11} {stack:>5} {k.metadata.shared:>6}"
+            if a.waves:
+                w = load_waves(k.asm["cubin"])
+                res += f" ldg={w['ldg']} waves={w['waves']} after_wait={w['waves_after_wait']} bar={w['bar']}"
         except Exception as e:     # noqa: BLE001: report every kernel, fail at the end
             failed += 1
             lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
