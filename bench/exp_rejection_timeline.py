@@ -98,9 +98,15 @@ PATCHES = [
       "            NUM_SPLITS, SPLIT_BLOCK, OUT_BLOCK, GREEDY_MODE)\n        _t2 = _stamp_after(num_accepted)\n"
       "        at_rej = rr == first_rej\n"),
      ("            NUM_SPLITS, OUT_BLOCK, GREEDY_MODE)\n",
-      "            NUM_SPLITS, OUT_BLOCK, GREEDY_MODE)\n        _t2 = _stamp_after(num_accepted)\n")],
-    ("                c, best = _race_chunks(log_mass, kk, seed_j, pos_j)\n",
-     "                c, best = _race_chunks(log_mass, kk, seed_j, pos_j)\n                _t3 = _stamp_after(c)\n"),
+      "            NUM_SPLITS, OUT_BLOCK, GREEDY_MODE)\n        _t2 = _stamp_after(num_accepted)\n"),
+     ("            pm, ps, pidx, rr, n, rmask, x, lx, q_x, u, greedy, FIX_SCALE, OUT_BLOCK, GREEDY_MODE)\n",
+      "            pm, ps, pidx, rr, n, rmask, x, lx, q_x, u, greedy, FIX_SCALE, OUT_BLOCK, GREEDY_MODE)\n"
+      "        _t2 = _stamp_after(num_accepted)\n")],
+    [("                c, best = _race_chunks(log_mass, kk, seed_j, pos_j)\n",
+      "                c, best = _race_chunks(log_mass, kk, seed_j, pos_j)\n                _t3 = _stamp_after(c)\n"),
+     ("                best, c = _argmax_lowest(tl.max(log_mass - log_noise, 0), kk, 0)\n",
+      "                best, c = _argmax_lowest(tl.max(log_mass - log_noise, 0), kk, 0)\n"
+      "                _t3 = _stamp_after(c)\n")],
     [("seed_j, pos_j, vocab_size, SUB, RACE_BLOCK, HAS_THRESHOLD)\n",
       "seed_j, pos_j, vocab_size, SUB, RACE_BLOCK, HAS_THRESHOLD)\n                        _t4 = _stamp_after(recovered)\n"),
      ("                                                       HAS_THRESHOLD)\n        token = ",
@@ -108,7 +114,7 @@ PATCHES = [
       "                        _t4 = _stamp_after(recovered)\n        token = ")],
     ("        _write_row(out_ptr, out_stride, req, rr, x, num_accepted, rejected, token, bonus, MAX_K)\n",
      "        _write_row(out_ptr, out_stride, req, rr, x, num_accepted, rejected, token, bonus, MAX_K)\n"
-     "        _t5 = _stamp_after(token)\n"
+     "        _t5 = _stamp_after(recovered + num_accepted)\n"   # scalars: token may be a row
      "        _b = TL_PTR + req.to(tl.int64) * 8\n"
      "        tl.store(_b + 0, _t0)\n        tl.store(_b + 1, _t1)\n        tl.store(_b + 2, _t2)\n"
      "        tl.store(_b + 3, _t3)\n        tl.store(_b + 4, _t4)\n        tl.store(_b + 5, _t5)\n"),
@@ -136,10 +142,10 @@ def module_sources(path: str | None = None) -> dict[str, str]:
     return srcs
 
 
-def load_modules(srcs: dict[str, str], prefix: str):
+def load_modules(srcs: dict[str, str], prefix: str, roots: tuple[str, ...] | None = None):
     """Import the sources of module_sources as modules prefix + name, each from a temp file (Triton
     reads the source), their imports of each other redirected to these copies. Returns the
-    rejection_sample copy."""
+    rejection_sample copy, or with `roots` {name: copy} of those modules."""
     folder = tempfile.mkdtemp()
     mods = {}
 
@@ -154,7 +160,9 @@ def load_modules(srcs: dict[str, str], prefix: str):
             mods[name] = sys.modules[prefix + name] = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(mods[name])
         return mods[name]
-    return load("rejection_sample")
+    if roots is None:
+        return load("rejection_sample")
+    return {name: load(name) for name in roots}
 
 
 def instrumented_module(path: str | None = None, prefix: str = "timeline_"):
