@@ -1,8 +1,10 @@
 """Experiment: the whole rejection sampling call (pass 1, finalize and, with draft probs, the
 recover pass) of the tree against other trees' kernels, in one run on the GPU.
 
-    mkdir -p var/NAME && git archive BRANCH triton_kernels | tar -x -C var/NAME   # before the device call
-    python bench/exp_rejection_ab.py var/NAME [var/OTHER ...] [--rounds=4]
+    mkdir -p ab/NAME && git archive BRANCH triton_kernels | tar -x -C ab/NAME   # before the device call
+    python bench/exp_rejection_ab.py ab/NAME [ab/OTHER ...] [--rounds=4]
+
+(ab/ is ignored by git: name it in the device call's carry, beside .gpu.)
 
 Each variant is the rejection modules (rejection_sample.py and rejection_recover.py with the
 rejection_* modules they import) from DIR/triton_kernels, each taken from the tree where DIR
