@@ -29,6 +29,7 @@ import triton
 _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 _INSTR = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*(.*?)\s*;")
 _REG = re.compile(r"\bR(\d+)(\.64|\.128)?\b")
+_PRED = re.compile(r"!?U?P(T|\d+)$")
 _STORE_LIKE = ("ST", "RED", "ATOM", "BAR", "BRA", "EXIT", "CALL", "RET", "BSYNC", "BSSY", "WARPSYNC")
 
 
@@ -69,13 +70,16 @@ def load_waves(cubin_or_sass) -> dict:
             waited = True                  # loads after the wait start a new wave
         if opcode.startswith("BAR"):
             bar += 1
-        parts = operands.split(",", 1)
+        parts = [p.strip() for p in operands.split(",")]
         if opcode.startswith(_STORE_LIKE) or len(parts) == 1:
             reads = _regs(operands)
             dest = set()
         else:
-            reads = _regs(parts[1])
-            dest = _regs(parts[0])
+            # the destination: the first operand, or the register after a predicate output
+            # (SHFL.BFLY PT, R28, R31, ...: R28 is written)
+            d = 1 if _PRED.match(parts[0]) and _REG.match(parts[1]) else 0
+            dest = _regs(parts[d])
+            reads = _regs(", ".join(parts[d + 1:]))
         if reads & outstanding:
             outstanding.clear()
             waited = True

@@ -31,3 +31,10 @@ def test_waves_after_the_dependent_launch_wait():
     sass = _sass("LDG.E R4, desc[UR4][R2.64]", "ACQBULK", "LDG.E R6, desc[UR4][R2.64]", "FADD R7, R6, R4",
                  "LDG.E R8, desc[UR4][R2.64]", "EXIT")
     assert load_waves(sass) == dict(ldg=3, waves=3, waves_after_wait=2, bar=0)
+
+
+def test_a_shuffle_writes_the_register_after_its_predicate_output():
+    # SHFL.BFLY PT, R4, R9: R4 is written (not read), so the load into R4 is not waited for
+    sass = _sass("LDG.E R4, desc[UR4][R2.64]", "LDG.E R9, desc[UR4][R2.64]", "SHFL.BFLY PT, R4, R7, 0x10, 0x1f",
+                 "LDG.E R12, desc[UR4][R2.64]", "SHFL.BFLY PT, R13, R9, 0x8, 0x1f", "LDG.E R14, desc[UR4][R2.64]")
+    assert load_waves(sass)["waves"] == 2
