@@ -43,7 +43,7 @@ def sass_of(cubin: bytes) -> str:
                               check=True).stdout
 
 
-def _regs(text: str, width_of_dest: int = 1) -> set[int]:
+def _regs(text: str) -> set[int]:
     """Registers named in an operand text (R4.64: R4 and R5)."""
     out = set()
     for m in _REG.finditer(text):
@@ -88,13 +88,12 @@ def load_waves(cubin_or_sass) -> dict:
             if waited:
                 waves += 1
                 waited = False
-            first = min(dest) if dest else None
-            if first is not None:
-                outstanding.update(range(first, first + _load_width(opcode)))
+            if dest:
+                outstanding.update(range(min(dest), min(dest) + _load_width(opcode)))
         else:
             outstanding -= dest            # overwritten before use: no longer a pending load's
-    return dict(ldg=ldg, waves=waves, waves_after_wait=waves - (waves_at_wait or 0) if waves_at_wait is not None
-                else None, bar=bar)
+    after_wait = None if waves_at_wait is None else waves - waves_at_wait
+    return dict(ldg=ldg, waves=waves, waves_after_wait=after_wait, bar=bar)
 
 
 if __name__ == "__main__":
