@@ -206,8 +206,10 @@ def test_slow_or_failing_compile_does_not_delay_others(loaded):
     for i in range(2):
         p = f"p{i}"
         assert t_got[p][1] == t_base[p][1] == 1  # first token in the first step, as without them
-        # and as quickly (a margin for the shared CPU), long before the slow compile's deadline
-        assert t_got[p][0] < min(2 * t_base[p][0] + 1.0, 3.0), (t_got, t_base)
+        # and long before the slow compile's deadline (3 s; its compile takes 8 s). Not a bound
+        # relative to the baseline: on a loaded 2-core CI machine the first step with five
+        # requests took 1.45 s against 0.15 s for two alone (session 51), with no delay at all
+        assert t_got[p][0] < 2.5, (t_got, t_base)
         assert final[p].error is None and len(final[p].outputs[0].token_ids) == 4
     assert "timed out" in final["slow"].error and final["slow"].outputs[0].finish_reason == "error"
     assert "injected compiler failure" in final["boom"].error
