@@ -98,7 +98,10 @@ PATCHES = [
       "            NUM_SPLITS, SPLIT_BLOCK, OUT_BLOCK, GREEDY_MODE)\n        _t2 = _stamp_after(num_accepted)\n"
       "        at_rej = rr == first_rej\n"),
      ("            NUM_SPLITS, OUT_BLOCK, GREEDY_MODE)\n",
-      "            NUM_SPLITS, OUT_BLOCK, GREEDY_MODE)\n        _t2 = _stamp_after(num_accepted)\n")],
+      "            NUM_SPLITS, OUT_BLOCK, GREEDY_MODE)\n        _t2 = _stamp_after(num_accepted)\n"),
+     ("            pm, ps, pidx, rr, n, rmask, x, lx, q_x, u, greedy, FIX_SCALE, OUT_BLOCK, GREEDY_MODE)\n",
+      "            pm, ps, pidx, rr, n, rmask, x, lx, q_x, u, greedy, FIX_SCALE, OUT_BLOCK, GREEDY_MODE)\n"
+      "        _t2 = _stamp_after(num_accepted)\n")],
     ("                c, best = _race_chunks(log_mass, kk, seed_j, pos_j)\n",
      "                c, best = _race_chunks(log_mass, kk, seed_j, pos_j)\n                _t3 = _stamp_after(c)\n"),
     [("seed_j, pos_j, vocab_size, SUB, RACE_BLOCK, HAS_THRESHOLD)\n",
@@ -108,7 +111,7 @@ PATCHES = [
       "                        _t4 = _stamp_after(recovered)\n        token = ")],
     ("        _write_row(out_ptr, out_stride, req, rr, x, num_accepted, rejected, token, bonus, MAX_K)\n",
      "        _write_row(out_ptr, out_stride, req, rr, x, num_accepted, rejected, token, bonus, MAX_K)\n"
-     "        _t5 = _stamp_after(token)\n"
+     "        _t5 = _stamp_after(recovered + num_accepted)\n"   # scalars: token may be a row
      "        _b = TL_PTR + req.to(tl.int64) * 8\n"
      "        tl.store(_b + 0, _t0)\n        tl.store(_b + 1, _t1)\n        tl.store(_b + 2, _t2)\n"
      "        tl.store(_b + 3, _t3)\n        tl.store(_b + 4, _t4)\n        tl.store(_b + 5, _t5)\n"),
