@@ -102,8 +102,11 @@ PATCHES = [
      ("            pm, ps, pidx, rr, n, rmask, x, lx, q_x, u, greedy, FIX_SCALE, OUT_BLOCK, GREEDY_MODE)\n",
       "            pm, ps, pidx, rr, n, rmask, x, lx, q_x, u, greedy, FIX_SCALE, OUT_BLOCK, GREEDY_MODE)\n"
       "        _t2 = _stamp_after(num_accepted)\n")],
-    ("                c, best = _race_chunks(log_mass, kk, seed_j, pos_j)\n",
-     "                c, best = _race_chunks(log_mass, kk, seed_j, pos_j)\n                _t3 = _stamp_after(c)\n"),
+    [("                c, best = _race_chunks(log_mass, kk, seed_j, pos_j)\n",
+      "                c, best = _race_chunks(log_mass, kk, seed_j, pos_j)\n                _t3 = _stamp_after(c)\n"),
+     ("                best, c = _argmax_lowest(tl.max(log_mass - log_noise, 0), kk, 0)\n",
+      "                best, c = _argmax_lowest(tl.max(log_mass - log_noise, 0), kk, 0)\n"
+      "                _t3 = _stamp_after(c)\n")],
     [("seed_j, pos_j, vocab_size, SUB, RACE_BLOCK, HAS_THRESHOLD)\n",
       "seed_j, pos_j, vocab_size, SUB, RACE_BLOCK, HAS_THRESHOLD)\n                        _t4 = _stamp_after(recovered)\n"),
      ("                                                       HAS_THRESHOLD)\n        token = ",

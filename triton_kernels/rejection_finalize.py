@@ -24,9 +24,9 @@ import triton.language as tl
 
 from specops.triton_kernels.sampling_common import pdl_launch, pdl_wait
 from specops.triton_kernels.rng import STREAM_ACCEPT, random_words, uniform_open
-from specops.triton_kernels.rejection_common import (_INT_MAX, _merge_block_max, _race_chunks, _request_greedy,
+from specops.triton_kernels.rejection_common import (_INT_MAX, _argmax_lowest, _merge_block_max, _request_greedy,
                                                      _request_keys, _request_span, _row_key, _scaled_block,
-                                                     _token_noise, _valid_draft)
+                                                     _sub_chunk_log_noise, _token_noise, _valid_draft)
 
 
 @triton.jit
@@ -210,11 +210,11 @@ def _rejection_finalize_kernel(
     recovered token; with draft probs, the rejected row and its softmax statistics for
     rejection_recover, which writes the recovered token.
 
-    Everything that is an input (draft ids, keys, uniforms, scales, q(x)) is read before
-    pdl_wait, so that after it only pass 1's partials (one round trip) and, for a rejected
-    random row, one sub-chunk of its logits are read. Every program waits, requests without
-    drafts too: this launch then ends only after pass 1 has, which the recover pass (waiting
-    on this launch only) relies on to read what pass 1 wrote."""
+    Everything that is an input (draft ids, keys, uniforms, scales, q(x)) is read, and every
+    row's level-1 noise computed, before pdl_wait, so that after it only pass 1's partials (one
+    round trip) and, for a rejected random row, one sub-chunk of its logits are read. Every
+    program waits, requests without drafts too: this launch then ends only after pass 1 has,
+    which the recover pass (waiting on this launch only) relies on to read what pass 1 wrote."""
     req = tl.program_id(0)
     rr, start, n, rmask, jj, x, too_many = _request_rows(cu_ptr, draft_ids_ptr, req, num_target_rows, vocab_size,
                                                          MAX_K, OUT_BLOCK)
@@ -229,6 +229,12 @@ def _rejection_finalize_kernel(
     if HAS_DRAFT_PROBS:
         q_rows = draft_probs_ptr + jj.to(tl.int64) * draft_probs_stride
         q_x = tl.load(q_rows + tl.where(x >= 0, x, 0), mask=rmask, other=1.0).to(tl.float32)
+    if RACE:
+        # level 1's noise for every row, log E [OUT_BLOCK, SUB_BLOCK] (inputs only: computed while
+        # pass 1 still runs), for whichever row is rejected
+        kk = tl.arange(0, SUB_BLOCK)
+        seed_rows, pos_rows = _row_key(seeded, seed, position, engine_seed64, step, rr.to(tl.int64), jj)
+        log_noise = _sub_chunk_log_noise(kk[None, :], (seed_rows + 0 * pos_rows)[:, None], pos_rows[:, None])
     pdl_wait(PDL)
     pdl_launch(PDL)
     if n > 0:
@@ -239,7 +245,6 @@ def _rejection_finalize_kernel(
             # level 1's inputs for every row, in the same round trip as the acceptance partials:
             # log of each sub-chunk's mass m_c + log(s_k) (chunk c = k // SPC), with the sum without
             # the draft token for the sub-chunk holding it
-            kk = tl.arange(0, SUB_BLOCK)
             tmask = rmask[:, None] & (kk < NUM_SUBS)[None, :]
             if SUB == CHUNK:
                 sub_m = pm
@@ -282,12 +287,13 @@ def _rejection_finalize_kernel(
             if rejected & (greedy == 0) & rej_ok:
                 j_rej = start + first_rej
                 x_sub = tl.where(x_rej >= 0, x_rej // SUB, -1)
-                # the rejected row's log sub-chunk masses: computed on the whole tile, then one
-                # reduction over the rows (of one value, not two: each is an exchange across warps)
+                # level 1: the rejected row's race keys log M_k - log E_k computed on the whole tile
+                # (-inf on the other rows), then one reduction over the rows (of one value: each is
+                # an exchange across warps) and the argmax over the sub-chunks
                 s_k = tl.where(sel[:, None], tl.where(kk[None, :] == x_sub, sx_rej, sub_s), -1.0)
-                log_mass = tl.max(tl.where(s_k > 0.0, sub_m + tl.log(tl.where(s_k > 0.0, s_k, 1.0)), float("-inf")), 0)
+                log_mass = tl.where(s_k > 0.0, sub_m + tl.log(tl.where(s_k > 0.0, s_k, 1.0)), float("-inf"))
+                best, c = _argmax_lowest(tl.max(log_mass - log_noise, 0), kk, 0)
                 seed_j, pos_j = _row_key(seeded, seed, position, engine_seed64, step, first_rej.to(tl.int64), j_rej)
-                c, best = _race_chunks(log_mass, kk, seed_j, pos_j)
                 if best > float("-inf"):
                     if FUSE_RACE:
                         recovered = tl.load(part_kidx_ptr + j_rej * NUM_SUBS + c)
