@@ -81,6 +81,7 @@ def geometry(vocab: int, max_k: int, sub: int | None = None) -> dict:
     block = min(chunk, 4096)
     return dict(chunk=chunk, splits=splits, sub=sub, subs=subs, block=block, warps=4,
                 sub_block=triton.next_power_of_2(subs),
+                fix_scale=RS.fixed_sum_scale(splits, chunk),
                 out_block=triton.next_power_of_2(max_k + 1), race_block=min(sub, 8192), race_warps=8, fin_warps=8,
                 res_block=min(sub, 4096), max_k=max_k)
 
@@ -239,6 +240,7 @@ def bench_geometries(ptx_dir: str) -> tuple[int, int]:
                 continue
             cx = dict(MAX_K=max_k, NUM_SPLITS=g["splits"], CHUNK=g["chunk"], SUB=g["sub"], NUM_SUBS=g["subs"],
                       OUT_BLOCK=g["out_block"], SUB_BLOCK=g["sub_block"],
+                      FIX_SCALE=g["fix_scale"],
                       GREEDY_MODE=2, HAS_DRAFT_PROBS=False,
                       HAS_SEEDS=False, FUSE_RACE=False, RACE=True, RACE_BLOCK=race_block, HAS_TARGET_ROWS=True,
                       TEMP_MODE=1, HAS_THRESHOLD=False)
@@ -300,6 +302,7 @@ def main() -> int:
             race = not dp and gm != 1
             fin = dict(MAX_K=max_k, NUM_SPLITS=g["splits"], CHUNK=g["chunk"], SUB=g["sub"], NUM_SUBS=g["subs"],
                        OUT_BLOCK=g["out_block"], SUB_BLOCK=g["sub_block"],
+                       FIX_SCALE=g["fix_scale"],
                        GREEDY_MODE=gm, HAS_SEEDS=seeds, HAS_DRAFT_PROBS=dp,
                        FUSE_RACE=fuse, RACE=race, RACE_BLOCK=g["race_block"], **flags)
             fkey = ("fin", vocab, g["sub"], max_k, dp, gm, fuse, tr, tm, thr, seeds, dtype, ids)

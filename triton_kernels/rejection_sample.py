@@ -104,6 +104,14 @@ def check_sub_chunk(sub_chunk: int, chunk: int) -> None:
         raise ValueError(f"sub_chunk must be a power of two in [16, {chunk}], got {sub_chunk!r}")
 
 
+def fixed_sum_scale(num_splits: int, chunk: int) -> float:
+    """Units per 1 of the finalize's fixed-point row sums (rejection_finalize._accept_rows):
+    2^S with the total of num_splits chunk terms, each below 2 * chunk (a chunk's sum of at
+    most `chunk` values <= 1, times a factor <= 1), under 2^62 units. For V = 128256 (32 chunks
+    of 4096) S = 43: each term is rounded down by less than 2^-43 against a row sum >= 1."""
+    return float(2 ** (61 - (num_splits * chunk).bit_length()))
+
+
 def race_geometry(vocab: int, chunk: int, sub_chunk: int | None) -> tuple[int, int, int]:
     """(chunks, sub-chunk size, sub-chunks) of a row of `vocab` tokens read in chunks of `chunk`:
     the launchers' shared layout of pass 1's partials; `sub_chunk` None: min(chunk,
@@ -230,6 +238,7 @@ def rejection_sample_pass(
         MAX_K=max_k, NUM_SPLITS=num_splits, CHUNK=chunk, SUB=sub, NUM_SUBS=num_subs,
         OUT_BLOCK=triton.next_power_of_2(max_k + 1),
         SUB_BLOCK=triton.next_power_of_2(num_subs),
+        FIX_SCALE=fixed_sum_scale(num_splits, chunk),
         GREEDY_MODE=greedy_mode, HAS_SEEDS=seeds is not None, FUSE_RACE=fuse_race,
         HAS_DRAFT_PROBS=draft_probs is not None, RACE=race, RACE_BLOCK=race_block,
         HAS_TARGET_ROWS=target_rows is not None, TEMP_MODE=temp_mode, HAS_THRESHOLD=threshold is not None,
