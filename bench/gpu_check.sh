@@ -25,6 +25,10 @@
 #   TEST_SHARD=1/2               run test files 1, 3, 5, ... of the sorted tests/test_*.py (2/2: the
 #                                others): the whole suite no longer fits one 600 s call (session 26:
 #                                1468 of 1469 results in 513 s with 8 workers), so two calls run it
+#   TESTS_AFTER=prev_pytest.log  run only the tests (of TESTS / TEST_SHARD) that this earlier
+#                                run's pytest.log ($OUT/pytest.log of a call cut by its limit; put
+#                                it in the working tree, untracked, so that it travels) reports no
+#                                outcome for (bench/pytest_rest.py)
 #   PYTEST_ARGS="-x --maxfail=3" extra pytest arguments (split on spaces: no quoted phrase)
 #   PYTEST_K="cuda or grouping"  pytest -k expression (kept whole, spaces and all)
 #   PYTEST_WORKERS=8             pytest-xdist workers (0 = serial; the whole suite: over 513 s with 8)
@@ -196,6 +200,13 @@ tests() {
     # shard i of n: every n-th file of the sorted test files, starting at the i-th
     local i=${TEST_SHARD%/*} n=${TEST_SHARD#*/}
     what=$(ls tests/test_*.py | sort | awk -v i="$i" -v n="$n" '(NR - i) % n == 0' | tr '\n' ' ')
+  fi
+  if [ -n "${TESTS_AFTER:-}" ]; then
+    # only what an earlier, cut run did not report (bench/pytest_rest.py)
+    # shellcheck disable=SC2086
+    what=$($PY bench/pytest_rest.py "$TESTS_AFTER" $what) || { echo "FAILED: bench/pytest_rest.py"; return 1; }
+    if [ -z "$what" ]; then echo "nothing left after $TESTS_AFTER"; return 0; fi
+    what=$(echo "$what" | tr '\n' ' ')
   fi
   echo "python -m pytest $what ${args[*]} ${PYTEST_ARGS:-}"
   # shellcheck disable=SC2086
