@@ -2,7 +2,7 @@
 recover pass) of the tree against other trees' kernels, in one run on the GPU.
 
     mkdir -p ab/NAME && git archive BRANCH triton_kernels | tar -x -C ab/NAME   # before the device call
-    python bench/exp_rejection_ab.py ab/NAME [ab/OTHER ...] [--rounds=4]
+    python bench/exp_rejection_ab.py ab/NAME [ab/OTHER ...] [--rounds=4] [--shapes=8x128x0,8x32x1]
 
 (ab/ is ignored by git: name it in the device call's carry, beside .gpu.)
 
@@ -10,7 +10,7 @@ Each variant is the rejection modules (rejection_sample.py and rejection_recover
 rejection_* modules they import) from DIR/triton_kernels, each taken from the tree where DIR
 has none (bench/exp_rejection_timeline.py's loader). For each shape (V = 128256 fp32, the
 bench_rejection inputs of bench/exp_rejection_pass1.py: K, batch, with and without draft
-probs) every module runs the call as specops.spec_decode.rejection_sample launches it, 3 calls
+probs; `--shapes` replaces SHAPES by K x batch x probs triples) every module runs the call as specops.spec_decode.rejection_sample launches it, 3 calls
 captured in one CUDA graph; the graphs are replayed in interleaved rounds (tree, variants,
 tree, ...) and each module's median over its rounds is printed, with the ratio to the tree's.
 Every variant's output must equal the tree's (the same tokens: "DIFF" otherwise).
@@ -34,6 +34,15 @@ from specops.triton_kernels import rejection_sample as tree_sample  # noqa: E402
 
 VOCAB = 128256
 SHAPES = [(1, 128, False), (4, 32, False), (1, 128, True), (4, 32, True), (8, 32, False), (4, 8, False)]
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, bool]]:
+    """"8x128x0,8x32x1" -> [(8, 128, False), (8, 32, True)]: K x batch x draft probs."""
+    shapes = []
+    for item in text.split(","):
+        k, batch, probs = (int(v) for v in item.split("x"))
+        shapes.append((k, batch, bool(probs)))
+    return shapes
 
 
 def variant_modules(folder: str, prefix: str):
@@ -71,6 +80,7 @@ def graph_of(sample_mod, recover_mod, inputs, like, chunk):
 def main() -> None:
     folders = [a for a in sys.argv[1:] if not a.startswith("--")]
     rounds = next((int(a.split("=")[1]) for a in sys.argv[1:] if a.startswith("--rounds=")), 4)
+    shapes = next((parse_shapes(a.split("=")[1]) for a in sys.argv[1:] if a.startswith("--shapes=")), SHAPES)
     if not torch.cuda.is_available():
         print("exp_rejection_ab needs CUDA: nothing to do")
         return
@@ -80,7 +90,7 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, V={VOCAB} fp32, T={TEMP}; us per call "
           f"(graph of 3 calls, median of {rounds} interleaved rounds x 50 replays); ratio to the tree")
     print(f"{'K':>2} {'B':>4} {'probs':>5} " + " ".join(f"{name:>22}" for name, _, _ in mods))
-    for k, batch, probs in SHAPES:
+    for k, batch, probs in shapes:
         inputs, batch, k = make_inputs(VOCAB, batch, k, probs, "cuda")
         ref = torch.empty(batch, k + 1, dtype=torch.int32, device="cuda")
         call(tree_sample, tree_recover, inputs, ref, chunk)
