@@ -10,9 +10,10 @@ Each variant is the rejection modules (rejection_sample.py and rejection_recover
 rejection_* modules they import) from DIR/triton_kernels, each taken from the tree where DIR
 has none (bench/exp_rejection_timeline.py's loader). For each shape (V = 128256 fp32, the
 bench_rejection inputs of bench/exp_rejection_pass1.py: K, batch, with and without draft
-probs; `--shapes` replaces SHAPES by K x batch x probs triples) every module runs the call as specops.spec_decode.rejection_sample launches it, 3 calls
-captured in one CUDA graph; the graphs are replayed in interleaved rounds (tree, variants,
-tree, ...) and each module's median over its rounds is printed, with the ratio to the tree's.
+probs; `--shapes` replaces SHAPES by K x batch x probs triples) every module runs the call as
+specops.spec_decode.rejection_sample launches it, 3 calls captured in one CUDA graph; the
+graphs are replayed in interleaved rounds (tree, variants, tree, ...) and each module's median
+over its rounds is printed, with the ratio to the tree's.
 Every variant's output must equal the tree's (the same tokens: "DIFF" otherwise).
 """
 

@@ -106,9 +106,7 @@ PATCHES = [
       "                c, best = _race_chunks(log_mass, kk, seed_j, pos_j)\n                _t3 = _stamp_after(c)\n"),
      ("                best, c = _argmax_lowest(tl.max(log_mass - log_noise, 0), kk, 0)\n",
       "                best, c = _argmax_lowest(tl.max(log_mass - log_noise, 0), kk, 0)\n"
-      "                _t3 = _stamp_after(c)\n"),
-     ("                best, c = _argmax_lowest(key, kk, 0)\n",  # narrow tiles (deleted: level)
-      "                best, c = _argmax_lowest(key, kk, 0)\n                _t3 = _stamp_after(c)\n")],
+      "                _t3 = _stamp_after(c)\n")],
     [("seed_j, pos_j, vocab_size, SUB, RACE_BLOCK, HAS_THRESHOLD)\n",
       "seed_j, pos_j, vocab_size, SUB, RACE_BLOCK, HAS_THRESHOLD)\n                        _t4 = _stamp_after(recovered)\n"),
      ("                                                       HAS_THRESHOLD)\n        token = ",
