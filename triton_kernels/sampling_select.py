@@ -452,6 +452,10 @@ def collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, st_
         if mode == DRAW:
             lo = t1
             hi = t1
+        # a bracket open at the top (hi = +inf: every token from lo up is a candidate) has no
+        # token above it, so its blocks skip the count, the reduction and the race (the same
+        # outputs: nothing is >= +inf on a valid row)
+        has_above = hi < float("inf")
         n_above = mode * 0
         m_above = tl.zeros([BLOCK], tl.float32)
         m_t1 = tl.zeros([BLOCK], tl.float32)
@@ -462,16 +466,17 @@ def collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, st_
             offs = (c * BPP + it) * BLOCK + lane
             x = tl.load(row + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
             fin = x > float("-inf")
-            above = fin & (x >= hi)
-            na = tl.sum(above.to(tl.int32), axis=0)
-            if na > 0:
-                e = tl.exp(x - m)
-                m_above += tl.where(above, e, 0.0)
-                # call index written so that the compiler sees the 4 tokens of a thread share it
-                w0, w1, w2, w3 = random_words(seed, pos, stream, offs >> 2)
-                sc = tl.where(above, e / exponential(select_word(w0, w1, w2, w3, offs & 3)), -1.0)
-                best, tok = merge_best(sc, offs, best, tok, _IMAX)
-                n_above += na
+            if has_above:
+                above = fin & (x >= hi)
+                na = tl.sum(above.to(tl.int32), axis=0)
+                if na > 0:
+                    e = tl.exp(x - m)
+                    m_above += tl.where(above, e, 0.0)
+                    # call index written so that the compiler sees the 4 tokens of a thread share it
+                    w0, w1, w2, w3 = random_words(seed, pos, stream, offs >> 2)
+                    sc = tl.where(above, e / exponential(select_word(w0, w1, w2, w3, offs & 3)), -1.0)
+                    best, tok = merge_best(sc, offs, best, tok, _IMAX)
+                    n_above += na
             if (mode == COLLECT) & (t1 > float("-inf")):
                 m_t1 += tl.where(fin & (x >= t1), tl.exp(x - m), 0.0)
             cand = fin & (x >= lo) & (x < hi)
