@@ -905,8 +905,8 @@ def test_every_search_path_is_taken_and_exact():
     final = paths["mode"].tolist()
     assert {COLLECT, REFINE_COUNT, REFINE_MASS, FALLBACK, DONE} <= planned, planned
     assert final.count(COLLECT) >= 10 and FALLBACK in final, final
-    # collected brackets of both kinds: open at the top (hi = +inf: the collect's lean loop, or
-    # the general loop under atomic_slots=False above) and closed (the tokens above hi raced)
+    # collected brackets of both kinds: open at the top (hi = +inf: every token from lo up is a
+    # candidate, none above hi) and closed (the collect races the tokens above hi)
     his = paths["state"][:, 3][paths["mode"] == COLLECT]
     assert bool(torch.isinf(his).any()) and bool(torch.isfinite(his).any()), his
 
