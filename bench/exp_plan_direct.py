@@ -65,6 +65,10 @@ VARIANTS = {                       # name -> sample_top_k_top_p_triton keyword a
     "kmax=512-g64": dict(kmax=512, direct_group=64),
     "kmax=1024-g64": dict(kmax=1024, direct_group=64),
     "kmax=512-g64-pipe": dict(kmax=512, direct_group=64, direct_pipe=True),
+    # session 54 (not yet run on a GPU): top_k up to 512 spread over the collect launch's programs, not
+    # one program a row: no histogram in pass 1 and no refine for them (top_k 500 + top_p 0.95 on
+    # the 'llm' rows under the interpreter: 690-730 candidates, the same tokens and thresholds)
+    "kmax=512-spread": dict(kmax=512, direct_in="spread"),
 }
 K500 = [(1.0, 500, 0.95, 0.0)]     # every row top_k 500 + top_p 0.95 (bench MIX's slowest row)
 SAMPLE_KW: dict = {}               # --tokens-only: dict(distribution=False), bench_sampling's timed call
