@@ -435,6 +435,34 @@ def _collect_kernel(
 
 
 @triton.jit
+def _collect_open_top(row, inv_t, lo, count_ptr, cand_row, V, BPP, c, BLOCK: tl.constexpr, CAP: tl.constexpr):
+    """Program c's blocks of a row whose bracket is open at the top (hi = +inf) and that sums
+    no mass: every finite token >= lo stored, each at the slot of its own relaxed atomic add.
+
+    The loads take the one-token-a-thread layout of the atomics and the stores, so no layout
+    conversion (shared memory and barriers) sits between them: Triton's coalescing gives every
+    load of one shape the widest layout any of them gets (the general loop's 2048-token loads
+    take four tokens a thread), so this loop reads a block as two halves, both loaded before
+    their atomics, and its offsets are multiplied by a 1 the compiler cannot see (contiguity
+    1)."""
+    HALF: tl.constexpr = BLOCK // 2
+    one = (BPP > 0).to(tl.int32)
+    lane = tl.arange(0, HALF) * one
+    for it in range(0, BPP):
+        offs0 = (c * BPP + it) * BLOCK + lane
+        offs1 = offs0 + HALF
+        x0 = tl.load(row + offs0, mask=offs0 < V, other=float("-inf")).to(tl.float32) * inv_t
+        x1 = tl.load(row + offs1, mask=offs1 < V, other=float("-inf")).to(tl.float32) * inv_t
+        cand0 = (x0 > float("-inf")) & (x0 >= lo)
+        cand1 = (x1 > float("-inf")) & (x1 >= lo)
+        # both halves' slots asked for before either is stored: one round trip
+        slot0 = tl.atomic_add(count_ptr + lane * 0, lane * 0 + 1, mask=cand0, sem="relaxed")
+        slot1 = tl.atomic_add(count_ptr + lane * 0, lane * 0 + 1, mask=cand1, sem="relaxed")
+        tl.store(cand_row + slot0, pack_key(x0, offs0), mask=cand0 & (slot0 < CAP))
+        tl.store(cand_row + slot1, pack_key(x1, offs1), mask=cand1 & (slot1 < CAP))
+
+
+@triton.jit
 def collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, st_i_ptr, st_f_ptr, cand_ptr,
                     n_ptr, f_ptr, i_ptr, V, S3, BPP, stream, r, c, mode,
                     BLOCK: tl.constexpr, CAP: tl.constexpr, ATOMIC_SLOTS: tl.constexpr = False):
@@ -462,33 +490,38 @@ def collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, st_
         best = tl.full([], -1.0, tl.float32)
         tok = mode * 0 + _IMAX
         lane = tl.arange(0, BLOCK)
-        for it in range(0, BPP):
-            offs = (c * BPP + it) * BLOCK + lane
-            x = tl.load(row + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
-            fin = x > float("-inf")
-            if has_above:
-                above = fin & (x >= hi)
-                na = tl.sum(above.to(tl.int32), axis=0)
-                if na > 0:
-                    e = tl.exp(x - m)
-                    m_above += tl.where(above, e, 0.0)
-                    # call index written so that the compiler sees the 4 tokens of a thread share it
-                    w0, w1, w2, w3 = random_words(seed, pos, stream, offs >> 2)
-                    sc = tl.where(above, e / exponential(select_word(w0, w1, w2, w3, offs & 3)), -1.0)
-                    best, tok = merge_best(sc, offs, best, tok, _IMAX)
-                    n_above += na
-            if (mode == COLLECT) & (t1 > float("-inf")):
-                m_t1 += tl.where(fin & (x >= t1), tl.exp(x - m), 0.0)
-            cand = fin & (x >= lo) & (x < hi)
-            if ATOMIC_SLOTS:
-                slot = tl.atomic_add(st_i_ptr + r * 4 + 1 + lane * 0, lane * 0 + 1, mask=cand, sem="relaxed")
-                tl.store(cand_ptr + r.to(tl.int64) * CAP + slot, pack_key(x, offs), mask=cand & (slot < CAP))
-            else:
-                nc = tl.sum(cand.to(tl.int32), axis=0)
-                if nc > 0:
-                    first = tl.atomic_add(st_i_ptr + r * 4 + 1, nc)
-                    slot = first + tl.cumsum(cand.to(tl.int32), axis=0) - 1
+        # an open-top bracket with nothing to sum (no min-p mass): only its candidates to store
+        if (~has_above) & ~((mode == COLLECT) & (t1 > float("-inf"))) & ATOMIC_SLOTS:
+            _collect_open_top(row, inv_t, lo, st_i_ptr + r * 4 + 1, cand_ptr + r.to(tl.int64) * CAP, V, BPP, c,
+                              BLOCK, CAP)
+        else:
+            for it in range(0, BPP):
+                offs = (c * BPP + it) * BLOCK + lane
+                x = tl.load(row + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
+                fin = x > float("-inf")
+                if has_above:
+                    above = fin & (x >= hi)
+                    na = tl.sum(above.to(tl.int32), axis=0)
+                    if na > 0:
+                        e = tl.exp(x - m)
+                        m_above += tl.where(above, e, 0.0)
+                        # call index written so that the compiler sees the 4 tokens of a thread share it
+                        w0, w1, w2, w3 = random_words(seed, pos, stream, offs >> 2)
+                        sc = tl.where(above, e / exponential(select_word(w0, w1, w2, w3, offs & 3)), -1.0)
+                        best, tok = merge_best(sc, offs, best, tok, _IMAX)
+                        n_above += na
+                if (mode == COLLECT) & (t1 > float("-inf")):
+                    m_t1 += tl.where(fin & (x >= t1), tl.exp(x - m), 0.0)
+                cand = fin & (x >= lo) & (x < hi)
+                if ATOMIC_SLOTS:
+                    slot = tl.atomic_add(st_i_ptr + r * 4 + 1 + lane * 0, lane * 0 + 1, mask=cand, sem="relaxed")
                     tl.store(cand_ptr + r.to(tl.int64) * CAP + slot, pack_key(x, offs), mask=cand & (slot < CAP))
+                else:
+                    nc = tl.sum(cand.to(tl.int32), axis=0)
+                    if nc > 0:
+                        first = tl.atomic_add(st_i_ptr + r * 4 + 1, nc)
+                        slot = first + tl.cumsum(cand.to(tl.int32), axis=0) - 1
+                        tl.store(cand_ptr + r.to(tl.int64) * CAP + slot, pack_key(x, offs), mask=cand & (slot < CAP))
         base = (r * S3 + c).to(tl.int64)
         tl.store(n_ptr + base, n_above)
         tl.store(f_ptr + base * 3, tl.sum(m_above, axis=0))
