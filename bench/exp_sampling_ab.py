@@ -2,8 +2,8 @@
 trees' sampling kernels, in one run on the GPU.
 
     mkdir -p ab/NAME && git archive BRANCH triton_kernels | tar -x -C ab/NAME   # before the device call
-    python bench/exp_sampling_ab.py ab/NAME [ab/OTHER ...] [--rounds=6] [--shapes=mix:8,k500:128:bf16]
-        [--distribution]
+    python bench/exp_sampling_ab.py ab/NAME [ab/OTHER ...] [tree:KNOB=VALUE,...] [--rounds=6]
+        [--shapes=mix:8,k500:128:bf16] [--distribution]
 
 (ab/ is ignored by git: name it in the device call's carry, beside .gpu.)
 
@@ -13,7 +13,10 @@ each shape (PARAMS name : batch [: dtype], V = 128256, bench_sampling's 'llm' lo
 unseeded rows) every tree makes the call `specops.sampling.sample` makes (the options of
 `sample_options`, tokens only unless --distribution), the calls are timed in interleaved
 rounds (tree, variants, tree, ...; bench_sampling's FAST graph timing) and each median is
-printed with its ratio to the tree's. Every variant's tokens and row maxima must equal the
+printed with its ratio to the tree's. A variant `tree:spread_kmax=0,refine=0` is the tree's
+kernels with those launcher knobs given to `sample_options` (ints; so the host's defaults
+follow them). Options a variant's launcher does not take are dropped for it (an older tree).
+Every variant's tokens and row maxima must equal the
 tree's ("DIFF" otherwise); with --distribution the thresholds too, and the largest log_norm
 difference is printed (a row whose search took another path sums its mass in another order).
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 
@@ -67,9 +71,12 @@ def variant_launcher(folder: str, name: str):
     return importlib.import_module(f"{name}.sampling_topk_topp")
 
 
-def call_of(launcher, logits, md, distribution: bool):
-    """The triton call of specops.sampling.sample on these rows, with `launcher`'s kernels."""
-    opts = sample_options(md, md.min_p, None, distribution=distribution)
+def call_of(launcher, logits, md, distribution: bool, knobs: dict | None = None):
+    """The triton call of specops.sampling.sample on these rows, with `launcher`'s kernels
+    (and `knobs` given to sample_options); options the launcher does not take are dropped."""
+    opts = sample_options(md, md.min_p, knobs, distribution=distribution)
+    takes = inspect.signature(launcher.sample_top_k_top_p_triton).parameters
+    opts = {k: v for k, v in opts.items() if k in takes or k == "pivot"}
     pivot = opts.pop("pivot", md.top_p is not None or md.min_p is not None) and not distribution
     args = (logits, dense(md.inv_temperature), dense(md.top_k), dense(md.top_p), dense(md.min_p),
             dense(md.seeds), dense(md.positions))
@@ -96,14 +103,19 @@ def main() -> None:
     distribution = "distribution" in opts
     shapes = parse_shapes(opts.get("shapes", SHAPES))
     launchers = {"tree": tree_launcher}
+    knobs = {}
     for i, folder in enumerate(folders):
-        launchers[os.path.basename(os.path.normpath(folder))] = variant_launcher(folder, f"specops_ab{i}")
+        if folder.startswith("tree:"):     # the tree with launcher knobs
+            launchers[folder] = tree_launcher
+            knobs[folder] = {k: int(v) for k, v in (kv.split("=") for kv in folder[5:].split(","))}
+        else:
+            launchers[os.path.basename(os.path.normpath(folder))] = variant_launcher(folder, f"specops_ab{i}")
     print(f"{torch.cuda.get_device_name()}, V={VOCAB}, distribution={distribution}, {rounds} interleaved rounds; "
           f"graph µs (median), x tree = variant / tree", flush=True)
     for name, batch, dtype in shapes:
         logits = make_logits(batch, VOCAB, dtype, "llm", seed=batch * 7 + VOCAB)
         md = metadata(batch, VOCAB, seeded=False, mix=PARAMS[name])
-        calls = {v: call_of(launcher, logits, md, distribution) for v, launcher in launchers.items()}
+        calls = {v: call_of(launcher, logits, md, distribution, knobs.get(v)) for v, launcher in launchers.items()}
         results = {v: call() for v, call in calls.items()}
         medians = interleaved_medians(calls, rounds, **FAST)
         base = medians["tree"]

@@ -128,11 +128,13 @@ def test_sample_options_leave_out_the_search_only_when_no_row_needs_it():
     direct = build(2, vocab_size=1000, top_k=[DIRECT_TOP_K, 20], top_p=[0.9, 1.0], min_p=[0.0, 0.1])
     assert sample_options(direct, direct.min_p) == {"search": False}
     assert sample_options(direct, direct.min_p, {"cap": 64}) == {"cap": 64, "search": False}
-    assert sample_options(direct, direct.min_p, {"kmax": 16}) == {"kmax": 16, "direct_beside": False}   # 20 > 16
+    assert sample_options(direct, direct.min_p, {"kmax": 16}) == {   # 20 > 16; 128 <= SPREAD_TOP_K: no refine
+        "kmax": 16, "direct_beside": False, "refine": False}
     assert sample_options(direct, direct.min_p, {"search": True}) == {"search": True}
     assert sample_options(direct, direct.min_p.clone()) == {}    # min-p from a processor: unknown
     wide = build(2, vocab_size=1000, top_k=[DIRECT_TOP_K + 1, 0])
-    assert sample_options(wide, wide.min_p) == {"direct_beside": False}   # no small top-k row
+    assert sample_options(wide, wide.min_p) == {"direct_beside": False, "refine": False}   # no small top-k row
+    assert sample_options(wide, wide.min_p, {"select": False}) == {"select": False, "direct_beside": False}
     assert sample_options(build(1, top_p=[0.9]), None) == {}   # top-p without top-k, whatever V
     # the bound describes the tensors it was computed for: expand keeps it, a replaced filter drops it
     rows = direct.expand([1, 1, 0])
@@ -165,6 +167,22 @@ def test_min_top_k_turns_off_the_direct_rows_stream_only_without_small_top_k_row
     assert rows.min_top_k_bound() == big and sample_options(rows, rows.min_p) == {"direct_beside": False}
     changed = replace(wide, top_k=wide.top_k.clone())       # not its own: unknown
     assert changed.min_top_k_bound() is None and "direct_beside" not in sample_options(changed, changed.min_p)
+
+
+def test_spread_rows_leave_out_the_refine_and_wide_rows_the_spread():
+    # the widest filtered row a spread row (top_k <= SPREAD_TOP_K): the refine launches are left out;
+    # every top-k row wider than SPREAD_TOP_K: the collect launch without the spread branch
+    from specops.sampling.topk_topp import sample_options
+    from specops.triton_kernels.sampling_topk_topp import DIRECT_TOP_K, SPREAD_TOP_K
+    spread = build(3, vocab_size=20000, top_k=[SPREAD_TOP_K, 40, 0], top_p=[0.9, 0.95, 1.0], min_p=[0.0, 0.0, 0.1])
+    assert sample_options(spread, spread.min_p) == {}                                   # min-p alone: the search
+    assert sample_options(spread, spread.min_p, distribution=False) == {"refine": False}   # ... or the pivot
+    assert sample_options(spread, spread.min_p, {"spread_kmax": 100}, distribution=False) == {"spread_kmax": 100}
+    assert sample_options(spread, spread.min_p, {"refine": True}, distribution=False) == {"refine": True}
+    above = build(2, vocab_size=20000, top_k=[SPREAD_TOP_K + 1, 3000], top_p=[0.9, 0.9])
+    assert sample_options(above, above.min_p) == {"spread_kmax": 0, "direct_beside": False, "cap": 4096}
+    small = build(2, vocab_size=20000, top_k=[DIRECT_TOP_K, 20])
+    assert sample_options(small, small.min_p) == {"search": False}                    # no collect launch at all
 
 
 def test_greedy_short_cuts_describe_their_temperatures_only():

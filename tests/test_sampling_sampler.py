@@ -281,14 +281,14 @@ def triton_against_reference(V, plist, g, kernel_options, min_p_from_processor=F
     return md2
 
 
-@pytest.mark.parametrize("wide", [None, "top_p", "min_p", "min_p_proc", "top_k"])
+@pytest.mark.parametrize("wide", [None, "top_p", "min_p", "min_p_proc", "top_k", "top_k_wide"])
 def test_sampler_leaves_out_the_search_kernels_when_no_row_needs_them(wide, monkeypatch):
     # greedy, plain and top_k <= 128 rows are all decided in the plan: the Sampler tells the
     # kernels so (sample_options) and the refine / collect kernels are not launched. One row
     # with a wider filter (min-p, in the metadata or, as the engine passes it, through its
-    # processor only; top_k > 128) brings them back; top-p alone does not (without processed
-    # logprobs the Sampler draws it by pivot rejection, with no search). The draws are the
-    # reference's either way.
+    # processor only; top_k > 512) brings them back; a spread row (128 < top_k <= 512) brings
+    # the collect launch alone; top-p alone none (without processed logprobs the Sampler draws
+    # it by pivot rejection, with no search). The draws are the reference's either way.
     from test_sampling_topk_topp import _CountingKernel
     from specops.triton_kernels import sampling_topk_topp as tk
     launched = []
@@ -299,12 +299,14 @@ def test_sampler_leaves_out_the_search_kernels_when_no_row_needs_them(wide, monk
     plist = [params(temperature=0.0), params(), params(top_k=20, seed=5), params(top_k=128, top_p=0.8),
              params(temperature=0.7, top_k=1, logit_bias={3: 2.0})]
     plist += {None: [], "top_p": [params(top_p=0.9)], "min_p": [params(min_p=0.05)],
-              "min_p_proc": [params(min_p=0.05)], "top_k": [params(top_k=129)]}[wide]
+              "min_p_proc": [params(min_p=0.05)], "top_k": [params(top_k=129)],
+              "top_k_wide": [params(top_k=513)]}[wide]
     md2 = triton_against_reference(V, plist, g, {} if CUDA else dict(tile=16, cap=64), wide == "min_p_proc")
     if wide == "min_p_proc":
         assert md2.max_filtered_top_k == math.inf
     search = ["_refine_kernel", "_refine_kernel", "_collect_kernel"]
-    assert launched == ([] if wide in (None, "top_p") else search), launched
+    want = {None: [], "top_p": [], "top_k": ["_collect_kernel"]}.get(wide, search)
+    assert launched == want, launched
 
 
 @pytest.mark.parametrize("wide", ["top_p", "top_p_min_p_proc", "top_k_alone"])

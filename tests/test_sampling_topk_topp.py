@@ -406,7 +406,8 @@ def test_top_k_keeps_exactly_the_k_largest(backend):
     seeds, pos = torch.randint(0, 2**40, (V,), device=device), torch.arange(V, device=device)
     inv = torch.ones(V, device=device)
     small = {} if CUDA else dict(tile=4, cap=16)
-    for kw in ([{}] if backend == "torch" else [small, small | dict(kmax=0)]):
+    # (kmax=0: rows up to SPREAD_TOP_K spread; with spread_kmax=0 too: the search)
+    for kw in ([{}] if backend == "torch" else [small, small | dict(kmax=0), small | dict(kmax=0, spread_kmax=0)]):
         res = sample(logits, inv, k, None, None, seeds, pos, backend=backend, **kw)
         kept = logits >= res.threshold.unsqueeze(1)
         assert torch.equal(kept, want), (kw, res.threshold.tolist())
@@ -536,7 +537,7 @@ def test_direct_rows_are_the_same_whichever_launch_decides_them(monkeypatch):
 
     g = fresh_gen()
     dev = "cuda" if CUDA else "cpu"
-    V, kw = (128256, {}) if CUDA else (1500, dict(tile=16, cap=256))
+    V, kw = (128256, dict(spread_kmax=0)) if CUDA else (1500, dict(tile=16, cap=256, spread_kmax=0))
     monkeypatch.setattr(stk, "DEFER_ROWS", 4)       # the rule, at a small batch
     R = stk.DEFER_ROWS + 4
     logits = torch.randn(R, V, generator=g) * 2
@@ -887,7 +888,7 @@ def test_every_search_path_is_taken_and_exact():
     mp = torch.tensor([r[3] for r in rows])
     seeds, pos = torch.arange(R) + 3, torch.arange(R) * 7
     paths = {}
-    a = sample(x, inv, k, p, mp, seeds, pos, backend="triton", paths=paths, kmax=0)   # no direct path
+    a = sample(x, inv, k, p, mp, seeds, pos, backend="triton", paths=paths, kmax=0, spread_kmax=0)   # the search
     b = sample(x, inv, k, p, mp, seeds, pos, backend="torch")
     assert_same_draw(a, b, x, inv, seeds, pos, p, top_k=k, min_p=mp)
     # several refine / collect programs per program (10 per row: the last group part-full), the
@@ -896,11 +897,11 @@ def test_every_search_path_is_taken_and_exact():
     # sizes the launch: at group 8 its 32 programs take the 40 or so parts of the refining rows,
     # some two; a floor of 36 raises that to 36) or each row's own
     for group, compact, floor in ((2, True, 1), (8, True, 1), (8, True, 36), (4, False, None), (8, False, None)):
-        assert_same_result(a, sample(x, inv, k, p, mp, seeds, pos, backend="triton", kmax=0, search_group=group,
-                                     refine_compact=compact, refine_min_programs=floor))
+        assert_same_result(a, sample(x, inv, k, p, mp, seeds, pos, backend="triton", kmax=0, spread_kmax=0,
+                                     search_group=group, refine_compact=compact, refine_min_programs=floor))
     for slots in (False, True):   # collect slots from a block scan or per-candidate atomics; its own group
-        assert_same_result(a, sample(x, inv, k, p, mp, seeds, pos, backend="triton", kmax=0, search_group=4,
-                                     collect_group=2, atomic_slots=slots))
+        assert_same_result(a, sample(x, inv, k, p, mp, seeds, pos, backend="triton", kmax=0, spread_kmax=0,
+                                     search_group=4, collect_group=2, atomic_slots=slots))
     planned = set(paths["planned"].tolist())
     final = paths["mode"].tolist()
     assert {COLLECT, REFINE_COUNT, REFINE_MASS, FALLBACK, DONE} <= planned, planned
@@ -1000,7 +1001,7 @@ def test_top_k_with_top_p_refines_the_k_th_value(dtype):
     # fixed logits: how many rows need the refine depends on them (half of them with these)
     x, inv, k, p, mp, seeds, pos = _top_k_top_p_rows(20000, dtype, rows, seed=20261130)
     paths = {}
-    a = sample(x, inv, k, p, mp, seeds, pos, backend="triton", paths=paths, kmax=0, cap=cap)
+    a = sample(x, inv, k, p, mp, seeds, pos, backend="triton", paths=paths, kmax=0, spread_kmax=0, cap=cap)
     b = sample(x, inv, k, p, mp, seeds, pos, backend="torch")
     assert_same_draw(a, b, x, inv, seeds, pos, p, top_k=k, min_p=mp)
     planned, final = paths["planned"].tolist(), paths["mode"].tolist()
@@ -1288,7 +1289,8 @@ def test_tile_bound_is_a_lower_bound_and_skips_only_rounds_it_needs_not():
 def test_direct_top_k_path_is_taken_and_exact(dtype, monkeypatch):
     g = fresh_gen()
     V, kmax = 1500, 12
-    kw = dict(tile=16, cap=64, num_chunks=3, kmax=kmax, direct_in="plan")   # "planned": the plan's own decisions
+    # "planned": the plan's own decisions (k = kmax + 1: the search, not the spread)
+    kw = dict(tile=16, cap=64, num_chunks=3, kmax=kmax, direct_in="plan", spread_kmax=0)
     logits, args, want = _direct_rows(g, V, kmax)
     logits = logits.to(dtype)
     inv, k, p, mp, seeds, pos = args
@@ -1308,7 +1310,8 @@ def test_direct_top_k_path_is_taken_and_exact(dtype, monkeypatch):
         if w != D:
             assert mode[r] != D, r
     # the same rows through the plan, refine, collect and finish (no direct path)
-    c = sample(logits, *args, backend="triton", kmax=0, **{n: v for n, v in kw.items() if n != "kmax"})
+    c = sample(logits, *args, backend="triton", kmax=0, spread_kmax=0,
+               **{n: v for n, v in kw.items() if n not in ("kmax", "spread_kmax")})
     d = torch.tensor([w == D for w in want])
     assert torch.equal(a.tokens[d], c.tokens[d])
     assert torch.equal(a.threshold[d], c.threshold[d])
@@ -1387,6 +1390,69 @@ def test_direct_top_k_variants_match_default():
             _assert_same_results(a, b, pa, pb)
 
 
+def _spread_case(device: str, dtype: torch.dtype):
+    """Rows for the spread path: (logits, args, kw, which rows spread, the tie row's index, the
+    search rows). Interpreter: V 4000, tiles of 16, kmax 12, spread_kmax 100; CUDA: the defaults."""
+    g = fresh_gen()
+    V, kmax, skmax = (128256, 128, 512) if device == "cuda" else (4000, 12, 100)
+    kw = {} if device == "cuda" else dict(tile=16, cap=256, num_chunks=3, kmax=kmax, spread_kmax=skmax)
+    rows = [(1.0, kmax + 1, 0.9, 0.0), (0.8, (kmax + skmax) // 2, 1.0, 0.0), (1.0, skmax, 0.95, 0.02),
+            (1.0, skmax + 1, 0.9, 0.0), (1.2, kmax + 7, 0.5, 0.0), (0.0, skmax, 0.9, 0.0), (1.0, 0, 0.9, 0.0),
+            (1.0, 0, 1.0, 0.0), (1.0, kmax + 2, 0.8, 0.0)]
+    x = torch.randn(len(rows), V, generator=g) * 2
+    x.scatter_add_(1, torch.randint(0, V, (len(rows), 64), generator=g), 5 + 5 * torch.rand(len(rows), 64, generator=g))
+    x[[3, 6]] = torch.randn(2, V, generator=g) * 0.3   # flat search rows: brackets the refine narrows
+    # the top value in more than 2 * spread_kmax tiles (interpreter: the plan's FALLBACK) or
+    # more than the 1024 candidates the finish sorts (CUDA: 1002 tiles): the fallback
+    tie = len(rows) - 1
+    x[tie] = torch.randn(V, generator=g) * 0.5
+    x[tie, torch.randperm(V // 16, generator=g)[:2 * skmax + 8] * 16 + 5] = 5.0
+    inv = torch.tensor([1 / t if t > 0 else -1.0 for t, *_ in rows])
+    k = torch.tensor([r[1] for r in rows], dtype=torch.int32)
+    p = torch.tensor([r[2] for r in rows])
+    mp = torch.tensor([r[3] for r in rows])
+    seeds, pos = torch.arange(len(rows)) * 13 + 1, torch.arange(len(rows)) * 3
+    args = tuple(t.to(device) for t in (inv, k, p, mp, seeds, pos))
+    spread = torch.tensor([t > 0 and kmax < kk <= skmax for t, kk, *_ in rows])
+    spread[tie] = False
+    search = torch.tensor([t > 0 and (kk > skmax or (kk == 0 and pp < 1.0)) for t, kk, pp, _ in rows])
+    return x.to(dtype).to(device), args, kw, spread, tie, search
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16] if CUDA else [torch.float32])
+@pytest.mark.timeout(600)
+def test_spread_rows_match_the_search_and_the_reference(dtype, monkeypatch):
+    # rows with kmax < top_k <= spread_kmax: the plan lists their top tiles, the collect launch
+    # reads them, the finish sorts the candidates; the same tokens and thresholds as the search
+    # (spread_kmax=0), the reference's draw; a tie over too many tiles falls back; refine=False
+    # (no refine launch) keeps rows that needed the refine exact through the fallback
+    from specops.triton_kernels import sampling_select as sel
+    dev = "cuda" if CUDA else "cpu"
+    x, args, kw, spread, tie, search = _spread_case(dev, dtype)
+    SPREAD, FALLBACK, DIRECT = int(sel.SPREAD.value), int(sel.FALLBACK.value), int(sel.DIRECT.value)
+    inv, k, p, mp, seeds, pos = args
+    paths = {}
+    a = sample(x, *args, backend="triton", paths=paths, **kw)
+    assert_same_draw(a, sample(x, *args, backend="torch"), x, inv, seeds, pos, p, top_k=k, min_p=mp)
+    planned, mode = paths["planned"].cpu(), paths["mode"].cpu()
+    assert bool((planned[spread] == SPREAD).all()) and bool((mode[spread] == DIRECT).all()), (planned, mode)
+    assert int(planned[tie]) in (SPREAD, FALLBACK) and int(mode[tie]) == FALLBACK, (planned, mode)
+    assert not bool((planned[search] == SPREAD).any()), planned
+    b = sample(x, *args, backend="triton", **(kw | dict(spread_kmax=0)))    # the search
+    for name in ("tokens", "threshold", "row_max"):
+        assert torch.equal(getattr(a, name).nan_to_num(), getattr(b, name).nan_to_num()), name
+    torch.testing.assert_close(a.log_norm, b.log_norm, rtol=1e-6, atol=1e-6, equal_nan=True)
+    pr = {}
+    c = sample(x, *args, backend="triton", paths=pr, refine=False, **kw)
+    assert torch.equal(a.tokens, c.tokens) and torch.equal(a.threshold.nan_to_num(), c.threshold.nan_to_num())
+    torch.testing.assert_close(a.log_norm, c.log_norm, rtol=1e-6, atol=1e-6, equal_nan=True)
+    refines = (planned == int(sel.REFINE_COUNT.value)) | (planned == int(sel.REFINE_MASS.value))
+    assert bool((pr["mode"].cpu()[refines] == FALLBACK).all()), (planned, pr["mode"])   # no refine: the fallback
+    if not CUDA:
+        assert bool(refines.any()), planned
+        assert_same_with_poisoned_workspaces(monkeypatch, a, x, *args, **kw)    # no unwritten slot is read
+
+
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.timeout(400)      # one compilation per variant: 205 s for nine on the H200 with 6 workers
 def test_cuda_direct_top_k_variants_match_default():
@@ -1433,11 +1499,12 @@ def test_cuda_direct_top_k_matches_plan_and_reference(dtype, monkeypatch):
     paths = {}
     a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", paths=paths)
     b = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")
-    c = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", kmax=0)
+    c = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", kmax=0, spread_kmax=0)
     assert_same_draw(a, b, logits, inv, seeds, pos, p, top_k=k, min_p=mp)
     assert_same_with_poisoned_workspaces(monkeypatch, a, logits, inv, k, p, mp, seeds, pos)
     d = (paths["mode"] == _modes()["DIRECT"]).cpu()
-    assert bool(d[:2].all()) and not bool(d[2]) and int(d.sum()) >= R - 4, paths["mode"].tolist()
+    # k = 129 (above kmax): a spread row, which the finish decides as DIRECT
+    assert bool(d[:3].all()) and int(d.sum()) >= R - 4, paths["mode"].tolist()
     assert torch.equal(a.tokens.cpu()[d], c.tokens.cpu()[d])
     assert torch.equal(a.threshold.cpu()[d], c.threshold.cpu()[d])
     torch.testing.assert_close(a.log_norm.cpu()[d], c.log_norm.cpu()[d], rtol=1e-6, atol=1e-6)

@@ -1,11 +1,14 @@
-"""Sampling: rows with a small top-k (1 <= top_k <= kmax) decided from their top tiles.
+"""Sampling: rows with a small top-k (1 <= top_k <= kmax) decided from their top tiles, and
+the spread rows (kmax < top_k <= spread_kmax) collected from them.
 
 The k tiles with the largest maxima bound the k-th largest value from below, so the tokens
 the filters can keep lie in the few tiles whose max reaches that bound: one program reads
 them and finishes the row as a complete candidate set (`_direct_top_k`). Where it runs is a
 launcher knob with the same results (sampling_topk_topp.sample_top_k_top_p_triton's
 `direct_in`): in the plan, in a kernel of its own (`_direct_rows_kernel`), in the collect
-launch (`_collect_direct_kernel`), or spread over the collect launch's programs.
+launch (`_collect_direct_kernel`), or spread over the collect launch's programs. Wider
+rows up to spread_kmax always take that last way (`_spread_plan`, `_spread_collect`, and
+the finish's `_finish_direct_sized`): one program would read their hundreds of tiles alone.
 """
 
 import triton
@@ -300,30 +303,29 @@ def _collect_direct_kernel(
     V, NT, S3, BPP, stream, KMAX,
     BLOCK: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr,
     SMALL: tl.constexpr, TOPT: tl.constexpr, GD: tl.constexpr, PIPE: tl.constexpr, DS: tl.constexpr,
-    TPP: tl.constexpr = 8, DEFER: tl.constexpr = 1,
+    TPP: tl.constexpr = 8, DEFER: tl.constexpr = 1, SPREAD_ROWS: tl.constexpr = False,
     ATOMIC_SLOTS: tl.constexpr = False,       # sampling_select.collect_program's
     PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
 ):
-    """The collect launch (sampling_select.collect_program) in which program 0 of each row
-    the plan marked DIRECT (plan launched with DEFER = 1) decides it as the plan would have:
-    the same `_direct_top_k` call on the same inputs (m, z and the min-p threshold as the
-    plan stored them), the same results; FALLBACK rows go on to the finish's search. Rows
-    the plan marked SPREAD have their listed top tiles read by all their programs
-    (`_spread_collect`, TPP tiles a load); the finish decides them."""
+    """The collect launch (sampling_select.collect_program) in which, with DEFER = 1, program 0
+    of each row the plan marked DIRECT decides it as the plan would have: the same
+    `_direct_top_k` call on the same inputs (m, z and the min-p threshold as the plan stored
+    them), the same results; FALLBACK rows go on to the finish's search. With SPREAD_ROWS the
+    rows the plan marked SPREAD have their listed top tiles read by all their programs
+    (`_spread_collect`, TPP tiles a load); the finish decides them. (Each mode compiles only
+    its own branches.)"""
     pdl_start(PDL)
     r = tl.program_id(0)
     c = tl.program_id(1)
     mode = tl.load(st_i_ptr + r * 4)
-    if DEFER == 2:          # (each mode compiles only its own branch)
-        if mode == SPREAD:
-            r64 = r.to(tl.int64)
-            _spread_collect(logits_ptr + r64 * stride_row, list_ptr + r64 * NT_P2, cand_ptr + r64 * CAP,
-                            st_i_ptr + r * 4 + 1, tl.load(st_i_ptr + r * 4 + 3), V, tl.load(inv_temp_ptr + r),
-                            tl.load(st_f_ptr + r * 6 + 2), c, S3, TILE, TPP, CAP)
-        else:
-            collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, st_i_ptr, st_f_ptr, cand_ptr,
-                            n_ptr, f_ptr, i_ptr, V, S3, BPP, stream, r, c, mode, BLOCK, CAP, ATOMIC_SLOTS)
-    elif mode == DIRECT:
+    spread = (mode == SPREAD) if SPREAD_ROWS else False
+    direct = (mode == DIRECT) if DEFER == 1 else False
+    if spread:
+        r64 = r.to(tl.int64)
+        _spread_collect(logits_ptr + r64 * stride_row, list_ptr + r64 * NT_P2, cand_ptr + r64 * CAP,
+                        st_i_ptr + r * 4 + 1, tl.load(st_i_ptr + r * 4 + 3), V, tl.load(inv_temp_ptr + r),
+                        tl.load(st_f_ptr + r * 6 + 2), c, S3, TILE, TPP, CAP)
+    elif direct:
         if c == 0:
             _decide_direct_row(logits_ptr, stride_row, inv_temp_ptr, top_k_ptr, top_p_ptr, seed_ptr, pos_ptr,
                                tile_max_ptr, st_i_ptr, st_f_ptr, cand_ptr, list_ptr, tok_ptr, thr_ptr, lnorm_ptr,

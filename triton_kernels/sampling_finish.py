@@ -14,7 +14,8 @@ from .sampling_common import pdl_start
 from .sampling_direct import _finish_direct_sized
 from .sampling_exact import _draw_tiles, _resolve_filtered
 from .sampling_pivot import PIVOT_ROUNDS
-from .sampling_select import COLLECT, DIRECT, DONE, DRAW, FALLBACK, PIVOTED, SPREAD, merge_best
+from .sampling_select import (COLLECT, DIRECT, DONE, DRAW, FALLBACK, PIVOTED, REFINE_COUNT, REFINE_MASS, SPREAD,
+                              merge_best)
 from .sampling_tiles import _BIG
 
 PIVOT_FALLBACK_STREAM = tl.constexpr(PIVOT_ROUNDS * PIVOT_STREAM)   # a pivot row's exact search: fresh noise
@@ -66,6 +67,8 @@ def _finish_kernel(
         tau = tau_min
         tok = r * 0 - 1
         mass = tl.full([], 0.0, tl.float32)
+        if (mode == REFINE_COUNT) | (mode == REFINE_MASS):   # a launch without the refine (refine=False)
+            mode = r * 0 + FALLBACK
         if (mode == COLLECT) | (mode == DRAW):
             # collect partials, in a fixed order
             n_above = r * 0

@@ -68,7 +68,7 @@ def _draw_unfiltered(row, tm_row, ts_row, NT, V, scale, m, seed, pos, stream,
     return tl.min(tl.where(sc == bs, offs, _BIG), axis=0)
 
 
-@triton.jit(do_not_specialize=["NT", "NBLK", "stream", "KMAX"])
+@triton.jit(do_not_specialize=["NT", "NBLK", "stream", "KMAX", "SK_HI"])
 def _plan_kernel(
     logits_ptr, stride_row,            # [R, V] fp32/bf16/fp16, unit column stride
     inv_temp_ptr,                      # [R] fp32: 1/T, -1 on greedy rows
@@ -84,11 +84,12 @@ def _plan_kernel(
     tok_ptr,                           # [R] int64 out
     thr_ptr, rmax_ptr, lnorm_ptr,      # [R] fp32 out
     st_i_ptr, st_f_ptr,                # [R, 4] int32, [R, 6] fp32 out: row states
-    V, NT, NBLK, stream, KMAX,
+    V, NT, NBLK, stream, KMAX, SK_HI,
     TILE: tl.constexpr, NT_P2: tl.constexpr, S_P2: tl.constexpr, CAP: tl.constexpr,
     GB: tl.constexpr, SELECT: tl.constexpr, HB: tl.constexpr, G: tl.constexpr, SMALL: tl.constexpr, SUB: tl.constexpr,
     TOPT: tl.constexpr = 0, GD: tl.constexpr = 16, PIPE: tl.constexpr = False, DS: tl.constexpr = 0,
     DEFER: tl.constexpr = 0, SEARCH: tl.constexpr = True,
+    SPREAD_ROWS: tl.constexpr = False,
     PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
     PIVOT: tl.constexpr = False,              # top-p alone: first candidate of the pivot rejection
 ):
@@ -96,9 +97,11 @@ def _plan_kernel(
     (`_direct_top_k`, mode DIRECT; FALLBACK when it cannot decide: pass 1 gave them no
     histogram); the others a plan (sampling_select.py). DEFER = 1: the direct rows are only
     marked DIRECT here and decided by the collect launch (`_collect_direct_kernel`), in
-    parallel with the other rows' refine and collect instead of before them. DEFER = 2: the
-    plan only lists their top tiles (mode SPREAD, lo = t_k, hi = +inf, top tiles in the
-    state's 4th int); the collect launch reads them, many programs per row, and the finish
+    parallel with the other rows' refine and collect instead of before them. DEFER = 2 (the
+    direct rows) and SPREAD_ROWS (rows with KMAX < top_k <= SK_HI < V: the launcher's
+    `spread_kmax`): the plan only lists the row's top tiles (mode SPREAD, lo = a lower bound
+    of t_k, hi = +inf, top tiles in the state's 4th int; FALLBACK above 2 * KMAX, resp.
+    2 * SK_HI tiles); the collect launch reads them, many programs per row, and the finish
     decides the row with the same `_finish_collected` call as `_direct_top_k`. SEARCH = False
     (no refine or collect launch follows): the rows that would need the bracket search take
     the finish's exact single-program search (FALLBACK) instead. PIVOT: rows with top-p
@@ -159,7 +162,13 @@ def _plan_kernel(
                     tok = c0
                     mode = r * 0 + PIVOTED
         elif SELECT:
-            if has_k & (k <= KMAX):
+            spread = (has_k & (k > KMAX) & (k <= SK_HI)) if SPREAD_ROWS else False   # (compiled when asked)
+            if spread:      # the tiles by counted bounds (TOPT 0): a topk of width k would cost more
+                lo, n_top = _spread_plan(tile_max_ptr + r64 * NT, list_ptr + r64 * NT_P2, NT, m, k, 2 * SK_HI,
+                                         0, NT_P2)
+                mode = tl.where(n_top <= 2 * SK_HI, SPREAD, FALLBACK)
+                hi = tl.full([], float("inf"), tl.float32)
+            elif has_k & (k <= KMAX):
                 mode = r * 0 + DIRECT
                 if DEFER == 2:
                     lo, n_top = _spread_plan(tile_max_ptr + r64 * NT, list_ptr + r64 * NT_P2, NT, m, k, 2 * KMAX,

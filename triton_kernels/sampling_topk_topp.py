@@ -3,7 +3,7 @@ exponential-noise draw. The launcher `sample_top_k_top_p_triton` runs, with no h
 
 1. pass 1 (sampling_stats.py, many programs per row): per-block max / sum-exp, the max
    of every tile, the sum exp(x - tile max) of every tile of rows without a filter, and a
-   count histogram of every block of rows with a filter (except rows with a small top-k);
+   count histogram of every block of rows with a filter (except rows with top_k <= 512);
 2. plan (`_plan_kernel`, sampling_plan.py, one program per row): combines the blocks: max m, normaliser Z;
    a NaN or +inf logit makes Z NaN and the row invalid (token -1), and so does a row with
    every logit -inf. Greedy rows take the argmax; rows without top-k / top-p / min-p draw
@@ -17,9 +17,12 @@ exponential-noise draw. The launcher `sample_top_k_top_p_triton` runs, with no h
    search of step 4); launcher knobs (see `sample_top_k_top_p_triton`) trade how this
    is done (a tl.topk of the tile maxima, bigger groups of tiles) or where (in the collect
    launch, or listed here, read by collect and sorted by the finish: mode SPREAD), with the
-   same results. Other rows with a filter get a plan from their histogram
-   (sampling_select.py);
-3. refine (twice) and collect (sampling_select.py, many programs per row; at large batches
+   same results. Rows with 128 < top_k <= spread_kmax (512) are spread: the plan lists
+   their top tiles (bounded the same way), the collect launch's programs of the row read
+   them and the finish sorts the candidates (`SPREAD_TOP_K`). Other rows with a filter get
+   a plan from their histogram (sampling_select.py);
+3. refine (twice; left out when the host knows that no row needs it: `refine`) and collect
+   (sampling_select.py, many programs per row; at large batches
    each program does several of a row's parts: `search_group`): narrow the bracket of the
    thresholds and store its tokens;
 4. finish (`_finish_kernel`, sampling_finish.py, one program per row): sorts the collected
@@ -64,6 +67,21 @@ DIRECT_TOP_K = 128
 """Default largest top_k decided in the plan (`kmax`): the common top_k values (20 .. 100)
 and at most ~k * TILE tokens read from L2 by one program, whose ~k candidates fit the
 small sort (256)."""
+
+
+SPREAD_TOP_K = 512
+"""Default largest top_k of the spread rows (`spread_kmax`): rows with kmax < top_k <= 512
+(and top_k < V) get no histogram in pass 1 and no bracket search; the plan lists the tiles
+whose max reaches a lower bound of the k-th largest tile max (`_spread_plan`), the collect
+launch's programs of the row read them and the finish sorts the candidates (about 700 for
+top_k 500 on LLM logits; direct_in="spread" does the same for the small top-k rows). The
+same tokens and thresholds as the search (both exact, the same noise). Measured: see
+bench/results/README.md, session 55: on the H100, fp32 V = 128256, tokens-only calls,
+against the search (and with the refine launches left out as the Sampler does):
+rows all top_k 500 + top_p 0.95 at batch 8 / 128 34.6 / 134.2 -> 28.5 / 89.2 us, top_k
+200 + top_p 0.9 at batch 32 43.4 -> 27.1, bench_sampling's mixed rows at batch 8 / 32 /
+128 / 512 35.4 / 42.1 / 82.2 / 201.7 -> 32.3 / 39.7 / 81.9 / 193.2
+(logs/exp_sampling_ab_spread_2026-12-05_s55_h100.txt)."""
 
 
 DEFAULT_CAP = 1024
@@ -234,6 +252,7 @@ def sample_top_k_top_p_triton(
     guess: bool = True,
     select: bool = True,
     kmax: int = DIRECT_TOP_K,
+    spread_kmax: int = SPREAD_TOP_K,
     paths: dict | None = None,
     plan_warps: int = 8,
     direct_top: bool = False,
@@ -242,6 +261,7 @@ def sample_top_k_top_p_triton(
     direct_small: int = DIRECT_SMALL,
     direct_in: str = "auto",
     search: bool = True,
+    refine: bool = True,
     pivot: bool = False,
     pivot_skip: bool = True,
     pivot_group: int | None = None,
@@ -263,13 +283,19 @@ def sample_top_k_top_p_triton(
     search from the row max instead of the tile-maxima bounds (to test retries) and
     `select=False` sends every filtered row to that search (sampling_select.py skipped).
     Rows with 1 <= top_k <= `kmax` (and top_k < V) are decided in the plan from their top
-    tiles (`_direct_top_k`); `kmax=0` turns that off, and so does `select=False`.
+    tiles (`_direct_top_k`); `kmax=0` turns that off, and so does `select=False`. Rows with
+    `kmax` < top_k <= `spread_kmax` (< V) are spread (`SPREAD_TOP_K`) when the launch has the
+    collect launch (`search`); `spread_kmax=0` (or select=False) turns that off.
     `search=False` is a promise that no row needs the bracket search (every random row is
     unfiltered, or has 1 <= top_k <= `kmax` and top_k < V): the refine and collect launches
     are left out (5 of the 9 kernels). A row that breaks the promise still gets an exact
     draw, from the finish's single-program search (slow on a wide row, never wrong). It is
     False anyway when no filter tensor is given, and True with select=False or direct_in
     "collect" or "spread" (whose rows need the collect launch).
+    `refine=False` is the weaker promise that no row needs the bracket search other than the
+    spread rows (every random row unfiltered, pivot, or with top_k <= `spread_kmax`): the
+    four refine launches are left out, the collect launch stays; a row that breaks it is
+    still exact (a bracket the refine would have narrowed falls back to the finish's search).
     `pivot=True` draws the rows with top-p and / or min-p and no top-k by pivot rejection
     (sampling_pivot.py): the same law, another token, and no threshold: their threshold and
     log_norm outputs are left unset (NaN) unless the row fell back to the exact search.
@@ -362,6 +388,11 @@ def sample_top_k_top_p_triton(
     direct_rows = defer == 1 and direct_in == "beside"    # decided by _direct_rows_kernel
     # the collect launch decides the direct rows of "collect" and reads the tiles of "spread"
     search = search or (defer != 0 and not direct_rows)
+    # spread rows (plan -> collect -> finish): kmax < top_k <= sk_hi, where the collect launch
+    # runs anyway; direct_in="spread" (defer 2) spreads the direct rows too
+    sk_hi = max(0, int(spread_kmax)) if select and search and top_k is not None else 0
+    wide = sk_hi > kmax
+    spread_rows = wide or defer == 2
     tokens = torch.empty(R, dtype=torch.int64, device=dev)
     thr = torch.empty(R, dtype=torch.float32, device=dev)
     rmax = torch.empty_like(thr)
@@ -408,15 +439,17 @@ def sample_top_k_top_p_triton(
     regs = later_maxnreg(R)
     # rows that need the search are the rows with a histogram: without them pass 1 runs lighter
     row_stats_pass(logits, inv_temperature, top_k, top_p, log_min_p, tile, tpb,
-                   tile_max, tile_sum, part_f, hist, hist_top, blocks_per_program, kmax=kmax, histograms=search,
+                   tile_max, tile_sum, part_f, hist, hist_top, blocks_per_program,
+                   kmax=max(kmax, sk_hi), histograms=search,
                    pivot=pivot)
     _plan_kernel[(R,)](
         logits, logits.stride(0), inv_temperature, top_k, top_p, log_min_p,
         tile_max, tile_sum, part_f, hist, hist_top, seeds, positions, tile_list, cand,
         tokens, thr, rmax, lnorm, st_i, st_f,
-        V, NT, nblk, stream, kmax,
-        TILE=tile, NT_P2=NT_P2, S_P2=max(16, _next_pow2(nblk)), CAP=cap, GB=32, SELECT=select, HB=HIST_BINS, G=G, SUB=sub,
-        SMALL=min(256, cap), TOPT=topt, GD=gd, PIPE=direct_pipe, DS=ds, DEFER=defer, SEARCH=search,
+        V, NT, nblk, stream, kmax, sk_hi,
+        TILE=tile, NT_P2=NT_P2, S_P2=max(16, _next_pow2(nblk)), CAP=cap, GB=32, SELECT=select, HB=HIST_BINS, G=G,
+        SUB=sub, SMALL=min(256, cap), TOPT=topt, GD=gd, PIPE=direct_pipe, DS=ds, DEFER=defer, SEARCH=search,
+        SPREAD_ROWS=wide,
         PIVOT=pivot, num_warps=plan_warps, maxnreg=regs["plan"], **pdl,
     )
     if paths is not None:
@@ -445,7 +478,7 @@ def sample_top_k_top_p_triton(
         with torch.cuda.stream(forks[-1]):
             pivot_rounds(logits, inv_temperature, top_p, seeds, positions, tile_max, st_i, st_f, pivot_mass, tokens,
                          stream, sub, tile, pdl=pdl, skip=pivot_skip, group=pivot_group, first_pdl=False)
-    if select and search:
+    if select and search and refine:
         for last in (False, True):
             _refine_kernel[refine_grid](
                 logits, logits.stride(0), inv_temperature, st_i, st_f, h2, pn, pf, V, s3, bpp, R, BLOCK=2048,
@@ -456,13 +489,15 @@ def sample_top_k_top_p_triton(
     if paths is not None:
         paths["refined"] = st_i[:, 0].clone()
         paths["state"] = st_f.clone()
-    if defer and not direct_rows:
+    if spread_rows or (defer and not direct_rows):
+        decide = defer == 1 and not direct_rows     # the collect launch decides the direct rows
         _collect_direct_kernel[(R, s3)](
             logits, logits.stride(0), inv_temperature, top_k, top_p, seeds, positions, tile_max, st_i, st_f,
             cand, pn, pf, pi, tile_list, tokens, thr, lnorm, V, NT, s3, bpp, stream, kmax,
             BLOCK=2048, CAP=cap, TILE=tile, G=G, NT_P2=NT_P2, SMALL=min(256, cap), TOPT=topt, GD=gd,
-            PIPE=direct_pipe, DS=ds, TPP=min(16, _next_pow2(-(-2 * kmax // s3))),   # [TPP, TILE] a load
-            DEFER=defer, ATOMIC_SLOTS=atomic_slots, num_warps=8, **pdl)
+            PIPE=direct_pipe, DS=ds, TPP=min(16, _next_pow2(-(-2 * max(kmax, sk_hi) // s3))),   # [TPP, TILE] a load
+            DEFER=1 if decide else 0, SPREAD_ROWS=spread_rows, ATOMIC_SLOTS=atomic_slots,
+            num_warps=8, maxnreg=None if decide else regs["collect"], **pdl)
     elif search:
         _collect_kernel[(R, s3c)](logits, logits.stride(0), inv_temperature, seeds, positions, st_i, st_f, cand,
                                   pn, pf, pi, V, s3, bpp, stream, BLOCK=2048, CAP=cap, GROUP=cg,
@@ -478,7 +513,7 @@ def sample_top_k_top_p_triton(
         logits, logits.stride(0), inv_temperature, top_k, top_p, seeds, positions, tile_max,
         st_i, st_f, pn, pf, pi, tile_list, cand, tokens, thr, lnorm,
         V, NT, s3, stream,
-        TILE=tile, G=G, NT_P2=NT_P2, CAP=cap, GS=64, GUESS=guess, SMALL=min(256, cap), SPREAD_ROWS=defer == 2,
+        TILE=tile, G=G, NT_P2=NT_P2, CAP=cap, GS=64, GUESS=guess, SMALL=min(256, cap), SPREAD_ROWS=spread_rows,
         # 2 programs per SM (a few cold scalars spill); after a join, a plain launch: it follows
         # an event wait, not only the kernel before it
         num_warps=8, maxnreg=128, **({} if forks else pdl),

@@ -168,8 +168,11 @@ def sample_options(metadata, min_p: torch.Tensor | None, kernel_options: dict | 
     (`cap_for_top_k`); an explicit "cap" stands. "direct_beside" is False when the host
     knows that no random row has a top_k the plan's direct path takes (`min_top_k_bound`
     above "kmax"): no side stream is forked for such rows; an explicit one stands.
+    "refine" is False when the widest filtered row is a spread row (top_k <= "spread_kmax"):
+    the refine launches are left out; "spread_kmax" is 0 when every random row's top_k is
+    wider than SPREAD_TOP_K (`min_top_k_bound`): the collect launch is the plain one.
     """
-    from specops.triton_kernels.sampling_topk_topp import DEFAULT_CAP, DIRECT_TOP_K, cap_for_top_k
+    from specops.triton_kernels.sampling_topk_topp import DEFAULT_CAP, DIRECT_TOP_K, SPREAD_TOP_K, cap_for_top_k
 
     opts = dict(kernel_options or {})
     # rows of top-p / min-p without top-k need no search only when they take the pivot rounds
@@ -181,7 +184,12 @@ def sample_options(metadata, min_p: torch.Tensor | None, kernel_options: dict | 
         kmax = opts.get("kmax", DIRECT_TOP_K) if opts.get("select", True) else 0
         if widest <= kmax:
             opts["search"] = False
+        elif "refine" not in opts and opts.get("select", True) and widest <= opts.get("spread_kmax", SPREAD_TOP_K):
+            opts["refine"] = False      # the spread rows need the collect launch only
     k_low = metadata.min_top_k_bound()
+    if ("spread_kmax" not in opts and metadata.top_k is not None and opts.get("search", True) is not False
+            and k_low is not None and k_low > SPREAD_TOP_K):
+        opts["spread_kmax"] = 0         # no row to spread: the collect launch without that branch
     if ("direct_beside" not in opts and metadata.top_k is not None and opts.get("search", True) is not False
             and k_low is not None and k_low > opts.get("kmax", DIRECT_TOP_K)):
         opts["direct_beside"] = False   # no small top-k row: nothing to decide beside the search
