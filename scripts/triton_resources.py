@@ -68,15 +68,17 @@ def resource_usage(cubin: bytes) -> str:
     return " ".join(line.split()[:5])
 
 
-def compile_sample(R: int, V: int, dtype: torch.dtype, cap: int, pivot: bool = False) -> None:
+def compile_sample(R: int, V: int, dtype: torch.dtype, cap: int, pivot: bool = False,
+                   spread_kmax: int | None = None) -> None:
     """Every launch of one sample() call on [R, V] logits with mixed top-k / top-p / min-p rows
-    (`pivot`: the tokens-only call, whose rows of top-p alone take the pivot rounds)."""
+    (`pivot`: the tokens-only call, whose rows of top-p alone take the pivot rounds;
+    `spread_kmax`: the launcher's, default its own; 0 compiles the plain collect launch)."""
     from specops.triton_kernels.sampling_topk_topp import sample_top_k_top_p_triton
 
     rows = torch.arange(R)
     sample_top_k_top_p_triton(torch.zeros(R, V, dtype=dtype), torch.ones(R), (rows % 3 * 20).to(torch.int32),
                               torch.full((R,), 0.9), torch.full((R,), 0.02), rows.long(), rows.long(), cap=cap,
-                              pivot=pivot)
+                              pivot=pivot, **({} if spread_kmax is None else dict(spread_kmax=spread_kmax)))
 
 
 def compile_rejection(num_reqs: int, V: int, dtype: torch.dtype, K: int = 4) -> None:
@@ -146,12 +148,13 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     ap.add_argument("--pivot", action="store_true", help="sample: the tokens-only call (pivot rounds)")
+    ap.add_argument("--spread-kmax", type=int, default=None, help="sample: the launcher's spread_kmax")
     a = ap.parse_args()
 
     compiled = record_compiles()
     dtype = torch.float32 if a.dtype == "fp32" else torch.bfloat16
     if a.op == "sample":
-        compile_sample(a.batch, a.vocab, dtype, a.cap, a.pivot)
+        compile_sample(a.batch, a.vocab, dtype, a.cap, a.pivot, a.spread_kmax)
         print(f"triton {triton.__version__}, sm_90, sample, cap={a.cap}, R={a.batch}, V={a.vocab}, {a.dtype}"
               + (", pivot" if a.pivot else ""))
     elif a.op == "logprobs":

@@ -33,8 +33,12 @@ def _have_nvidia_backend() -> bool:
 @pytest.mark.parametrize("op, batch, dtype, kernels", [
     ("sample", 8, "fp32", {"_row_stats_kernel", "_plan_kernel", "_refine_kernel", "_refine_combine_kernel",
                            "_collect_direct_kernel", "_finish_kernel"}),
+    # 512 rows: the register caps of `later_maxnreg`; the collect launch with the spread rows' branch
+    # (the Sampler's when a top_k <= SPREAD_TOP_K row may come) and without it (spread_kmax=0)
     ("sample", 512, "bf16", {"_row_stats_kernel", "_plan_kernel", "_refine_kernel", "_refine_combine_kernel",
-                             "_collect_kernel", "_finish_kernel"}),
+                             "_collect_direct_kernel", "_finish_kernel"}),
+    ("sample --spread-kmax 0", 512, "fp32", {"_row_stats_kernel", "_plan_kernel", "_refine_kernel",
+                                             "_refine_combine_kernel", "_collect_kernel", "_finish_kernel"}),
     ("sample --pivot", 8, "fp32", {"_row_stats_kernel", "_plan_kernel", "_pivot_mass_kernel", "_pivot_draw_kernel",
                                    "_finish_kernel"}),
     ("logprobs", 8, "bf16", {"_partials_kernel", "_combine_kernel"}),
