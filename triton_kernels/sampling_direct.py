@@ -8,7 +8,8 @@ launcher knob with the same results (sampling_topk_topp.sample_top_k_top_p_trito
 `direct_in`): in the plan, in a kernel of its own (`_direct_rows_kernel`), in the collect
 launch (`_collect_direct_kernel`), or spread over the collect launch's programs. Wider
 rows up to spread_kmax always take that last way (`_spread_plan`, `_spread_collect`, and
-the finish's `_finish_direct_sized`): one program would read their hundreds of tiles alone.
+the finish's sort, with `_finish_direct_sized`'s arguments): one program would read their
+hundreds of tiles alone.
 """
 
 import triton

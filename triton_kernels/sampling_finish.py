@@ -11,7 +11,6 @@ import triton.language as tl
 from .rng import PIVOT_STREAM
 from .sampling_candidates import _finish_collected_sized
 from .sampling_common import pdl_start
-from .sampling_direct import _finish_direct_sized
 from .sampling_exact import _draw_tiles, _resolve_filtered
 from .sampling_pivot import PIVOT_ROUNDS
 from .sampling_select import (COLLECT, DIRECT, DONE, DRAW, FALLBACK, PIVOTED, REFINE_COUNT, REFINE_MASS, SPREAD,
@@ -69,40 +68,44 @@ def _finish_kernel(
         mass = tl.full([], 0.0, tl.float32)
         if (mode == REFINE_COUNT) | (mode == REFINE_MASS):   # a launch without the refine (refine=False)
             mode = r * 0 + FALLBACK
-        if (mode == COLLECT) | (mode == DRAW):
-            # collect partials, in a fixed order
+        spread = (mode == SPREAD) & SPREAD_ROWS   # the top tiles' candidates (collect launch)
+        if (mode == COLLECT) | (mode == DRAW) | spread:
+            # collect partials, in a fixed order (a spread row has none: nothing above hi = +inf)
             n_above = r * 0
             m_t1 = tl.full([], 0.0, tl.float32)
             best = tl.full([], -1.0, tl.float32)
             tok_a = r * 0 + _BIG
-            for c0 in range(0, S3, GS):
-                cc = c0 + tl.arange(0, GS)
-                cm = cc < S3
-                base = (r * S3 + cc).to(tl.int64)
-                n_above += tl.sum(tl.load(cn_ptr + base, mask=cm, other=0), axis=0)
-                mass += tl.sum(tl.load(cf_ptr + base * 3, mask=cm, other=0.0), axis=0)
-                m_t1 += tl.sum(tl.load(cf_ptr + base * 3 + 2, mask=cm, other=0.0), axis=0)
-                bs = tl.load(cf_ptr + base * 3 + 1, mask=cm, other=-1.0)
-                bi = tl.load(ci_ptr + base, mask=cm, other=_BIG)
-                best, tok_a = merge_best(bs, bi, best, tok_a, _BIG)
+            if ~spread:
+                for c0 in range(0, S3, GS):
+                    cc = c0 + tl.arange(0, GS)
+                    cm = cc < S3
+                    base = (r * S3 + cc).to(tl.int64)
+                    n_above += tl.sum(tl.load(cn_ptr + base, mask=cm, other=0), axis=0)
+                    mass += tl.sum(tl.load(cf_ptr + base * 3, mask=cm, other=0.0), axis=0)
+                    m_t1 += tl.sum(tl.load(cf_ptr + base * 3 + 2, mask=cm, other=0.0), axis=0)
+                    bs = tl.load(cf_ptr + base * 3 + 1, mask=cm, other=-1.0)
+                    bi = tl.load(ci_ptr + base, mask=cm, other=_BIG)
+                    best, tok_a = merge_best(bs, bi, best, tok_a, _BIG)
             if mode == DRAW:
                 tok = tok_a
             else:
+                # one call site of the sort cascade for both kinds of rows (its SASS is most of the
+                # kernel's: two sites cost 2-8% of a call, session 58); a spread row's candidates are
+                # every token >= lo, with the arguments `_finish_direct_sized` passes
                 n_cand = tl.load(st_i_ptr + r * 4 + 1)
                 t1_exact = tl.load(st_i_ptr + r * 4 + 2) != 0
+                m_min = tl.where(spread, -1.0, m_t1)
+                hi_c = tl.where(spread, float("inf"), hi)
+                target_c = tl.where(spread, -1.0, target)
+                has_k_c = tl.where(spread, k > 0, has_k & ~t1_exact)
                 # sort what is there: most brackets hold a few hundred tokens
-                ok, tau, tok, mass = _finish_collected_sized(cand_row, n_cand, n_above, mass, m_t1, best, tok_a, m, z,
-                                                             k, p, tau_min, lo, hi, target, has_k & ~t1_exact, has_p,
+                ok, tau, tok, mass = _finish_collected_sized(cand_row, n_cand, n_above, mass, m_min, best, tok_a, m, z,
+                                                             k, p, tau_min, lo, hi_c, target_c, has_k_c, has_p,
                                                              seed, pos, stream, SMALL, CAP)
-                if ~ok:
+                if spread:
+                    mode = tl.where(ok, DIRECT, FALLBACK)
+                elif ~ok:
                     mode = r * 0 + FALLBACK
-                    tau = tau_min
-        if SPREAD_ROWS:   # the top tiles' candidates (collect launch): as `_direct_top_k` ends
-            if mode == SPREAD:
-                n_cand = tl.load(st_i_ptr + r * 4 + 1)
-                ok, tau, tok, mass = _finish_direct_sized(cand_row, n_cand, m, z, k, p, tau_min, lo, has_p, seed, pos,
-                                                          stream, SMALL, CAP)
-                mode = tl.where(ok, DIRECT, FALLBACK)
                 if ~ok:
                     tau = tau_min
         if mode == FALLBACK:
