@@ -90,7 +90,7 @@ def _finish_kernel(
                 tok = tok_a
             else:
                 # one call site of the sort cascade for both kinds of rows (its SASS is most of the
-                # kernel's: two sites cost 2-8% of a call, session 58); a spread row's candidates are
+                # kernel's: two sites cost up to 7% of a call at batch 128, session 58); a spread row's candidates are
                 # every token >= lo, with the arguments `_finish_direct_sized` passes
                 n_cand = tl.load(st_i_ptr + r * 4 + 1)
                 t1_exact = tl.load(st_i_ptr + r * 4 + 2) != 0
