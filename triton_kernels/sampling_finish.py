@@ -90,8 +90,8 @@ def _finish_kernel(
                 tok = tok_a
             else:
                 # one call site of the sort cascade for both kinds of rows (its SASS is most of the
-                # kernel's: two sites cost up to 7% of a call at batch 128, session 58); a spread row's candidates are
-                # every token >= lo, with the arguments `_finish_direct_sized` passes
+                # kernel's: two sites cost up to 7% of a call at batch 128, session 58); a spread
+                # row's candidates are every token >= lo, with `_finish_direct_sized`'s arguments
                 n_cand = tl.load(st_i_ptr + r * 4 + 1)
                 t1_exact = tl.load(st_i_ptr + r * 4 + 2) != 0
                 m_min = tl.where(spread, -1.0, m_t1)
