@@ -178,6 +178,37 @@ def kernel_us(call: Callable[[], object], n: int = 10) -> dict[str, float]:
     return out
 
 
+def kernel_timeline(call: Callable[[], object], warmup: int = 3) -> list[tuple[str, float, float, int]]:
+    """The kernels of one `call()` replayed from a CUDA graph, in start order: (name, start µs
+    from the first kernel's start, duration µs, stream), from torch.profiler's kineto events.
+    One replay (after `warmup` eager calls and a warm-up replay): launch gaps are the graph's,
+    side streams show as their own stream ids."""
+    from torch.profiler import ProfilerActivity, profile
+
+    side = torch.cuda.Stream()                      # warm-up off the default stream, as time_us
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.profiler.kineto_results.events()
+               if e.device_type() == torch.autograd.DeviceType.CUDA and "memcpy" not in e.name().lower()
+               and "memset" not in e.name().lower()]
+    kernels.sort(key=lambda e: e.start_ns())
+    t0 = kernels[0].start_ns() if kernels else 0
+    return [(e.name().split("(")[0], (e.start_ns() - t0) / 1e3, e.duration_ns() / 1e3, e.device_resource_id())
+            for e in kernels]
+
+
 def kernel_line(call: Callable[[], object]) -> str:
     """`kernel_us(call)` as one printable line: 'name us, name us, ...' (names cut at 22)."""
     return ", ".join(f"{k.split('(')[0][:22]} {v:.1f}" for k, v in kernel_us(call).items())

@@ -3,6 +3,10 @@
     python bench/exp_sampling_kernels.py [B ...]   (GPU machine, repo root, after gpu_check.sh's build)
 
 EXP_DTYPES=float32 and EXP_MIXES="bench MIX,top_p=0.9" (comma-separated names of MIXES) keep only those.
+EXP_KNOBS="finish_maxnreg=0;finish_warps=16" times each mix once per knob set (';'-separated sets of
+comma-separated launcher knobs, ints, given to sample_options as kernel options; an empty set: the defaults).
+EXP_TIMELINE=1 also prints each call's kernels from one CUDA-graph replay in start order: start + duration
+µs (bench.common.kernel_timeline) and, for a side stream's kernel, its stream (s<id>).
 
 bench_sampling's 'llm' logits at V = 128256, B = 128 (or the batch sizes given), fp32 and bf16; every row of a batch
 has the same (temperature, top_k, top_p, min_p), so each kernel's time belongs to one path
@@ -20,13 +24,16 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.bench_sampling import MIX, make_logits, metadata  # noqa: E402
-from bench.common import kernel_us, time_us  # noqa: E402
+from bench.common import kernel_timeline, kernel_us, time_us  # noqa: E402
 from specops.sampling import sample  # noqa: E402
 from specops.sampling.topk_topp import sample_options  # noqa: E402
 
 # EXP_DISTRIBUTION=0: the tokens-only call of bench_sampling's 'specops' rows (pivot rounds for top-p / min-p
 # without top-k); default 1, with the exact thresholds (as for processed logprobs)
 DISTRIBUTION = os.environ.get("EXP_DISTRIBUTION", "1") != "0"
+TIMELINE = os.environ.get("EXP_TIMELINE", "0") == "1"
+KNOB_SETS = [{k: int(v) for k, v in (kv.split("=") for kv in item.split(",") if kv)}
+             for item in os.environ.get("EXP_KNOBS", "").split(";")]
 
 MIXES = {
     "greedy": [(0.0, 0, 1.0, 0.0)],
@@ -58,12 +65,21 @@ def run(V: int, B: int) -> None:
                 continue
             md = metadata(B, V, seeded=False, mix=mix)
             args = (logits, md.inv_temperature, md.top_k, md.top_p, md.min_p, md.seeds, md.positions)
-            opts = sample_options(md, md.min_p, None, DISTRIBUTION)   # as the Sampler calls it
-            call = lambda: sample(*args, backend="triton", distribution=DISTRIBUTION, **opts)  # noqa: E731
-            t = time_us(call, warmup=3, iters=20, replays_per_graph=5)
-            per = kernel_us(call)
-            parts = ", ".join(f"{k.split('(')[0][:24]} {v:.1f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1]))
-            print(f"{str(dtype)[6:]:8s} {name:22s} {t:7.1f} us | {parts}", flush=True)
+            for knobs in KNOB_SETS:
+                opts = sample_options(md, md.min_p, knobs, DISTRIBUTION)   # as the Sampler calls it
+                call = lambda: sample(*args, backend="triton", distribution=DISTRIBUTION, **opts)  # noqa: E731
+                t = time_us(call, warmup=3, iters=20, replays_per_graph=5)
+                per = kernel_us(call)
+                parts = ", ".join(f"{k.split('(')[0][:24]} {v:.1f}"
+                                  for k, v in sorted(per.items(), key=lambda kv: -kv[1]))
+                label = ",".join(f"{k}={v}" for k, v in knobs.items()) or "defaults"
+                print(f"{str(dtype)[6:]:8s} {name:22s} {label:32s} {t:7.1f} us | {parts}", flush=True)
+                if TIMELINE:
+                    line = kernel_timeline(call)
+                    main_stream = line[0][3] if line else None
+                    print("    timeline: " + ", ".join(
+                        f"{k.lstrip('_')[:16]} {t0:.1f}+{d:.1f}" + ("" if s == main_stream else f" s{s}")
+                        for k, t0, d, s in line), flush=True)
 
 
 if __name__ == "__main__":

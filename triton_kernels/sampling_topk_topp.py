@@ -90,6 +90,21 @@ collected set exceeds it takes the exact single-program search (about 1 ms at V 
 the H200): top_k above about 1000 with top-p. The Sampler raises it for such launches
 (`cap_for_top_k`)."""
 
+FINISH_WARPS = 16
+"""Default warps of the finish launch (`finish_warps`): its time is mostly the sort of a row's
+candidates, and 1024 keys sort faster on 16 warps (4.5 against 5.7 µs on the H200,
+logs/exp_finish_sort_2026-12-01.txt). On the H100 (session 59, fp32 V = 128256,
+bench/exp_sampling_ab.py, the same tokens and log_norm as 8 warps at every shape;
+logs/exp_finish_warps_2026-12-06_s59_h100.txt), against 8 warps: bench_sampling's mixed rows
+batch 1 / 8 / 32 / 128 / 512 14.64 / 31.69 / 38.77 / 75.07 / 187.08 -> 14.68 / 30.26 / 37.28 /
+72.36 / 182.98 µs, rows all top_k 500 + top_p 0.95 batch 8 / 128 28.29 / 85.20 -> 22.10 / 80.76;
+slower where the rows sort at most 512 keys or fill several waves: top_k 200 + top_p 0.9 batch
+32 26.77 -> 27.44, top_k 500 batch 512 265.72 -> 270.08."""
+
+FINISH_MAXNREG = 128
+"""Default register cap of the finish launch (`finish_maxnreg`, 0: none): the most a thread of 16
+warps can have (one program per SM; a few cold scalars of the exact search spill)."""
+
 MAX_AUTO_CAP = 4096
 """Largest cap `cap_for_top_k` picks."""
 
@@ -181,6 +196,14 @@ DIRECT_SMALL = 64
 bench_sampling's first mixed row; logs/exp_direct_stages_2026-12-01b.txt) the direct path took
 9.3 against 10.2 µs and the whole sample() call 14.9 against 15.5."""
 
+DIRECT_PIPE = True
+"""Default `direct_pipe`: the direct rows read their listed tiles software-pipelined (the next
+group's load issued before the current group is reduced); the same candidates, sums and draw.
+On the H100 (session 59, fp32 V = 128256, bench/exp_sampling_ab.py, the same tokens as without;
+logs/exp_finish_warps_2026-12-06_s59_h100.txt) bench_sampling's mixed rows batch 1 / 8 / 32 /
+128 / 512 took 14.61 / 30.22 / 37.21 / 72.47 / 183.07 µs without and 13.91 / 29.37 / 36.65 /
+72.67 / 183.34 with it (bf16 batch 8 28.95 -> 28.63)."""
+
 DEFER_ROWS = 16
 """Largest launch whose direct rows `direct_in="auto"` decides in the collect launch (when
 the launch has one); above, the plan decides them. The same results either way, bit for bit.
@@ -257,7 +280,7 @@ def sample_top_k_top_p_triton(
     plan_warps: int = 8,
     direct_top: bool = False,
     direct_group: int | None = None,
-    direct_pipe: bool = False,
+    direct_pipe: bool = DIRECT_PIPE,
     direct_small: int = DIRECT_SMALL,
     direct_in: str = "auto",
     search: bool = True,
@@ -272,6 +295,8 @@ def sample_top_k_top_p_triton(
     refine_min_programs: int | None = None,
     pivot_beside: bool | None = None,
     direct_beside: bool | None = None,
+    finish_warps: int = FINISH_WARPS,
+    finish_maxnreg: int = FINISH_MAXNREG,
 ):
     """Pass 1 (row statistics, tile maxima, histograms), plan, refine, collect and finish.
 
@@ -318,6 +343,9 @@ def sample_top_k_top_p_triton(
     and collect launches, and joins them before the finish: they read and write only the rows
     in mode PIVOT_PENDING, which no refine or collect program touches, so the results are the
     same; off when `paths` is asked for (its "refined" snapshot would race with the rounds).
+    `finish_warps` and `finish_maxnreg` (0: no cap) are the finish launch's warps and register
+    cap (FINISH_WARPS, FINISH_MAXNREG); the warps change the layout of its sums (its sort, its
+    cumulative and kept masses), so they are one value for every batch.
     `paths`, when a dict, receives "mode": [R] int32, the path each row took
     (sampling_select.DONE / DRAW / COLLECT / FALLBACK / DIRECT / PIVOTED).
 
@@ -329,7 +357,7 @@ def sample_top_k_top_p_triton(
     (fewer candidates, the same leading ones) and reads them `direct_group` (default 64)
     tiles at a time with no tile list (`_top_tiles`); without it the listed tiles are read
     `direct_group` (default 2048 // tile) at a time, software-pipelined with
-    `direct_pipe=True`; `direct_small` (default DIRECT_SMALL; 0 = off, else a power of two
+    `direct_pipe` (default DIRECT_PIPE); `direct_small` (default DIRECT_SMALL; 0 = off, else a power of two
     below 256) sorts at most that many candidates in a smaller sort (the sums then run over
     another layout: same results only where the experiment shows it); `direct_in="collect"`
     decides the direct rows in program 0 of their row in the collect launch instead of in
@@ -356,7 +384,7 @@ def sample_top_k_top_p_triton(
         raise ValueError(f"tile must be a power of two >= 4, got {tile}")
     if cap < 16 or cap & (cap - 1):
         raise ValueError(f"cap must be a power of two >= 16, got {cap}")
-    for name, v in (("plan_warps", plan_warps), ("direct_group", direct_group or 1),
+    for name, v in (("plan_warps", plan_warps), ("finish_warps", finish_warps), ("direct_group", direct_group or 1),
                     ("direct_small", direct_small or 1)):
         if v < 1 or v & (v - 1):
             raise ValueError(f"{name} must be a power of two, got {v}")
@@ -514,9 +542,8 @@ def sample_top_k_top_p_triton(
         st_i, st_f, pn, pf, pi, tile_list, cand, tokens, thr, lnorm,
         V, NT, s3, stream,
         TILE=tile, G=G, NT_P2=NT_P2, CAP=cap, GS=64, GUESS=guess, SMALL=min(256, cap), SPREAD_ROWS=spread_rows,
-        # 2 programs per SM (a few cold scalars spill); after a join, a plain launch: it follows
-        # an event wait, not only the kernel before it
-        num_warps=8, maxnreg=128, **({} if forks else pdl),
+        # after a join, a plain launch: it follows an event wait, not only the kernel before it
+        num_warps=finish_warps, maxnreg=finish_maxnreg or None, **({} if forks else pdl),
     )
     if paths is not None:
         paths["mode"] = st_i[:, 0]
