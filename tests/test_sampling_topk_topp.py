@@ -1347,6 +1347,7 @@ DIRECT_VARIANTS = [
     dict(direct_top=True),
     dict(direct_top=True, direct_group=4),
     dict(direct_group=4, direct_pipe=True),
+    dict(direct_pipe=False),                  # the default reads the listed tiles pipelined
     dict(direct_in="collect"),
     dict(direct_in="collect", direct_top=True, direct_group=8),
     dict(direct_in="collect", atomic_slots=True),
@@ -1468,9 +1469,10 @@ def test_cuda_direct_top_k_variants_match_default():
     pa = {}
     a = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", paths=pa)
     # one variant of each knob (the interpreter test runs them all): tile top, spread, pipelined
-    # groups, wide groups, another plan layout
+    # wide groups, unpipelined reads, another plan layout
     for var in [dict(direct_top=True, direct_group=128), dict(direct_in="spread"),
-                dict(direct_group=64, direct_pipe=True), dict(plan_warps=4), dict(direct_in="beside")]:
+                dict(direct_group=64, direct_pipe=True), dict(direct_pipe=False), dict(plan_warps=4),
+                dict(direct_in="beside")]:
         pb = {}
         b = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", paths=pb, **var)
         # tokens and paths bitwise; a variant's sums may run in another order on a GPU, so its
