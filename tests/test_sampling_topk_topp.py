@@ -724,6 +724,10 @@ def test_triton_defaults_and_knob_checks():
         sample(x, inv, None, None, None, s, s, backend="triton", collect_group=0)
     with pytest.raises(ValueError, match="refine_min_programs"):
         sample(x, inv, None, None, None, s, s, backend="triton", refine_min_programs=0)
+    with pytest.raises(ValueError, match="finish_warps"):
+        sample(x, inv, None, None, None, s, s, backend="triton", finish_warps=12)
+    with pytest.raises(ValueError, match="finish_maxnreg"):
+        sample(x, inv, None, None, None, s, s, backend="triton", finish_maxnreg=-1)
 
 
 def test_argument_checks():

@@ -388,6 +388,8 @@ def sample_top_k_top_p_triton(
                     ("direct_small", direct_small or 1)):
         if v < 1 or v & (v - 1):
             raise ValueError(f"{name} must be a power of two, got {v}")
+    if not 0 <= finish_maxnreg <= 255:
+        raise ValueError(f"finish_maxnreg must be 0 (no cap) or a register count up to 255, got {finish_maxnreg}")
     if direct_in not in ("auto", "plan", "collect", "spread", "beside"):
         raise ValueError(f"direct_in must be 'auto', 'plan', 'collect', 'spread' or 'beside', got {direct_in!r}")
     NT = -(-V // tile)
