@@ -157,6 +157,14 @@ def test_triton_pivot_matches_reference_small(V, R, dtype, kw):
     assert torch.equal(a.tokens[~pivot], c.tokens[~pivot])
     mode = paths["mode"]
     assert bool((mode[pivot] == PIVOTED).any()) and bool((mode[pivot] == FALLBACK).any())
+    # the rounds leaving their fallback rows to a finish launch after them (side_finish: on CUDA
+    # both on the rounds' stream; in line here): the same tokens, those rows PIVOT_LATE
+    late_paths = {}
+    late = sample(*_args(logits, md), backend="triton", distribution=False, side_finish=True, paths=late_paths, **kw)
+    assert torch.equal(a.tokens, late.tokens)
+    assert torch.equal(late_paths["mode"][pivot & (mode == FALLBACK)],
+                       torch.full_like(mode[pivot & (mode == FALLBACK)], int(sel.PIVOT_LATE.value)))
+    assert torch.equal(late_paths["mode"][~(pivot & (mode == FALLBACK))], mode[~(pivot & (mode == FALLBACK))])
     assert bool((mode[~pivot] != PIVOTED).all())
     assert bool((mode[_min_p_alone(md)] == PIVOTED).all())     # min-p alone never needs the search
     # some top-p row was accepted after its first candidate was rejected, and some min-p row

@@ -22,6 +22,7 @@ import triton.language as tl
 from specops import rng
 from specops.sampling import SamplingMetadata, row_thresholds_torch, sample, sample_torch
 from specops.sampling.sampler_torch import scale_logits
+from specops.triton_kernels import sampling_select as sel
 from specops.triton_kernels.sampling_common import pack_key
 from specops.triton_kernels.sampling_candidates import _finish_collected, _finish_collected_sized
 from specops.triton_kernels.sampling_direct import _tile_bound
@@ -616,7 +617,7 @@ def test_cuda_missing_filters_inside_a_first_graph_capture():
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("R", [8, 130])
+@pytest.mark.parametrize("R", [10, 130])
 def test_cuda_pivot_rounds_beside_the_search_give_the_same_results(R):
     # top-p / min-p rows without top-k (pivot rounds, on their own stream with pivot_beside)
     # and small top-k rows (direct_in="beside": on a stream of their own) beside rows that refine
@@ -628,8 +629,15 @@ def test_cuda_pivot_rounds_beside_the_search_give_the_same_results(R):
     hot = torch.randint(0, V, (R, 32), generator=g)
     logits = base.scatter_add_(1, hot, 6 + 6 * torch.rand(R, 32, generator=g)).cuda()
     kinds = [(1.0, 0, 0.9, 0.0), (1.0, 0, 1.0, 0.05), (1.0, 500, 0.95, 0.0), (0.0, 0, 1.0, 0.0),
-             (0.7, 0, 0.95, 0.02), (1.0, 0, 1.0, 0.0), (0.8, 40, 0.95, 0.0), (1.0, 2000, 0.9, 0.0)]
+             (0.7, 0, 0.95, 0.02), (1.0, 0, 1.0, 0.0), (0.8, 40, 0.95, 0.0), (1.0, 2000, 0.9, 0.0),
+             (1.0, 0, 1e-6, 0.0), (1.0, 10, 0.9, 0.0)]
     rows = [kinds[i % len(kinds)] for i in range(R)]
+    # flat rows: top_p 1e-6 rejects the pivot rounds' candidates (the exact fallback), and the
+    # top_k 10 rows tie at their max over 32 tiles: more candidates than the direct path sorts
+    kind = torch.tensor([i % len(kinds) for i in range(R)])
+    flat = (kind == 8) | (kind == 9)
+    logits[flat.cuda()] = (torch.randn(int(flat.sum()), V, generator=g) * 0.05).cuda()
+    logits[(kind == 9).cuda(), 1000:1000 + 4096] = 5.0
     inv = torch.tensor([1 / t if t > 0 else -1.0 for t, *_ in rows], device="cuda")
     k = torch.tensor([r[1] for r in rows], dtype=torch.int32, device="cuda")
     p = torch.tensor([r[2] for r in rows], device="cuda")
@@ -639,7 +647,15 @@ def test_cuda_pivot_rounds_beside_the_search_give_the_same_results(R):
     def call(**opts):
         return sample(logits, inv, k, p, mp, seeds, pos, backend="triton", distribution=False, **opts)
     want = call(pivot_beside=False, direct_in="plan")
-    for opts in (dict(pivot_beside=True), dict(direct_in="beside"), dict(direct_in="beside", pivot_beside=False)):
+    paths = {}   # with paths the side kernels run in line and their fallbacks show as FALLBACK
+    call(direct_in="beside", paths=paths)
+    fell = paths["mode"].cpu() == int(sel.FALLBACK.value)
+    assert bool(fell[kind == 9].all()) and bool(fell[kind == 8].any()), paths["mode"]
+    assert bool((paths["planned"].cpu()[kind == 9] == int(sel.DIRECT.value)).all()), paths["planned"]
+    # the side streams' fallback rows decided on their own streams (side_finish, the default
+    # beside) or by the finish after the join: the same results
+    for opts in (dict(pivot_beside=True), dict(direct_in="beside"), dict(direct_in="beside", pivot_beside=False),
+                 dict(side_finish=False)):
         assert_same_result(want, call(**opts))
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -653,6 +669,12 @@ def test_cuda_pivot_rounds_beside_the_search_give_the_same_results(R):
             assert_same_result(want, got)
     ref = sample(logits, inv, k, p, mp, seeds, pos, backend="torch")   # the same law, tokens may differ
     assert bool(((want.tokens >= 0) == (ref.tokens >= 0)).all())
+    # with the thresholds (no pivot rounds; the direct rows' stream still runs): the late
+    # direct rows' thresholds and log_norm as the finish after the join gives them
+    full = [sample(logits, inv, k, p, mp, seeds, pos, backend="triton", **opts)
+            for opts in ({}, dict(side_finish=False), dict(direct_in="plan"))]
+    assert_same_result(full[0], full[1])
+    assert_same_result(full[0], full[2])
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
@@ -1343,6 +1365,14 @@ def test_direct_top_k_candidate_overflow_falls_back():
     assert_same_draw(a, b, logits, inv, seeds, pos, p, top_k=k, min_p=mp)
     M = _modes()
     assert paths["mode"].tolist() == [M["FALLBACK"], M["FALLBACK"], M["DIRECT"], M["FALLBACK"]]
+    # the direct rows' own kernel, leaving them to a finish launch after it (side_finish: on
+    # CUDA both on the direct rows' stream; in line here): the same results, the rows DIRECT_LATE
+    late_paths = {}
+    late = sample(logits, inv, k, p, mp, seeds, pos, backend="triton", tile=16, cap=16, num_chunks=2, kmax=64,
+                  direct_in="beside", side_finish=True, paths=late_paths)
+    assert_same_result(a, late)
+    DL = int(sel.DIRECT_LATE.value)
+    assert late_paths["mode"].tolist() == [DL, DL, M["DIRECT"], DL]
 
 
 # the latency knobs of the direct path (bench/exp_plan_direct.py times them): the same candidate

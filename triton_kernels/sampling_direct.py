@@ -17,7 +17,7 @@ import triton.language as tl
 
 from .sampling_candidates import _finish_collected, _finish_collected_sized
 from .sampling_common import pack_key, pdl_start, unpack_key
-from .sampling_select import DIRECT, FALLBACK, SPREAD, collect_program
+from .sampling_select import DIRECT, DIRECT_LATE, FALLBACK, SPREAD, collect_program
 from .sampling_tiles import _BIG, _collect, _group_x, _select_tiles
 
 BOUND_SLACK = 16           # `_tile_bound`: a second round only while more than k + BOUND_SLACK tiles reach lo
@@ -240,11 +240,12 @@ def _decide_direct_row(logits_ptr, stride_row, inv_temp_ptr, top_k_ptr, top_p_pt
                        st_i_ptr, st_f_ptr, cand_ptr, list_ptr, tok_ptr, thr_ptr, lnorm_ptr, r, V, NT, stream, KMAX,
                        CAP: tl.constexpr, TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr,
                        SMALL: tl.constexpr, TOPT: tl.constexpr, GD: tl.constexpr, PIPE: tl.constexpr,
-                       DS: tl.constexpr):
+                       DS: tl.constexpr, FAIL: tl.constexpr):
     """Decide row r, which the plan (launched with DEFER = 1) marked DIRECT, as the plan would
     have: the same `_direct_top_k` call on the same inputs (m, z and the min-p threshold as the
-    plan stored them), the same results. A row it cannot decide goes to FALLBACK (the finish's
-    search); the plan's stores stand for it: token -1, tau -inf, log Z."""
+    plan stored them), the same results. A row it cannot decide goes to mode FAIL: FALLBACK (the
+    finish's search) or DIRECT_LATE (the same search by a finish launch on this kernel's stream);
+    the plan's stores stand for it: token -1, tau -inf, log Z."""
     r64 = r.to(tl.int64)
     k = tl.load(top_k_ptr + r)
     p = tl.load(top_p_ptr + r)
@@ -258,7 +259,7 @@ def _decide_direct_row(logits_ptr, stride_row, inv_temp_ptr, top_k_ptr, top_p_pt
         tl.store(thr_ptr + r, tau)
         tl.store(lnorm_ptr + r, tl.log(mass))
     else:
-        tl.store(st_i_ptr + r * 4, r * 0 + FALLBACK)
+        tl.store(st_i_ptr + r * 4, r * 0 + FAIL)
 
 
 @triton.jit(do_not_specialize=["V", "NT", "stream", "KMAX"])
@@ -275,18 +276,23 @@ def _direct_rows_kernel(
     V, NT, stream, KMAX,
     CAP: tl.constexpr, TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr, SMALL: tl.constexpr,
     TOPT: tl.constexpr, GD: tl.constexpr, PIPE: tl.constexpr, DS: tl.constexpr,
+    LATE: tl.constexpr = False,               # a row it cannot decide: DIRECT_LATE (else FALLBACK)
     PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
 ):
     """Grid (R,): program r decides row r when the plan (DEFER = 1) marked it DIRECT
     (`_decide_direct_row`); the other programs return. direct_in="beside" launches it on a
     stream of its own beside the refine and collect launches: they read and write only rows in
-    the modes REFINE_COUNT / REFINE_MASS / COLLECT / DRAW, this kernel only the DIRECT rows."""
+    the modes REFINE_COUNT / REFINE_MASS / COLLECT / DRAW, this kernel only the DIRECT rows.
+    With LATE (side_finish) a row it cannot decide goes to DIRECT_LATE, which the finish launch
+    after it on its stream decides; the main finish, which may then run beside it, skips DIRECT
+    and DIRECT_LATE rows and writes no mode back (a spread row it decides would read as DIRECT)."""
     pdl_start(PDL)
     r = tl.program_id(0)
     if tl.load(st_i_ptr + r * 4) == DIRECT:
         _decide_direct_row(logits_ptr, stride_row, inv_temp_ptr, top_k_ptr, top_p_ptr, seed_ptr, pos_ptr,
                            tile_max_ptr, st_i_ptr, st_f_ptr, cand_ptr, list_ptr, tok_ptr, thr_ptr, lnorm_ptr,
-                           r, V, NT, stream, KMAX, CAP, TILE, G, NT_P2, SMALL, TOPT, GD, PIPE, DS)
+                           r, V, NT, stream, KMAX, CAP, TILE, G, NT_P2, SMALL, TOPT, GD, PIPE, DS,
+                           DIRECT_LATE if LATE else FALLBACK)
 
 
 @triton.jit(do_not_specialize=["V", "NT", "S3", "BPP", "stream", "KMAX"])
@@ -330,7 +336,7 @@ def _collect_direct_kernel(
         if c == 0:
             _decide_direct_row(logits_ptr, stride_row, inv_temp_ptr, top_k_ptr, top_p_ptr, seed_ptr, pos_ptr,
                                tile_max_ptr, st_i_ptr, st_f_ptr, cand_ptr, list_ptr, tok_ptr, thr_ptr, lnorm_ptr,
-                               r, V, NT, stream, KMAX, CAP, TILE, G, NT_P2, SMALL, TOPT, GD, PIPE, DS)
+                               r, V, NT, stream, KMAX, CAP, TILE, G, NT_P2, SMALL, TOPT, GD, PIPE, DS, FALLBACK)
     else:
         collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, st_i_ptr, st_f_ptr, cand_ptr,
                         n_ptr, f_ptr, i_ptr, V, S3, BPP, stream, r, c, mode, BLOCK, CAP, ATOMIC_SLOTS)

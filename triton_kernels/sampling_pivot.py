@@ -26,8 +26,9 @@ accepts, or redraws in two levels (a sub-chunk by the race of its restricted mas
 token of it by the race of exp(x - m) / E over the eligible tokens) with the noise of round
 i on stream + i * PIVOT_STREAM (its sub-chunk noise + SUB_STREAM): fresh noise per round, so
 each round's acceptance is independent of the earlier rounds' noise. A row still pending
-after the last round takes the finish's exact search (FALLBACK) with the noise of
-stream + PIVOT_ROUNDS * PIVOT_STREAM, which is exact whatever happened before.
+after the last round takes the finish's exact search (FALLBACK; PIVOT_LATE with `late`: a
+finish launch of its own after the rounds) with the noise of stream + PIVOT_ROUNDS *
+PIVOT_STREAM, which is exact whatever happened before.
 
 Row state (sampling_select.STATE_I / STATE_F) of a pending row: the candidate token (-1:
 none yet) in st_i[1], the pivot (the candidate's value, -inf: none) in st_f[2], Z_t in
@@ -43,7 +44,7 @@ import triton.language as tl
 
 from .rng import PIVOT_STREAM, SUB_STREAM, exponential, random_words
 from .sampling_common import pdl_start, select_word, token_noise
-from .sampling_select import FALLBACK, PIVOT_PENDING, PIVOTED
+from .sampling_select import FALLBACK, PIVOT_LATE, PIVOT_PENDING, PIVOTED
 
 PIVOT_ROUNDS = 3
 """Rounds of verification (each a mass and a draw launch) before the exact search. On the
@@ -112,6 +113,7 @@ def _pivot_draw_kernel(
     NC: tl.constexpr, NC_P2: tl.constexpr, SUB: tl.constexpr,
     ROUND: tl.constexpr,               # 1 .. PIVOT_ROUNDS: the redraw's noise is on stream + ROUND * PIVOT_STREAM
     LAST: tl.constexpr,                # no redraw: a row still pending goes to the finish's exact search
+    LATE: tl.constexpr = False,        # LAST: to PIVOT_LATE (the finish launch after the rounds), not FALLBACK
     PDL: tl.constexpr = False,
 ):
     """Row r in mode PIVOT_PENDING: accept its candidate (mode PIVOTED, token stored) when the mass
@@ -143,7 +145,7 @@ def _pivot_draw_kernel(
             tl.store(tok_ptr + r, cand.to(tl.int64))
             tl.store(st_i_ptr + r * 4, PIVOTED)
         elif LAST:
-            tl.store(st_i_ptr + r * 4, FALLBACK)
+            tl.store(st_i_ptr + r * 4, PIVOT_LATE if LATE else FALLBACK)
         else:
             s = stream + ROUND * PIVOT_STREAM
             w0, w1, w2, w3 = random_words(seed, pos, s + SUB_STREAM, c >> 2)
@@ -175,14 +177,15 @@ def pivot_group(rows: int, sub_chunks: int) -> int:
 
 def pivot_rounds(logits, inv_temperature, top_p, seeds, positions, tile_max, st_i, st_f, mass, tokens, stream: int,
                  sub: int, tile: int, rounds: int = PIVOT_ROUNDS, pdl: dict | None = None, skip: bool = True,
-                 group: int | None = None, first_pdl: bool = True) -> None:
+                 group: int | None = None, first_pdl: bool = True, late: bool = False) -> None:
     """Launch the verification rounds (module docstring) on the rows in mode PIVOT_PENDING.
     `tile_max` is pass 1's [R, NT] (tiles of `tile` tokens), `mass` [R, ceil(V / sub)] fp32
     scratch. `skip=False` reads every sub-chunk (the same sums: a skipped one holds no
     eligible token); `group` sub-chunks per mass program (a power of two; default
     `pivot_group`) changes the speed only. `first_pdl=False` launches the first mass kernel
     without PDL (`pdl` or not): on a stream of its own, after an event wait rather than a
-    kernel of the chain."""
+    kernel of the chain. `late=True`: a row no round accepts goes to mode PIVOT_LATE instead of
+    FALLBACK, for a finish launch with ONLY = PIVOT_LATE after the rounds (side_finish)."""
     R, V = logits.shape
     nc = mass.shape[1]
     pdl = pdl or {}
@@ -195,4 +198,4 @@ def pivot_rounds(logits, inv_temperature, top_p, seeds, positions, tile_max, st_
                                                   SKIP=skip, num_warps=8, **(pdl if i > 1 or first_pdl else {}))
         _pivot_draw_kernel[(R,)](logits, logits.stride(0), inv_temperature, top_p, seeds, positions, st_i, st_f,
                                  mass, tokens, V, stream, NC=nc, NC_P2=max(16, triton.next_power_of_2(nc)), SUB=sub,
-                                 ROUND=i, LAST=i == rounds, num_warps=8, **pdl)
+                                 ROUND=i, LAST=i == rounds, LATE=late, num_warps=8, **pdl)

@@ -50,6 +50,8 @@ DIRECT = tl.constexpr(6)       # small top-k, decided in the plan from the top t
 SPREAD = tl.constexpr(7)       # small top-k, top tiles listed by the plan, read by collect, decided by the finish
 PIVOT_PENDING = tl.constexpr(8)  # top-p / min-p without top-k, by pivot rejection (sampling_pivot.py): pending
 PIVOTED = tl.constexpr(9)        # the same rows, a candidate accepted by pivot rejection (token decided)
+DIRECT_LATE = tl.constexpr(10)   # a DIRECT row its side stream could not decide: that stream's finish launch
+PIVOT_LATE = tl.constexpr(11)    # a pivot row no round accepted, the same on the pivot stream (side_finish)
 
 SUB_BINS = 64                  # refine: 63 sub-bins + nothing, two rounds
 _SB = tl.constexpr(SUB_BINS)

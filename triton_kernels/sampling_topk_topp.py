@@ -46,6 +46,11 @@ for a row without a filter (mode PIVOT_PENDING; a min-p row keeps it when it is 
 min-p threshold; a row with both starts without one), and sampling_pivot.py's rounds accept
 it or draw again above it before the finish; their threshold and log_norm are not computed.
 
+On CUDA the small top-k rows (`_direct_rows_kernel`) and the pivot rounds run on side streams
+beside steps 3-4 (`direct_in="beside"`, `pivot_beside`); a row they cannot decide gets the
+exact search from a finish launch on their own stream (`side_finish`), so the main finish
+follows the collect launch and the streams join after it.
+
 This file holds the launcher and its defaults; the single-program paths read rows tile by
 tile (sampling_tiles.py).
 """
@@ -57,8 +62,8 @@ from .sampling_direct import _collect_direct_kernel, _direct_rows_kernel
 from .sampling_finish import _finish_kernel
 from .sampling_pivot import pivot_rounds
 from .sampling_plan import _plan_kernel
-from .sampling_select import (REFINE_MIN_PROGRAMS, STATE_F, STATE_I, SUB_BINS, _collect_kernel, _refine_combine_kernel,
-                              _refine_kernel, refine_geometry, refine_programs)
+from .sampling_select import (DIRECT_LATE, PIVOT_LATE, REFINE_MIN_PROGRAMS, STATE_F, STATE_I, SUB_BINS, _collect_kernel,
+                              _refine_combine_kernel, _refine_kernel, refine_geometry, refine_programs)
 from .sampling_select import search_group as default_search_group
 from .sampling_stats import HIST_BINS, _next_pow2, pass1_blocks, row_stats_pass, tile_size
 
@@ -104,6 +109,16 @@ slower where the rows sort at most 512 keys or fill several waves: top_k 200 + t
 FINISH_MAXNREG = 128
 """Default register cap of the finish launch (`finish_maxnreg`, 0: none): the most a thread of 16
 warps can have (one program per SM; a few cold scalars of the exact search spill)."""
+
+SIDE_FINISH = True
+"""Default `side_finish` where a side stream runs: the direct rows and the pivot rounds decide
+their own fallback rows (a finish launch on their stream), so the main finish starts after the
+collect launch instead of after the slower of the side streams, and the join follows it. On
+the H100 (session 60, bench/exp_sampling_ab.py, the same tokens and row maxima as without;
+logs/exp_side_finish_2026-12-06_s60_h100.txt), bench_sampling's mixed rows fp32 V = 128256
+batch 1 / 8 / 32 / 128 / 512 took 13.90 / 29.26 / 36.60 / 72.54 / 183.19 µs without and 13.87 /
+24.21 / 29.43 / 64.66 / 175.61 with it; bf16 batch 8 / 128 28.49 / 61.59 -> 22.13 / 54.60; launches
+with no side stream (rows all top_k 500, or all top-p or min-p alone, batch 128) level."""
 
 MAX_AUTO_CAP = 4096
 """Largest cap `cap_for_top_k` picks."""
@@ -297,6 +312,7 @@ def sample_top_k_top_p_triton(
     direct_beside: bool | None = None,
     finish_warps: int = FINISH_WARPS,
     finish_maxnreg: int = FINISH_MAXNREG,
+    side_finish: bool | None = None,
 ):
     """Pass 1 (row statistics, tile maxima, histograms), plan, refine, collect and finish.
 
@@ -340,14 +356,22 @@ def sample_top_k_top_p_triton(
     `sampling_select.REFINE_MIN_PROGRAMS`; see `sampling_select.refine_programs`).
     `pivot_beside=True` (CUDA, with `pivot` and the search launches; default PIVOT_BESIDE)
     launches the pivot rounds right after the plan on a stream of their own, beside the refine
-    and collect launches, and joins them before the finish: they read and write only the rows
+    and collect launches, and joins them after the finish (before it with `side_finish=False`):
+    they read and write only the rows
     in mode PIVOT_PENDING, which no refine or collect program touches, so the results are the
     same; off when `paths` is asked for (its "refined" snapshot would race with the rounds).
     `finish_warps` and `finish_maxnreg` (0: no cap) are the finish launch's warps and register
     cap (FINISH_WARPS, FINISH_MAXNREG); the warps change the layout of its sums (its sort, its
     cumulative and kept masses), so they are one value for every batch.
+    `side_finish` (default: SIDE_FINISH for each side stream that runs, i.e. `pivot_beside` or
+    `direct_in="beside"` with the streams) lets the direct rows' kernel and the pivot rounds
+    leave a row they cannot decide in a mode of its own (DIRECT_LATE / PIVOT_LATE) and decide it
+    by a finish launch (ONLY = that mode: the same code, warps and cap, so the same results) on
+    their own stream, so that the main finish skips their rows and the join comes after it
+    instead of before. True without the streams runs the same launches in line (tests).
     `paths`, when a dict, receives "mode": [R] int32, the path each row took
-    (sampling_select.DONE / DRAW / COLLECT / FALLBACK / DIRECT / PIVOTED).
+    (sampling_select.DONE / DRAW / COLLECT / FALLBACK / DIRECT / PIVOTED, and with
+    `side_finish=True` DIRECT_LATE / PIVOT_LATE for the rows their finish launch decided).
 
     Latency knobs of the direct path (each gives the same tokens, thresholds, log_norm and
     paths["mode"] as the default, except where said; see bench/exp_plan_direct.py):
@@ -490,24 +514,46 @@ def sample_top_k_top_p_triton(
     direct_kw = dict(CAP=cap, TILE=tile, G=G, NT_P2=NT_P2, SMALL=min(256, cap), TOPT=topt, GD=gd, PIPE=direct_pipe,
                      DS=ds, num_warps=plan_warps)   # the plan's layout: the plan's results
 
+    # side_finish: by default where the rows' side stream runs; a bool: both kinds, streams or not
+    late_direct = (SIDE_FINISH and overlap) if side_finish is None else bool(side_finish)
+    late_pivot = (SIDE_FINISH and beside) if side_finish is None else bool(side_finish)
+
+    def launch_finish(only=0, **launch_pdl):
+        _finish_kernel[(R,)](
+            logits, logits.stride(0), inv_temperature, top_k, top_p, seeds, positions, tile_max,
+            st_i, st_f, pn, pf, pi, tile_list, cand, tokens, thr, lnorm,
+            V, NT, s3, stream,
+            TILE=tile, G=G, NT_P2=NT_P2, CAP=cap, GS=64, GUESS=guess, SMALL=min(256, cap), SPREAD_ROWS=spread_rows,
+            ONLY=only, STORE_MODE=paths is not None,   # (no side stream runs with `paths`)
+            num_warps=finish_warps, maxnreg=finish_maxnreg or None, **launch_pdl,
+        )
+
     def launch_direct_rows(**launch_pdl):
         _direct_rows_kernel[(R,)](
             logits, logits.stride(0), inv_temperature, top_k, top_p, seeds, positions, tile_max, st_i, st_f,
-            cand, tile_list, tokens, thr, lnorm, V, NT, stream, kmax, **direct_kw, **launch_pdl)
+            cand, tile_list, tokens, thr, lnorm, V, NT, stream, kmax, LATE=late_direct, **direct_kw, **launch_pdl)
+        if late_direct:   # the rows it could not decide, on its stream
+            launch_finish(int(DIRECT_LATE.value), **pdl)
+
+    def launch_pivot_rounds(first_pdl):
+        pivot_rounds(logits, inv_temperature, top_p, seeds, positions, tile_max, st_i, st_f, pivot_mass, tokens,
+                     stream, sub, tile, pdl=pdl, skip=pivot_skip, group=pivot_group, first_pdl=first_pdl,
+                     late=late_pivot)
+        if late_pivot:   # the rows no round accepted, on their stream
+            launch_finish(int(PIVOT_LATE.value), **pdl)
 
     main_stream = torch.cuda.current_stream(dev) if dev.type == "cuda" else None
-    forks = []   # side streams from here to the join before the finish
+    forks = []   # (side stream, whether it finishes its own rows: joined after the finish, else before)
     if direct_rows and overlap:
-        forks.append(side_stream(dev, "direct"))
-        forks[-1].wait_stream(main_stream)
-        with torch.cuda.stream(forks[-1]):
+        forks.append((side_stream(dev, "direct"), late_direct))
+        forks[-1][0].wait_stream(main_stream)
+        with torch.cuda.stream(forks[-1][0]):
             launch_direct_rows()   # plain: it follows an event wait, not a kernel of the chain
     if beside:
-        forks.append(side_stream(dev, "pivot"))
-        forks[-1].wait_stream(main_stream)
-        with torch.cuda.stream(forks[-1]):
-            pivot_rounds(logits, inv_temperature, top_p, seeds, positions, tile_max, st_i, st_f, pivot_mass, tokens,
-                         stream, sub, tile, pdl=pdl, skip=pivot_skip, group=pivot_group, first_pdl=False)
+        forks.append((side_stream(dev, "pivot"), late_pivot))
+        forks[-1][0].wait_stream(main_stream)
+        with torch.cuda.stream(forks[-1][0]):
+            launch_pivot_rounds(first_pdl=False)
     if select and search and refine:
         for last in (False, True):
             _refine_kernel[refine_grid](
@@ -534,19 +580,18 @@ def sample_top_k_top_p_triton(
                                   ATOMIC_SLOTS=atomic_slots, num_warps=8, maxnreg=regs["collect"], **pdl)
     if direct_rows and not overlap:
         launch_direct_rows(**pdl)
-    for fork in forks:
-        main_stream.wait_stream(fork)
+    joined = False
+    for fork, late in forks:
+        if not late:   # the finish decides this stream's fallback rows: it waits for it
+            main_stream.wait_stream(fork)
+            joined = True
     if pivot and not beside:
-        pivot_rounds(logits, inv_temperature, top_p, seeds, positions, tile_max, st_i, st_f, pivot_mass, tokens,
-                     stream, sub, tile, pdl=pdl, skip=pivot_skip, group=pivot_group)
-    _finish_kernel[(R,)](
-        logits, logits.stride(0), inv_temperature, top_k, top_p, seeds, positions, tile_max,
-        st_i, st_f, pn, pf, pi, tile_list, cand, tokens, thr, lnorm,
-        V, NT, s3, stream,
-        TILE=tile, G=G, NT_P2=NT_P2, CAP=cap, GS=64, GUESS=guess, SMALL=min(256, cap), SPREAD_ROWS=spread_rows,
-        # after a join, a plain launch: it follows an event wait, not only the kernel before it
-        num_warps=finish_warps, maxnreg=finish_maxnreg or None, **({} if forks else pdl),
-    )
+        launch_pivot_rounds(first_pdl=True)
+    # after a join, a plain launch: it follows an event wait, not only the kernel before it
+    launch_finish(**({} if joined else pdl))
+    for fork, late in forks:
+        if late:
+            main_stream.wait_stream(fork)
     if paths is not None:
         paths["mode"] = st_i[:, 0]
     return tokens, thr, rmax, lnorm
