@@ -47,6 +47,7 @@ PARAMS = {
     "k1000": [(1.0, 1000, 0.95, 0.0)],
     "p90": [(1.0, 0, 0.9, 0.0)],          # top-p alone: the pivot rounds (tokens-only calls)
     "minp": [(1.0, 0, 1.0, 0.05)],        # min-p alone: the pivot rounds
+    "plain": [(1.0, 0, 1.0, 0.0)],        # no filter: the Sampler passes no filter tensor
 }
 SHAPES = "mix:1,mix:8,mix:32,mix:128,mix:512,k500:1,k500:8,k500:128,k200:32,k1000:32,mix:128:bf16"
 
