@@ -70,6 +70,27 @@ def test_cpu_launches_go_without_pdl(monkeypatch):
     assert log and all(not pdl and not launch for _, launch, pdl in log), log
 
 
+def test_launch_without_a_filter_is_pass_1_and_the_plan(monkeypatch):
+    # no filter tensor: the plan decides every row (greedy, unfiltered draw, an invalid row's -1),
+    # so no finish launch follows it; the tokens are the reference's
+    monkeypatch.setenv("SPECOPS_PDL", "0")
+    log = _record(monkeypatch, SAMPLING_KERNELS)
+    dev = "cuda" if CUDA else "cpu"
+    if CUDA:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(5, 700, generator=g) * 2).to(dev)
+    x[3] = float("nan")
+    inv = torch.tensor([1.0, 0.5, -1.0, 1.0, 1.3], device=dev)
+    seeds, pos = torch.arange(5, device=dev) + 3, torch.arange(5, device=dev) * 2
+    kw = {} if CUDA else dict(tile=16, cap=64)
+    got = sample(x, inv, None, None, None, seeds, pos, backend="triton", **kw)
+    assert [name for name, _, _ in log] == ["_row_stats_kernel", "_plan_kernel"], log
+    want = sample(x, inv, None, None, None, seeds, pos, backend="torch")
+    assert torch.equal(got.tokens.cpu(), want.tokens.cpu()), (got.tokens, want.tokens)
+    assert got.tokens[3].item() == -1
+
+
 def _mixed_rows(B: int, V: int, dtype: torch.dtype, seed: int):
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(B, V, device="cuda", generator=g) * 2

@@ -453,6 +453,9 @@ def sample_top_k_top_p_triton(
     lnorm = torch.empty_like(thr)
     if R == 0:
         return tokens, thr, rmax, lnorm
+    # no filter tensor: the plan decides every row (greedy, the unfiltered draw, or an invalid
+    # row's -1), so the finish launch would only read their modes (DONE) and exit
+    finish_needed = top_k is not None or top_p is not None or min_p is not None
     # a filter that is not given is off on every row: a view of a cached constant (no fill kernel)
     if top_k is None:
         top_k = constant_rows(R, 0, torch.int32, dev)
@@ -588,7 +591,8 @@ def sample_top_k_top_p_triton(
     if pivot and not beside:
         launch_pivot_rounds(first_pdl=True)
     # after a join, a plain launch: it follows an event wait, not only the kernel before it
-    launch_finish(**({} if joined else pdl))
+    if finish_needed:
+        launch_finish(**({} if joined else pdl))
     for fork, late in forks:
         if late:
             main_stream.wait_stream(fork)
