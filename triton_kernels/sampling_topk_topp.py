@@ -312,6 +312,7 @@ def sample_top_k_top_p_triton(
     direct_beside: bool | None = None,
     finish_warps: int = FINISH_WARPS,
     finish_maxnreg: int = FINISH_MAXNREG,
+    plan_maxnreg: int = -1,
     side_finish: bool | None = None,
 ):
     """Pass 1 (row statistics, tile maxima, histograms), plan, refine, collect and finish.
@@ -362,7 +363,8 @@ def sample_top_k_top_p_triton(
     same; off when `paths` is asked for (its "refined" snapshot would race with the rounds).
     `finish_warps` and `finish_maxnreg` (0: no cap) are the finish launch's warps and register
     cap (FINISH_WARPS, FINISH_MAXNREG); the warps change the layout of its sums (its sort, its
-    cumulative and kept masses), so they are one value for every batch.
+    cumulative and kept masses), so they are one value for every batch. `plan_maxnreg` is the
+    plan's register cap (-1: `later_maxnreg`'s; 0: none): speed only, the same code.
     `side_finish` (default: SIDE_FINISH for each side stream that runs, i.e. `pivot_beside` or
     `direct_in="beside"` with the streams) lets the direct rows' kernel and the pivot rounds
     leave a row they cannot decide in a mode of its own (DIRECT_LATE / PIVOT_LATE) and decide it
@@ -414,6 +416,9 @@ def sample_top_k_top_p_triton(
             raise ValueError(f"{name} must be a power of two, got {v}")
     if not 0 <= finish_maxnreg <= 255:
         raise ValueError(f"finish_maxnreg must be 0 (no cap) or a register count up to 255, got {finish_maxnreg}")
+    if not -1 <= plan_maxnreg <= 255:
+        raise ValueError(f"plan_maxnreg must be -1 (the default), 0 (no cap) or a register count up to 255, "
+                         f"got {plan_maxnreg}")
     if direct_in not in ("auto", "plan", "collect", "spread", "beside"):
         raise ValueError(f"direct_in must be 'auto', 'plan', 'collect', 'spread' or 'beside', got {direct_in!r}")
     NT = -(-V // tile)
@@ -494,6 +499,8 @@ def sample_top_k_top_p_triton(
     cand = torch.empty(R, cap, dtype=torch.int64, device=dev)
     pdl = pdl_kwargs(logits)
     regs = later_maxnreg(R)
+    if plan_maxnreg >= 0:
+        regs["plan"] = plan_maxnreg or None
     # rows that need the search are the rows with a histogram: without them pass 1 runs lighter
     row_stats_pass(logits, inv_temperature, top_k, top_p, log_min_p, tile, tpb,
                    tile_max, tile_sum, part_f, hist, hist_top, blocks_per_program,
