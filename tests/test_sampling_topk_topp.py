@@ -750,6 +750,11 @@ def test_triton_defaults_and_knob_checks():
         sample(x, inv, None, None, None, s, s, backend="triton", finish_warps=12)
     with pytest.raises(ValueError, match="finish_maxnreg"):
         sample(x, inv, None, None, None, s, s, backend="triton", finish_maxnreg=-1)
+    with pytest.raises(ValueError, match="plan_maxnreg"):
+        sample(x, inv, None, None, None, s, s, backend="triton", plan_maxnreg=256)
+    # a register cap changes speed only
+    c = sample(x, inv, None, None, None, s, s, backend="triton", cap=16, plan_maxnreg=64)
+    assert torch.equal(a.tokens, c.tokens)
 
 
 def test_argument_checks():
