@@ -2,6 +2,7 @@
 each kernel's registers, stack and local memory (spills) per thread.
 
     python scripts/triton_resources.py [--op sample] [--cap 1024] [--batch 8] [--vocab 128256] [--dtype fp32]
+        [--no-filters] [--ttgir DIR]
     python scripts/triton_resources.py --op rejection [--batch 8] [--vocab 128256] [--dtype fp32]
     python scripts/triton_resources.py --op logprobs [--batch 8] [--vocab 128256] [--dtype fp32]
 
@@ -69,16 +70,19 @@ def resource_usage(cubin: bytes) -> str:
 
 
 def compile_sample(R: int, V: int, dtype: torch.dtype, cap: int, pivot: bool = False,
-                   spread_kmax: int | None = None) -> None:
+                   spread_kmax: int | None = None, filters: bool = True) -> None:
     """Every launch of one sample() call on [R, V] logits with mixed top-k / top-p / min-p rows
     (`pivot`: the tokens-only call, whose rows of top-p alone take the pivot rounds;
-    `spread_kmax`: the launcher's, default its own; 0 compiles the plain collect launch)."""
+    `spread_kmax`: the launcher's, default its own; 0 compiles the plain collect launch;
+    `filters=False`: no filter tensor at all, the Sampler's plain batches)."""
     from specops.triton_kernels.sampling_topk_topp import sample_top_k_top_p_triton
 
     rows = torch.arange(R)
-    sample_top_k_top_p_triton(torch.zeros(R, V, dtype=dtype), torch.ones(R), (rows % 3 * 20).to(torch.int32),
-                              torch.full((R,), 0.9), torch.full((R,), 0.02), rows.long(), rows.long(), cap=cap,
-                              pivot=pivot, **({} if spread_kmax is None else dict(spread_kmax=spread_kmax)))
+    top_k, top_p, min_p = ((rows % 3 * 20).to(torch.int32), torch.full((R,), 0.9), torch.full((R,), 0.02)) \
+        if filters else (None, None, None)
+    sample_top_k_top_p_triton(torch.zeros(R, V, dtype=dtype), torch.ones(R), top_k, top_p, min_p, rows.long(),
+                              rows.long(), cap=cap, pivot=pivot,
+                              **({} if spread_kmax is None else dict(spread_kmax=spread_kmax)))
 
 
 def compile_rejection(num_reqs: int, V: int, dtype: torch.dtype, K: int = 4) -> None:
@@ -149,22 +153,28 @@ def main() -> None:
     ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     ap.add_argument("--pivot", action="store_true", help="sample: the tokens-only call (pivot rounds)")
     ap.add_argument("--spread-kmax", type=int, default=None, help="sample: the launcher's spread_kmax")
+    ap.add_argument("--no-filters", action="store_true", help="sample: no top_k / top_p / min_p tensor")
+    ap.add_argument("--ttgir", default=None, help="also write each kernel's TTGIR to DIR/<n>_<kernel>.ttgir")
     a = ap.parse_args()
 
     compiled = record_compiles()
     dtype = torch.float32 if a.dtype == "fp32" else torch.bfloat16
     if a.op == "sample":
-        compile_sample(a.batch, a.vocab, dtype, a.cap, a.pivot, a.spread_kmax)
+        compile_sample(a.batch, a.vocab, dtype, a.cap, a.pivot, a.spread_kmax, not a.no_filters)
         print(f"triton {triton.__version__}, sm_90, sample, cap={a.cap}, R={a.batch}, V={a.vocab}, {a.dtype}"
-              + (", pivot" if a.pivot else ""))
+              + (", pivot" if a.pivot else "") + (", no filters" if a.no_filters else ""))
     elif a.op == "logprobs":
         compile_logprobs(a.batch, a.vocab, dtype)
         print(f"triton {triton.__version__}, sm_90, logprobs, R={a.batch}, V={a.vocab}, {a.dtype}")
     else:
         compile_rejection(a.batch, a.vocab, dtype)
         print(f"triton {triton.__version__}, sm_90, rejection, K=4, requests={a.batch}, V={a.vocab}, {a.dtype}")
-    for name, kernel in compiled:
+    for n, (name, kernel) in enumerate(compiled):
         print(f"  {name:32s} warps {kernel.metadata.num_warps:2d}  {resource_usage(kernel.asm['cubin'])}")
+        if a.ttgir:
+            os.makedirs(a.ttgir, exist_ok=True)
+            with open(os.path.join(a.ttgir, f"{n}_{name}.ttgir"), "w") as f:
+                f.write(kernel.asm["ttgir"])
 
 
 if __name__ == "__main__":
