@@ -70,9 +70,9 @@ def test_kernels_compile_for_sm90(op, batch, dtype, kernels):
 # sub-chunk, and so another token, depending on its neighbours.
 #
 # The test below compiles both batches for the H200 (sm_90) without a GPU (scripts/triton_resources.py)
-# and compares the layouts of the masses' sums in their TTGIR. It is a strict xfail on main:
-# the fix (a fixed pairwise tree, bench/unmeasured/plain_plan.patch) has not run on a GPU yet;
-# the patch turns this test into a plain one.
+# and compares the layouts of the masses' sums in their TTGIR. On main it ends in an xfail
+# when they differ (the fix, a fixed pairwise tree in bench/unmeasured/plain_plan.patch, has
+# not run on a GPU yet); the patch makes the check a plain assert.
 def plan_ttgir(tmp_path, *flags) -> str:
     """The TTGIR of the plan kernel of one sample() call at batch 8 (fp32, V=128256)."""
     out = tmp_path / "_".join(f.strip("-") for f in flags) if flags else tmp_path / "mixed"
@@ -102,10 +102,11 @@ def draw_sums(ttgir: str) -> list[tuple[str, str, str]]:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="compiles for sm_90 through a stand-in driver (no GPU)")
 @pytest.mark.skipif(not _have_nvidia_backend(), reason="Triton without its NVIDIA backend tools")
-@pytest.mark.xfail(strict=True, reason="layout-dependent sum in _draw_unfiltered; fixed by "
-                                       "bench/unmeasured/plain_plan.patch, not yet run on a GPU")
 def test_unfiltered_draw_sums_in_one_order_in_every_plan_variant(tmp_path):
     plain = draw_sums(plan_ttgir(tmp_path, "--no-filters"))     # DEFER = 0
     mixed = draw_sums(plan_ttgir(tmp_path))                     # the direct rows deferred: DEFER = 1
     assert plain and mixed, "no float sum of the draw's masses found in the TTGIR"
-    assert plain == mixed
+    if plain != mixed:      # main's known wart, and only that one: the same sums, other layouts
+        assert [s[:2] for s in plain] == [s[:2] for s in mixed], (plain, mixed)
+        pytest.xfail(f"layout-dependent sum in _draw_unfiltered ({plain} against {mixed}); fixed by "
+                     "bench/unmeasured/plain_plan.patch, not yet run on a GPU")
