@@ -91,8 +91,9 @@ def draw_sums(ttgir: str) -> list[tuple[str, str, str]]:
     floats is the same in either order, so its layout does not matter)."""
     defs = dict(re.findall(r"^(#\w+) = (#ttg\.\w+<.*>)$", ttgir, re.M))
     found = []
-    for m in re.finditer(r'= "tt\.reduce"\(%(?:mass|w)\w*\) <\{axis = (\d+) : i32\}> \(\{(.*?)\}\) : '
-                         r'\(tensor<(\d+(?:x\d+)+)xf32, (#[\w.]+(?:<[^()]*?>)?)>\)', ttgir, re.S):
+    # one reduce: its operand, its body (never running into the next reduce) and its operand type
+    for m in re.finditer(r'= "tt\.reduce"\(%(?:mass|w)\w*\) <\{axis = (\d+) : i32\}> \(\{((?:(?!"tt\.reduce").)*?)'
+                         r'\}\) : \(tensor<(\d+(?:x\d+)+)xf32, (#[\w.]+(?:<[^()]*?>)?)>\)', ttgir, re.S):
         axis, body, shape, layout = m.groups()
         if "arith.addf" in body:
             pairwise = shape.split("x")[int(axis)] == "2"
