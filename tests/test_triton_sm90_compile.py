@@ -31,6 +31,15 @@ def _have_nvidia_backend() -> bool:
     return all(os.path.exists(os.path.join(tools, t)) for t in ("ptxas", "cuobjdump"))
 
 
+def run_script(*args) -> subprocess.CompletedProcess:
+    """scripts/triton_resources.py with `args`, in a subprocess without the interpreter; it must succeed."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, env=env, cwd=ROOT,
+                         timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the tests compile and run every kernel")
 @pytest.mark.skipif(not _have_nvidia_backend(), reason="Triton without its NVIDIA backend tools")
 @pytest.mark.parametrize("op, batch, dtype, kernels", [
@@ -49,11 +58,8 @@ def _have_nvidia_backend() -> bool:
                               "_residual_mass_kernel", "_recover_race_kernel"}),
 ])
 def test_kernels_compile_for_sm90(op, batch, dtype, kernels):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     op, *flags = op.split()
-    run = subprocess.run([sys.executable, SCRIPT, "--op", op, "--batch", str(batch), "--dtype", dtype, *flags],
-                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = run_script("--op", op, "--batch", str(batch), "--dtype", dtype, *flags)
     regs = {m.group(1): int(m.group(2)) for m in re.finditer(r"^\s+(\w+)\s+warps\s+\d+\s+REG:(\d+)", run.stdout, re.M)}
     assert kernels <= set(regs), (sorted(regs), run.stdout)
     assert all(0 < r <= 255 for r in regs.values()), regs
@@ -76,10 +82,7 @@ def test_kernels_compile_for_sm90(op, batch, dtype, kernels):
 def plan_ttgir(tmp_path, *flags) -> str:
     """The TTGIR of the plan kernel of one sample() call at batch 8 (fp32, V=128256)."""
     out = tmp_path / "_".join(f.strip("-") for f in flags) if flags else tmp_path / "mixed"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, SCRIPT, "--op", "sample", "--batch", "8", "--ttgir", str(out), *flags],
-                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
+    run_script("--op", "sample", "--batch", "8", "--ttgir", str(out), *flags)
     (name,) = [f for f in os.listdir(out) if f.endswith("__plan_kernel.ttgir")]
     return (out / name).read_text()
 
