@@ -21,6 +21,7 @@ from .sampling_select import (COLLECT, DIRECT, DIRECT_LATE, DONE, DRAW, FALLBACK
 from .sampling_tiles import _BIG
 
 PIVOT_FALLBACK_STREAM = tl.constexpr(PIVOT_ROUNDS * PIVOT_STREAM)   # a pivot row's exact search: fresh noise
+_GUESS_UNITS = tl.constexpr(2.0 ** 40)   # fixed-point units per 1 of the exact search's top-p guess (NT_P2 <= 2^20)
 
 
 @triton.jit(do_not_specialize=["NT", "S3", "stream"])
@@ -125,7 +126,11 @@ def _finish_kernel(
             t = tl.arange(0, NT_P2)
             stm = tl.sort(tl.load(tm_row + t, mask=t < NT, other=float("-inf")), 0, True)
             c_k = tl.max(tl.where(t == k - 1, stm, float("-inf")), axis=0)
-            cmass = tl.cumsum(tl.where(stm > float("-inf"), tl.exp(stm - m), 0.0), axis=0)
+            # the tiles' mass above each cut, each term in [0, 1] as an integer of 2^-40 units: an
+            # integer scan is exact, so the guess is the same whatever the thread layout (the
+            # side-stream finish at cap 2048 runs on more warps than the others)
+            units = (tl.where(stm > float("-inf"), tl.exp(stm - m), 0.0) * _GUESS_UNITS).to(tl.int64)
+            cmass = tl.cumsum(units, axis=0).to(tl.float32) * (1.0 / _GUESS_UNITS)
             c_p = tl.max(tl.where(t == tl.sum((cmass < p * z).to(tl.int32), axis=0), stm, float("-inf")), axis=0)
             if not GUESS:                   # test knob: start from the max, a wrong guess
                 c_k = m
