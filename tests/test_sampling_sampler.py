@@ -25,6 +25,7 @@ from specops.sampling.logits_processors import (LogitBiasLogitsProcessor, MinPLo
 from specops.sampling.logits_processors import loader as loader_mod
 from specops.sampling.logprobs import compute_logprobs
 from specops.sampling.sampler import processed_probs
+from specops.sampling.sampler_torch import scale_logits
 
 CUDA = torch.cuda.is_available()
 EOS = 2
@@ -346,9 +347,69 @@ def test_cuda_sampler_matches_torch_sampler_full_vocab(mode):
     md2, _ = batch(V, plist, outputs, prompts, device="cuda", max_num_logprobs=5)
     b = Sampler(logprobs_mode=mode)(logits.clone(), md2)
     same_draw(b, a, Sampler(backend="torch"), logits, md)
-    torch.testing.assert_close(a.logprobs.logprobs[:, 1:], b.logprobs.logprobs[:, 1:], equal_nan=True)
+    if mode == "processed_logprobs":
+        assert_same_processed_top_logprobs(b, a, Sampler(backend="torch").process(logits.clone(), md))
+    else:
+        torch.testing.assert_close(a.logprobs.logprobs[:, 1:], b.logprobs.logprobs[:, 1:], equal_nan=True)
     assert torch.equal(a.logprobs.ranks, b.logprobs.ranks)
 
+
+def assert_same_processed_top_logprobs(a, b, proc):
+    """The top-n processed logprobs of Sampler outputs a (kernels) and b (reference) agree.
+
+    A row whose two thresholds differ (a top-p cut at a near-tie, decided in fp32 by the kernels
+    and in fp64 by the reference: `same_draw` checks that it is one) keeps other tokens, so
+    another normaliser: there the values agree up to it (value + log_norm), and a token between
+    the two thresholds may be kept by one side only. Every other row agrees value for value."""
+    ta, tb = a.result.threshold.cpu(), b.result.threshold.cpu()
+    la, lb = a.logprobs.logprobs[:, 1:].cpu(), b.logprobs.logprobs[:, 1:].cpu()
+    assert torch.equal(a.logprobs.token_ids[:, 1:].cpu() >= 0, b.logprobs.token_ids[:, 1:].cpu() >= 0)
+    band = (ta != tb) & ~torch.isnan(ta)
+    torch.testing.assert_close(la[~band], lb[~band], equal_nan=True)
+    x = scale_logits(proc.logits, proc.inv_temperature).cpu()
+    for r in band.nonzero().flatten().tolist():
+        lo, hi = sorted((float(ta[r]), float(tb[r])))
+        ids = b.logprobs.token_ids[r, 1:].cpu()
+        v = x[r, ids.clamp(min=0)]
+        firm = (v < lo) | (v >= hi)                  # kept or cut on both sides
+        sa = la[r] + a.result.log_norm[r].cpu()
+        sb = lb[r] + b.result.log_norm[r].cpu()
+        torch.testing.assert_close(sa[firm], sb[firm], equal_nan=True)
+
+
+
+def test_processed_logprobs_check_accepts_only_a_near_tie_shift():
+    """assert_same_processed_top_logprobs (the check of the CUDA comparison above) on the CPU: a
+    copy of the reference whose top-p row cuts one boundary token (as the kernels' fp32 sums may
+    at a near-tie) passes with its logprobs shifted by that token's share; the same copy with
+    one logprob off, or another row off, fails."""
+    import copy
+    g = fresh_gen()
+    V, n = 64, 4
+    plist, outputs, prompts = random_batch(V, n, g)
+    plist[1] = params(temperature=0.9, top_p=0.6)
+    logits = torch.randn(n, V, generator=g) * 2.0
+    logits[1] = torch.linspace(3.0, -3.0, V)[torch.randperm(V, generator=g)]   # no token below 1e-4 of the cut's
+    md, _ = batch(V, plist, outputs, prompts, max_num_logprobs=5)
+    ref = Sampler(backend="torch", logprobs_mode="processed_logprobs")(logits.clone(), md)
+    proc = Sampler(backend="torch").process(logits.clone(), md)
+    x = scale_logits(proc.logits, proc.inv_temperature)[1].double()
+    tau = float(ref.result.threshold[1])
+    assert int((x >= tau).sum()) >= 2               # a cut with a token to drop
+    cut = float(x[x > tau].min())                  # the next kept value: one token fewer
+    log_norm = torch.log(torch.exp(x[x >= cut] - float(ref.result.row_max[1])).sum()).float()
+    near = copy.deepcopy(ref)
+    shift = float(ref.result.log_norm[1] - log_norm)
+    assert shift > 1e-4                             # the old value-for-value check would fail
+    near.result.threshold[1] = cut
+    near.result.log_norm[1] = log_norm
+    near.logprobs.logprobs[1] += shift
+    assert_same_processed_top_logprobs(near, ref, proc)
+    for row, col in ((1, 1), (0, 1)):              # the top token of each row: kept, never in the band
+        bad = copy.deepcopy(near)
+        bad.logprobs.logprobs[row, col] += 1e-3
+        with pytest.raises(AssertionError):
+            assert_same_processed_top_logprobs(bad, ref, proc)
 
 def test_custom_argmax_invariant_processor_runs_on_scaled_logits():
     class Halve(LogitsProcessor):  # argmax invariant: scales the random rows' logits by 1/2
@@ -591,7 +652,7 @@ def test_logprobs_modes(mode, backend):
 
 
 def test_keep_drawn_tokens_widens_only_rows_whose_token_is_cut():
-    from specops.sampling.sampler_torch import keep_drawn_tokens, scale_logits
+    from specops.sampling.sampler_torch import keep_drawn_tokens
     g = fresh_gen()
     R, V = 4, 60
     logits = torch.randn(R, V, generator=g) * 2

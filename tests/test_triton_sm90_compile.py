@@ -76,9 +76,8 @@ def test_kernels_compile_for_sm90(op, batch, dtype, kernels):
 # sub-chunk, and so another token, depending on its neighbours.
 #
 # The test below compiles both batches for the H200 (sm_90) without a GPU (scripts/triton_resources.py)
-# and compares the layouts of the masses' sums in their TTGIR. On main it ends in an xfail
-# when they differ (the fix, a fixed pairwise tree in bench/unmeasured/plain_plan.patch, has
-# not run on a GPU yet); the patch makes the check a plain assert.
+# and compares the layouts of the masses' sums in their TTGIR: with `_pairwise_row_sums` every
+# one of them adds two floats (the same sum in either order), in both variants.
 def plan_ttgir(tmp_path, *flags) -> str:
     """The TTGIR of the plan kernel of one sample() call at batch 8 (fp32, V=128256)."""
     out = tmp_path / "_".join(f.strip("-") for f in flags) if flags else tmp_path / "mixed"
@@ -110,7 +109,4 @@ def test_unfiltered_draw_sums_in_one_order_in_every_plan_variant(tmp_path):
     plain = draw_sums(plan_ttgir(tmp_path, "--no-filters"))     # DEFER = 0
     mixed = draw_sums(plan_ttgir(tmp_path))                     # the direct rows deferred: DEFER = 1
     assert plain and mixed, "no float sum of the draw's masses found in the TTGIR"
-    if plain != mixed:      # main's known wart, and only that one: the same sums, other layouts
-        assert [s[:2] for s in plain] == [s[:2] for s in mixed], (plain, mixed)
-        pytest.xfail(f"layout-dependent sum in _draw_unfiltered ({plain} against {mixed}); fixed by "
-                     "bench/unmeasured/plain_plan.patch, not yet run on a GPU")
+    assert plain == mixed

@@ -34,6 +34,18 @@ def _combine_chunks(part_f_ptr, r, S, S_P2: tl.constexpr):
 
 
 @triton.jit
+def _pairwise_row_sums(w, NC: tl.constexpr, N: tl.constexpr):
+    """Row sums [NC] of w [NC, N] (N a power of two) by a fixed tree of pairwise sums:
+    (w0 + w1) + (w2 + w3), ... A sum of two floats is the same whichever order the threads
+    add them in, so the result does not depend on the thread layout the compiler gives w (a
+    plain tl.sum's order does, and the layout can differ between variants of one kernel)."""
+    for i in tl.static_range(16):
+        if (N >> i) > 1:
+            w = tl.sum(tl.reshape(w, [NC, N >> (i + 1), 2]), axis=2)
+    return tl.reshape(w, [NC])
+
+
+@triton.jit
 def _draw_unfiltered(row, tm_row, ts_row, NT, V, scale, m, seed, pos, stream,
                      TILE: tl.constexpr, NT_P2: tl.constexpr, SUB: tl.constexpr):
     """The draw of a row without top-k / top-p / min-p: a two-level exponential race.
@@ -43,7 +55,9 @@ def _draw_unfiltered(row, tm_row, ts_row, NT, V, scale, m, seed, pos, stream,
     word c % 4 of index c // 4 on stream + SUB_STREAM) picks c with probability M_c / Z, then
     argmax over c's tokens of exp(x - m) / E_t (the token noise of stream) picks t with
     probability exp(x_t - m) / M_c: t is drawn with probability exp(x_t - m) / Z, with the
-    noise of SUB tokens only. Ties go to the lowest sub-chunk, then the lowest token.
+    noise of SUB tokens only. Ties go to the lowest sub-chunk, then the lowest token. M_c is
+    summed in a fixed order (`_pairwise_row_sums`), so every variant of the plan kernel (with or
+    without filters, pivot rounds, search) draws a seeded row's same token.
     """
     TPS: tl.constexpr = SUB // TILE                 # tiles per sub-chunk
     t = tl.arange(0, NT_P2)
@@ -52,10 +66,10 @@ def _draw_unfiltered(row, tm_row, ts_row, NT, V, scale, m, seed, pos, stream,
     w = tl.where(tm > float("-inf"), ts * tl.exp(tm - m), 0.0)
     if TPS <= NT_P2:
         NC: tl.constexpr = NT_P2 // TPS
-        mass = tl.sum(tl.reshape(w, [NC, TPS]), axis=1)           # [NC]: tiles of a sub-chunk are consecutive
+        mass = _pairwise_row_sums(tl.reshape(w, [NC, TPS]), NC, TPS)   # [NC]: a sub-chunk's tiles are consecutive
     else:
         NC: tl.constexpr = 1
-        mass = tl.sum(tl.reshape(w, [1, NT_P2]), axis=1)          # one sub-chunk holds the row
+        mass = _pairwise_row_sums(tl.reshape(w, [1, NT_P2]), 1, NT_P2)   # one sub-chunk holds the row
     c = tl.arange(0, NC)
     w0, w1, w2, w3 = random_words(seed, pos, stream + SUB_STREAM, c >> 2)
     score = tl.where(mass > 0.0, mass / exponential(select_word(w0, w1, w2, w3, c & 3)), -1.0)
