@@ -377,7 +377,6 @@ def assert_same_processed_top_logprobs(a, b, proc):
         torch.testing.assert_close(sa[firm], sb[firm], equal_nan=True)
 
 
-
 def test_processed_logprobs_check_accepts_only_a_near_tie_shift():
     """assert_same_processed_top_logprobs (the check of the CUDA comparison above) on the CPU: a
     copy of the reference whose top-p row cuts one boundary token (as the kernels' fp32 sums may
@@ -410,6 +409,7 @@ def test_processed_logprobs_check_accepts_only_a_near_tie_shift():
         bad.logprobs.logprobs[row, col] += 1e-3
         with pytest.raises(AssertionError):
             assert_same_processed_top_logprobs(bad, ref, proc)
+
 
 def test_custom_argmax_invariant_processor_runs_on_scaled_logits():
     class Halve(LogitsProcessor):  # argmax invariant: scales the random rows' logits by 1/2
