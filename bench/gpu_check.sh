@@ -201,16 +201,20 @@ tests() {
     local i=${TEST_SHARD%/*} n=${TEST_SHARD#*/}
     what=$(ls tests/test_*.py | sort | awk -v i="$i" -v n="$n" '(NR - i) % n == 0' | tr '\n' ' ')
   fi
+  local targets
+  # shellcheck disable=SC2206
+  targets=($what)
   if [ -n "${TESTS_AFTER:-}" ]; then
-    # only what an earlier, cut run did not report (bench/pytest_rest.py)
-    # shellcheck disable=SC2086
-    what=$($PY bench/pytest_rest.py "$TESTS_AFTER" $what) || { echo "FAILED: bench/pytest_rest.py"; return 1; }
-    if [ -z "$what" ]; then echo "nothing left after $TESTS_AFTER"; return 0; fi
-    what=$(echo "$what" | tr '\n' ' ')
+    # only what an earlier, cut run did not report (bench/pytest_rest.py), one id a line: an id
+    # may hold spaces ("test_readme_example_runs[Using the ops]"), so no word splitting
+    local rest
+    rest=$($PY bench/pytest_rest.py "$TESTS_AFTER" "${targets[@]}") || { echo "FAILED: bench/pytest_rest.py"; return 1; }
+    if [ -z "$rest" ]; then echo "nothing left after $TESTS_AFTER"; return 0; fi
+    mapfile -t targets <<< "$rest"
   fi
-  echo "python -m pytest $what ${args[*]} ${PYTEST_ARGS:-}"
+  echo "python -m pytest ${targets[*]} ${args[*]} ${PYTEST_ARGS:-}"
   # shellcheck disable=SC2086
-  $PY -m pytest $what "${args[@]}" ${PYTEST_ARGS:-}
+  $PY -m pytest "${targets[@]}" "${args[@]}" ${PYTEST_ARGS:-}
 }
 
 # ---------------------------------------------------------------- 5. bench

@@ -16,9 +16,11 @@ import subprocess
 import sys
 
 OUTCOMES = "PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS"
-# xdist -v: "[gw3] [ 12%] PASSED tests/a.py::t[x]"; plain -v: "tests/a.py::t[x] PASSED   [ 12%]"
-_OUTCOME_FIRST = re.compile(rf"(?:^|\s)(?:{OUTCOMES}) (\S+::\S+)", re.M)
-_ID_FIRST = re.compile(rf"^(\S+::\S+) (?:{OUTCOMES})\b", re.M)
+# xdist -v: "[gw3] [ 12%] PASSED tests/a.py::t[x]"; plain -v: "tests/a.py::t[x] PASSED   [ 12%]".
+# A parametrised id may hold spaces ("t[Using the ops]"): xdist's id runs to the end of its line,
+# plain -v's up to the first outcome word after it.
+_OUTCOME_FIRST = re.compile(rf"(?:^|\s)(?:{OUTCOMES}) (\S+::.*?)\s*$", re.M)
+_ID_FIRST = re.compile(rf"^(\S+::.*?) (?:{OUTCOMES})\b", re.M)
 
 
 def reported_ids(log_text: str) -> set[str]:

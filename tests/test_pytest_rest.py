@@ -15,6 +15,8 @@ bringing up nodes...
 [gw1] [  3%] FAILED tests/test_b.py::test_three[cuda-1.0]
 [gw2] [  4%] ERROR tests/test_b.py::test_four
 [gw2] [  5%] XFAIL tests/test_b.py::test_five
+[gw4] [  6%] PASSED tests/test_c.py::test_doc[Using the ops] 
+[gw4] [  7%] SKIPPED tests/test_c.py::test_schema['type' beside 'allOf' at #-schema0]
 SKIPPED [6] tests/test_a.py:428: small shapes run under the interpreter
 !!!!!!!!!!!!!!!!!!!!!!!!!!!!!! KeyboardInterrupt !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!
 """
@@ -24,24 +26,33 @@ tests/test_a.py::test_one[x-1] PASSED                                     [ 20%]
 tests/test_a.py::test_two SKIPPED (interpreter test)                      [ 40%]
 tests/test_b.py::test_three[cuda-1.0] FAILED                              [ 60%]
 tests/test_b.py::test_six
+tests/test_c.py::test_doc[Using the ops] PASSED                           [ 80%]
+tests/test_c.py::test_doc[Using the engine]
 """
 
 COLLECTED = ["tests/test_a.py::test_one[x-1]", "tests/test_a.py::test_one[x-2]", "tests/test_a.py::test_two",
              "tests/test_b.py::test_three[cuda-1.0]", "tests/test_b.py::test_four", "tests/test_b.py::test_five",
-             "tests/test_b.py::test_six"]
+             "tests/test_b.py::test_six", "tests/test_c.py::test_doc[Using the ops]",
+             "tests/test_c.py::test_doc[Using the engine]",
+             "tests/test_c.py::test_schema['type' beside 'allOf' at #-schema0]"]
 
 
 def test_xdist_log_leaves_the_unreported_ids_in_order():
     assert reported_ids(XDIST_LOG) == {"tests/test_a.py::test_one[x-1]", "tests/test_a.py::test_two",
                                        "tests/test_b.py::test_three[cuda-1.0]", "tests/test_b.py::test_four",
-                                       "tests/test_b.py::test_five"}
-    assert remaining(COLLECTED, XDIST_LOG) == ["tests/test_a.py::test_one[x-2]", "tests/test_b.py::test_six"]
+                                       "tests/test_b.py::test_five", "tests/test_c.py::test_doc[Using the ops]",
+                                       "tests/test_c.py::test_schema['type' beside 'allOf' at #-schema0]"}
+    assert remaining(COLLECTED, XDIST_LOG) == ["tests/test_a.py::test_one[x-2]", "tests/test_b.py::test_six",
+                                               "tests/test_c.py::test_doc[Using the engine]"]
 
 
 def test_plain_log_counts_only_finished_tests():
-    # test_six was started (its id printed) but has no outcome: it runs again
+    # test_six and test_doc[Using the engine] were started (their ids printed) but have no
+    # outcome: they run again; an id with spaces ends at its outcome
     assert remaining(COLLECTED, PLAIN_LOG) == ["tests/test_a.py::test_one[x-2]", "tests/test_b.py::test_four",
-                                               "tests/test_b.py::test_five", "tests/test_b.py::test_six"]
+                                               "tests/test_b.py::test_five", "tests/test_b.py::test_six",
+                                               "tests/test_c.py::test_doc[Using the engine]",
+                                               "tests/test_c.py::test_schema['type' beside 'allOf' at #-schema0]"]
 
 
 def test_command_collects_and_prints_the_rest(tmp_path):
