@@ -174,7 +174,13 @@ manifest() {
 }
 
 step gpu_wheels gpu_wheels
-if [ "${SKIP_FLASHINFER:-0}" != 1 ]; then
+if [ "${SKIP_FLASHINFER:-0}" != 1 ] && ! "$PY" -c "import torch" 2>/dev/null; then
+  # FlashInfer's build specs import torch (its CPU build will do): without it every FlashInfer
+  # step below would fail with a traceback.
+  echo "FAILED: $PY cannot import torch; the FlashInfer steps need it (run scripts/install.sh first)"
+  SUMMARY+=("$(printf '%-14s %-7s %6s' flashinfer "FAILED" "-") (no torch for $PY)")
+  FAILED=1
+elif [ "${SKIP_FLASHINFER:-0}" != 1 ]; then
   step build_deps build_deps
   step curand curand_headers
   step fi_wheel flashinfer_wheel
