@@ -22,9 +22,11 @@ case "${1:-}" in
     git apply bench/unmeasured/pivot_round1_collect.patch && echo "patch applied"
     timeout 200 python bench/exp_sampling_ab.py tree:pivot_round1_in_collect=0 tree:pivot_round1_in_collect=1 \
       --rounds=5 --shapes=mix:512,mix:256,mix:128 2>&1 | tee "$OUT/ab_pivot.txt"
-    PYTHONPATH=/tmp/flashinfer_trim:/tmp/site timeout 120 python -m pytest -q -p no:cacheprovider \
-      tests/test_sampling_pivot_round1.py tests/test_sampling_pivot.py tests/test_sampling_topk_topp.py \
-      -k "round_one or cuda_pivot or beside or launch_only" 2>&1 | tail -20 | tee "$OUT/pytest_pivot.txt"
+    # the patched tree's CUDA tests through gpu_check's own test step (its paths, deps installed above)
+    SKIP_DEPS=1 SKIP_BUILD=1 SKIP_SMOKE=1 SKIP_BENCH=1 GPU_CHECK_BUDGET=150 TEST_TIMEOUT=120 OUT="$OUT/pivot_tests" \
+      TESTS="tests/test_sampling_pivot_round1.py tests/test_sampling_pivot.py tests/test_sampling_topk_topp.py" \
+      PYTEST_K="round_one or cuda_pivot or beside or launch_only" bash bench/gpu_check.sh > "$OUT/pytest_pivot.txt" 2>&1
+    tail -20 "$OUT/pytest_pivot.txt"
     ;;
   2)
     SKIP_SMOKE=1 SKIP_BENCH=1 TEST_SHARD=2/2 PYTEST_WORKERS=12 GPU_CHECK_BUDGET=560 TEST_TIMEOUT=480 \
