@@ -155,6 +155,13 @@ def test_max_spec_len_is_exported_and_enforced():
         cfg.validate()
 
 
+def test_rejection_sampler_checks_its_sampler_when_built():
+    for bad in ("x", Sampler, object()):
+        with pytest.raises(TypeError, match="sampler must be a specops Sampler or None, got"):
+            RejectionSampler(bad)
+    assert RejectionSampler(None, backend="torch").sampler.backend == "torch"
+
+
 # ---- the host copy of the drafts, and a history row without bad words ----------------------------
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -186,6 +186,17 @@ def test_sampler_checks_stream_and_kernel_options_when_built():
     Sampler(backend="triton", kernel_options=dict(tile=16, cap=64, num_chunks=2, pivot=False))
 
 
+def test_sample_refuses_unknown_kernel_options_on_every_backend():
+    from specops.sampling import sample
+    logits, inv_t = torch.randn(2, V), torch.tensor([1.0, 2.0])
+    seeds, positions = torch.tensor([1, 2]), torch.zeros(2, dtype=torch.int64)
+    for backend in ("torch", "auto"):   # the torch path ignores the knobs, so a typo must not pass there
+        with pytest.raises(TypeError, match=r"sample\(\) got unknown keyword arguments \['capp'\]"):
+            sample(logits, inv_t, seeds=seeds, positions=positions, backend=backend, capp=64)
+    out = sample(logits, inv_t, seeds=seeds, positions=positions, backend="torch", cap=64)
+    assert torch.equal(out.tokens, sample(logits, inv_t, seeds=seeds, positions=positions, backend="torch").tokens)
+
+
 def test_sampler_and_metadata_check_their_argument_types():
     with pytest.raises(TypeError, match="metadata must be a SamplingMetadata"):
         Sampler(backend="torch")(torch.zeros(1, V), None)

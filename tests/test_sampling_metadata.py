@@ -45,6 +45,10 @@ def build(n=3, **kw):
     (dict(bad_words_token_ids={0: [[1, 2]]}), ValueError, r"output_token_ids"),
     (dict(temperature=1.0), TypeError, r"temperature must be a sequence with one value per row, got float"),
     (dict(top_k=5), TypeError, r"top_k must be a sequence"),
+    # a {row: value} dict would give its keys, a set an arbitrary order
+    (dict(temperature={0: 0.5, 1: 0.9, 2: 1.0}), TypeError, r"temperature must be a sequence .* got dict"),
+    (dict(top_p={0.9, 0.5, 1.0}), TypeError, r"top_p must be a sequence .* got set"),
+    (dict(seeds=frozenset([1, 2, 3])), TypeError, r"seeds must be a sequence .* got frozenset"),
     # the penalty state on another device than the metadata's: refused when built, not deep in the Sampler
     (dict(repetition_penalties=[1.2, 1.0, 1.0], prompt_mask=torch.zeros(3, V, dtype=torch.bool, device="meta"),
           output_counts=torch.zeros(3, V, dtype=torch.int32)), ValueError, r"prompt_mask must be on cpu"),

@@ -25,6 +25,7 @@ Conventions (documented once, used by every backend):
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
@@ -50,7 +51,8 @@ def _as_list(name: str, values, n: int | None, default=None) -> list:
         return [default] * n
     if isinstance(values, torch.Tensor):
         values = values.tolist()  # host inputs only: the builder validates values
-    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+    if isinstance(values, (str, bytes, Mapping, AbstractSet)) or not hasattr(values, "__iter__"):
+        # a {row: value} dict would give its keys and a set an arbitrary order: neither is per row
         raise TypeError(f"{name} must be a sequence with one value per row, got {type(values).__name__}")
     values = list(values)
     if n is not None and len(values) != n:

@@ -27,8 +27,6 @@ The Sampler may modify fp32 `logits` in place (like vLLM); pass a copy to keep t
 
 from __future__ import annotations
 
-import functools
-import inspect
 from dataclasses import dataclass
 
 import torch
@@ -41,7 +39,8 @@ from .logprobs import LogprobsTensors, compute_logprobs, compute_processed_logpr
 from .metadata import LOGPROBS_MODES, SamplingMetadata
 from .sampler_torch import (SampleResult, apply_allowed_token_mask_, apply_bad_words_, apply_penalties_torch,
                             row_thresholds_torch, scale_logits, target_probs_torch)
-from .topk_topp import check_backend_name, resolve_backend, sample, sample_options
+from .topk_topp import (check_backend_name, kernel_option_names, resolve_backend, sample, sample_options,
+                        unknown_kernel_options)
 
 
 @dataclass
@@ -86,16 +85,6 @@ class SamplerOutput:
     sampled_token_ids: torch.Tensor
     logprobs: LogprobsTensors | None
     result: SampleResult
-
-
-@functools.cache
-def kernel_option_names() -> frozenset[str]:
-    """The keys `Sampler(kernel_options=...)` takes: the keyword-only options of the Triton draw,
-    `specops.triton_kernels.sampling_topk_topp.sample_top_k_top_p_triton` ("pivot" included),
-    read from its signature so that the list lives in one place."""
-    from specops.triton_kernels.sampling_topk_topp import sample_top_k_top_p_triton
-    params = inspect.signature(sample_top_k_top_p_triton).parameters.values()
-    return frozenset(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
 def _penalties_op():
@@ -148,9 +137,8 @@ class Sampler:
             raise ValueError(f"stream must be an int in [0, 2**16), got {stream!r}")
         if kernel_options is not None and not isinstance(kernel_options, dict):
             raise TypeError(f"kernel_options must be a dict or None, got {type(kernel_options).__name__}")
-        unknown = sorted(set(kernel_options) - kernel_option_names(), key=str) if kernel_options else []
-        if unknown:
-            raise ValueError(f"kernel_options has unknown keys {unknown}: the keys are "
+        if unknown_kernel_options(kernel_options or {}):
+            raise ValueError(f"kernel_options has unknown keys {unknown_kernel_options(kernel_options)}: the keys are "
                              f"{sorted(kernel_option_names())}")
         self.logprobs_mode = logprobs_mode
         self.backend = backend

@@ -11,6 +11,8 @@ no host sync, CUDA-graph capturable), "torch" (the sort-based reference), "auto"
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 
 import torch
@@ -60,6 +62,22 @@ def check_backend_name(backend: str) -> None:
     """Raise ValueError unless `backend` is one of BACKENDS."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+
+
+@functools.cache
+def kernel_option_names() -> frozenset[str]:
+    """The keys `sample(**kernel_options)` and `Sampler(kernel_options=...)` take: the
+    keyword-only options of the Triton draw,
+    `specops.triton_kernels.sampling_topk_topp.sample_top_k_top_p_triton` ("pivot" included),
+    read from its signature so that the list lives in one place."""
+    from specops.triton_kernels.sampling_topk_topp import sample_top_k_top_p_triton
+    params = inspect.signature(sample_top_k_top_p_triton).parameters.values()
+    return frozenset(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+def unknown_kernel_options(options: dict) -> list:
+    """The keys of `options` that are not kernel options (`kernel_option_names`), sorted."""
+    return sorted(set(options) - kernel_option_names(), key=str) if options else []
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
@@ -133,6 +151,9 @@ def sample(
     check_sample_args(logits, inv_temperature, top_k, top_p, min_p, seeds, positions, stream)
     if not isinstance(distribution, bool):
         raise TypeError(f"distribution must be a bool, got {type(distribution).__name__}")
+    if unknown_kernel_options(kernel_options):   # whatever the backend: a misspelt knob must not pass
+        raise TypeError(f"sample() got unknown keyword arguments {unknown_kernel_options(kernel_options)}: "
+                        f"its kernel options are {sorted(kernel_option_names())}")
     if R == 0:
         empty = torch.empty(0, dtype=torch.float32, device=logits.device)
         return SampleResult(torch.empty(0, dtype=torch.int64, device=logits.device), empty if distribution else None,

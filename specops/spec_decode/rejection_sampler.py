@@ -152,6 +152,8 @@ class RejectionSampler:
     def __init__(self, sampler: Sampler | None = None, backend: str = "auto"):
         if backend not in ("auto", "triton", "torch"):
             raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+        if sampler is not None and not isinstance(sampler, Sampler):
+            raise TypeError(f"sampler must be a specops Sampler or None, got {type(sampler).__name__}")
         self.sampler = sampler if sampler is not None else Sampler(backend=backend)
         self.backend = backend
 
