@@ -2,7 +2,7 @@
 each kernel's registers, stack and local memory (spills) per thread.
 
     python scripts/triton_resources.py [--op sample] [--cap 1024] [--batch 8] [--vocab 128256] [--dtype fp32]
-        [--no-filters] [--ttgir DIR]
+        [--no-filters] [--pivot [--pivot-round1]] [--spread-kmax K] [--ttgir DIR]
     python scripts/triton_resources.py --op rejection [--batch 8] [--vocab 128256] [--dtype fp32]
     python scripts/triton_resources.py --op logprobs [--batch 8] [--vocab 128256] [--dtype fp32]
 
@@ -70,11 +70,12 @@ def resource_usage(cubin: bytes) -> str:
 
 
 def compile_sample(R: int, V: int, dtype: torch.dtype, cap: int, pivot: bool = False,
-                   spread_kmax: int | None = None, filters: bool = True) -> None:
+                   spread_kmax: int | None = None, filters: bool = True, pivot_round1: bool = False) -> None:
     """Every launch of one sample() call on [R, V] logits with mixed top-k / top-p / min-p rows
     (`pivot`: the tokens-only call, whose rows of top-p alone take the pivot rounds;
     `spread_kmax`: the launcher's, default its own; 0 compiles the plain collect launch;
-    `filters=False`: no filter tensor at all, the Sampler's plain batches)."""
+    `filters=False`: no filter tensor at all, the Sampler's plain batches; `pivot_round1`: with
+    `pivot`, the collect launch sums the pivot rows' round 1, `pivot_round1_in_collect=True`)."""
     from specops.triton_kernels.sampling_topk_topp import sample_top_k_top_p_triton
 
     rows = torch.arange(R)
@@ -82,6 +83,7 @@ def compile_sample(R: int, V: int, dtype: torch.dtype, cap: int, pivot: bool = F
         if filters else (None, None, None)
     sample_top_k_top_p_triton(torch.zeros(R, V, dtype=dtype), torch.ones(R), top_k, top_p, min_p, rows.long(),
                               rows.long(), cap=cap, pivot=pivot,
+                              **(dict(pivot_round1_in_collect=True, search=True) if pivot_round1 else {}),
                               **({} if spread_kmax is None else dict(spread_kmax=spread_kmax)))
 
 
@@ -154,15 +156,18 @@ def main() -> None:
     ap.add_argument("--pivot", action="store_true", help="sample: the tokens-only call (pivot rounds)")
     ap.add_argument("--spread-kmax", type=int, default=None, help="sample: the launcher's spread_kmax")
     ap.add_argument("--no-filters", action="store_true", help="sample: no top_k / top_p / min_p tensor")
+    ap.add_argument("--pivot-round1", action="store_true",
+                    help="sample --pivot: the collect launch sums round 1 (pivot_round1_in_collect=True)")
     ap.add_argument("--ttgir", default=None, help="also write each kernel's TTGIR to DIR/<n>_<kernel>.ttgir")
     a = ap.parse_args()
 
     compiled = record_compiles()
     dtype = torch.float32 if a.dtype == "fp32" else torch.bfloat16
     if a.op == "sample":
-        compile_sample(a.batch, a.vocab, dtype, a.cap, a.pivot, a.spread_kmax, not a.no_filters)
+        compile_sample(a.batch, a.vocab, dtype, a.cap, a.pivot, a.spread_kmax, not a.no_filters, a.pivot_round1)
         print(f"triton {triton.__version__}, sm_90, sample, cap={a.cap}, R={a.batch}, V={a.vocab}, {a.dtype}"
-              + (", pivot" if a.pivot else "") + (", no filters" if a.no_filters else ""))
+              + (", pivot" if a.pivot else "") + (", round 1 in collect" if a.pivot_round1 else "")
+              + (", no filters" if a.no_filters else ""))
     elif a.op == "logprobs":
         compile_logprobs(a.batch, a.vocab, dtype)
         print(f"triton {triton.__version__}, sm_90, logprobs, R={a.batch}, V={a.vocab}, {a.dtype}")

@@ -7,8 +7,10 @@ of the logprob kernels (four modes, top 1 / 5 / 20) through `scripts/triton_reso
 (a stand-in sm_90 driver, launches compiled and never run) in a subprocess, so the stand-in
 never touches this process, and checks that each kernel came out with a register count.
 
-It also checks one property of the compiled code that the interpreter cannot show: batch
-invariance at the last bit of the plan's draw (test_unfiltered_draw_sums_in_one_order_in_every_plan_variant).
+It also checks properties of the compiled code that the interpreter cannot show: batch
+invariance at the last bit of the plan's draw (test_unfiltered_draw_sums_in_one_order_in_every_plan_variant)
+and of the pivot rounds' first masses, summed by the collect launch or by the pivot mass kernel
+(test_pivot_round_one_sums_in_the_mass_kernels_order).
 """
 import os
 import re
@@ -110,3 +112,40 @@ def test_unfiltered_draw_sums_in_one_order_in_every_plan_variant(tmp_path):
     mixed = draw_sums(plan_ttgir(tmp_path))                     # the direct rows deferred: DEFER = 1
     assert plain and mixed, "no float sum of the draw's masses found in the TTGIR"
     assert plain == mixed
+
+
+# The same property for the pivot rounds' round 1 (`pivot_round1_in_collect`): the collect
+# launch's programs of a pivot row sum its sub-chunk masses with `pivot_sub_chunk_mass`, which
+# `_pivot_mass_kernel` calls too; a row's token must not depend on which of the two summed them
+# (whether its batch has a collect launch, or the launcher's default for its batch size). The
+# [2048] sums (the helper's `pivot_w`) must have one layout in both kernels: the sm_90 TTGIR of a
+# 512-row call (the collect launch under its register cap) with the spread rows' collect launch
+# (fp32) and the plain one (bf16, whose loads take 8 tokens a thread).
+def pivot_sums(ttgir: str) -> list[tuple[str, str, str]]:
+    """(shape, axis, layout) of each float sum of `pivot_sub_chunk_mass`'s `pivot_w` in a TTGIR."""
+    defs = dict(re.findall(r"^(#\w+) = (#ttg\.\w+<.*>)$", ttgir, re.M))
+    found = []
+    for m in re.finditer(r'= "tt\.reduce"\(%pivot_w\w*\) <\{axis = (\d+) : i32\}> \(\{((?:(?!"tt\.reduce").)*?)'
+                         r'\}\) : \(tensor<(\d+(?:x\d+)*)xf32, (#[\w.]+(?:<[^()]*?>)?)>\)', ttgir, re.S):
+        axis, body, shape, layout = m.groups()
+        if "arith.addf" in body:
+            found.append((shape, axis, defs.get(layout, layout)))
+    return found
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="compiles for sm_90 through a stand-in driver (no GPU)")
+@pytest.mark.skipif(not _have_nvidia_backend(), reason="Triton without its NVIDIA backend tools")
+@pytest.mark.parametrize("dtype, flags, collect", [("fp32", (), "_collect_direct_kernel"),
+                                                   ("bf16", ("--spread-kmax", "0"), "_collect_kernel")])
+def test_pivot_round_one_sums_in_the_mass_kernels_order(tmp_path, dtype, flags, collect):
+    out = tmp_path / "ttgir"
+    run_script("--op", "sample", "--batch", "512", "--dtype", dtype, "--pivot", "--pivot-round1", "--ttgir", str(out),
+               *flags)
+    sums = {}
+    for name in os.listdir(out):
+        kernel = name.split("_", 1)[1][:-len(".ttgir")]
+        sums.setdefault(kernel, []).extend(pivot_sums((out / name).read_text()))
+    mass, coll = sums.get("_pivot_mass_kernel"), sums.get(collect)
+    assert mass and coll, sorted(sums)
+    assert len(set(mass)) == 1 and set(coll) == set(mass), (set(mass), set(coll))
+    assert mass[0][0] == "2048"

@@ -7,6 +7,8 @@
   it (word t % 4 of the Philox call with index t // 4).
 - `pack_key` / `unpack_key`: an int64 whose order is the order of (x, token index), so
   that one `tl.sort` orders candidates by value and carries their indices along.
+- `pivot_sub_chunk_mass`: one sub-chunk's mass above a pivot (sampling_pivot.py's rounds),
+  shared by the pivot mass kernel and the collect launch that sums round 1 for it.
 """
 
 import functools
@@ -128,3 +130,18 @@ def key_float(k):
     """Inverse of `float_key`."""
     b = tl.where(k >= 0, k, k ^ 0x7FFFFFFF)
     return b.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def pivot_sub_chunk_mass(row, inv_t, m, pivot, floor, V, c, SUB: tl.constexpr):
+    """sum exp(x - m) over the tokens of sub-chunk c (SUB tokens) of a row with x = logit / T
+    above `pivot` and >= `floor` (sampling_pivot.py's round masses). The one definition that
+    `_pivot_mass_kernel` and the collect launch's programs of a pivot row
+    (sampling_select.pivot_collect_program: round 1) both call, at SUB = 2048 on 8 warps
+    either way, so that both add the same floats in the same order (one [SUB] `tl.sum`; the
+    sm_90 test in tests/test_triton_sm90_compile.py compares the two layouts): a row's token
+    does not depend on which launch summed its round 1."""
+    offs = c * SUB + tl.arange(0, SUB)
+    x = tl.load(row + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
+    pivot_w = tl.where((x > pivot) & (x >= floor), tl.exp(x - m), 0.0)   # (the name: the sm_90 test finds the sum)
+    return tl.sum(pivot_w, axis=0)

@@ -17,7 +17,8 @@ import triton.language as tl
 
 from .sampling_candidates import _finish_collected, _finish_collected_sized
 from .sampling_common import pack_key, pdl_start, unpack_key
-from .sampling_select import DIRECT, DIRECT_LATE, FALLBACK, SPREAD, collect_program
+from .sampling_select import (DIRECT, DIRECT_LATE, FALLBACK, PIVOT_PENDING, SPREAD, collect_program,
+                              pivot_collect_program)
 from .sampling_tiles import _BIG, _collect, _group_x, _select_tiles
 
 BOUND_SLACK = 16           # `_tile_bound`: a second round only while more than k + BOUND_SLACK tiles reach lo
@@ -307,11 +308,13 @@ def _collect_direct_kernel(
     n_ptr, f_ptr, i_ptr,               # collect partials [R, S3] int32, [R, S3, 3] fp32, [R, S3] int32 out
     list_ptr,                          # [R, NT_P2] int32 scratch
     tok_ptr, thr_ptr, lnorm_ptr,       # [R] int64 / fp32 / fp32 out (direct rows)
-    V, NT, S3, BPP, stream, KMAX,
+    mass_ptr,                          # [R, NC] fp32 out (PIVOT_MASS): round 1's masses of the pivot rows
+    V, NT, S3, BPP, stream, KMAX, NC,
     BLOCK: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr, G: tl.constexpr, NT_P2: tl.constexpr,
     SMALL: tl.constexpr, TOPT: tl.constexpr, GD: tl.constexpr, PIPE: tl.constexpr, DS: tl.constexpr,
     TPP: tl.constexpr = 8, DEFER: tl.constexpr = 1, SPREAD_ROWS: tl.constexpr = False,
     ATOMIC_SLOTS: tl.constexpr = False,       # sampling_select.collect_program's
+    PIVOT_MASS: tl.constexpr = False,         # pivot rows: round 1's masses (sampling_select.pivot_collect_program)
     PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
 ):
     """The collect launch (sampling_select.collect_program) in which, with DEFER = 1, program 0
@@ -320,13 +323,15 @@ def _collect_direct_kernel(
     them), the same results; FALLBACK rows go on to the finish's search. With SPREAD_ROWS the
     rows the plan marked SPREAD have their listed top tiles read by all their programs
     (`_spread_collect`, TPP tiles a load); the finish decides them. (Each mode compiles only
-    its own branches.)"""
+    its own branches.) With PIVOT_MASS the programs of the rows in mode PIVOT_PENDING sum round 1
+    of their pivot rounds (`pivot_collect_program`), as `_collect_kernel`'s do."""
     pdl_start(PDL)
     r = tl.program_id(0)
     c = tl.program_id(1)
     mode = tl.load(st_i_ptr + r * 4)
     spread = (mode == SPREAD) if SPREAD_ROWS else False
     direct = (mode == DIRECT) if DEFER == 1 else False
+    pivot_row = (mode == PIVOT_PENDING) if PIVOT_MASS else False
     if spread:
         r64 = r.to(tl.int64)
         _spread_collect(logits_ptr + r64 * stride_row, list_ptr + r64 * NT_P2, cand_ptr + r64 * CAP,
@@ -337,6 +342,9 @@ def _collect_direct_kernel(
             _decide_direct_row(logits_ptr, stride_row, inv_temp_ptr, top_k_ptr, top_p_ptr, seed_ptr, pos_ptr,
                                tile_max_ptr, st_i_ptr, st_f_ptr, cand_ptr, list_ptr, tok_ptr, thr_ptr, lnorm_ptr,
                                r, V, NT, stream, KMAX, CAP, TILE, G, NT_P2, SMALL, TOPT, GD, PIPE, DS, FALLBACK)
+    elif pivot_row:
+        pivot_collect_program(logits_ptr, stride_row, inv_temp_ptr, tile_max_ptr, st_f_ptr, mass_ptr, V, NT, NC, BPP,
+                              r, c, BLOCK, TILE)
     else:
         collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, st_i_ptr, st_f_ptr, cand_ptr,
                         n_ptr, f_ptr, i_ptr, V, S3, BPP, stream, r, c, mode, BLOCK, CAP, ATOMIC_SLOTS)

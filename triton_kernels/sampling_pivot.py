@@ -30,6 +30,11 @@ after the last round takes the finish's exact search (FALLBACK; PIVOT_LATE with 
 finish launch of its own after the rounds) with the noise of stream + PIVOT_ROUNDS *
 PIVOT_STREAM, which is exact whatever happened before.
 
+Round 1's masses can instead be summed by the collect launch's programs of the pivot rows
+(`sample_top_k_top_p_triton(..., pivot_round1_in_collect=True)`, where its 2048-token blocks are
+the sub-chunks): the same `sampling_common.pivot_sub_chunk_mass` on 8 warps, so the same bits,
+and the rounds then start with round 1's draw (`pivot_rounds(..., first_mass=False)`).
+
 Row state (sampling_select.STATE_I / STATE_F) of a pending row: the candidate token (-1:
 none yet) in st_i[1], the pivot (the candidate's value, -inf: none) in st_f[2], Z_t in
 st_f[3] (set by round 1 when the row has min-p and top-p), t in st_f[4].
@@ -43,7 +48,7 @@ import triton
 import triton.language as tl
 
 from .rng import PIVOT_STREAM, SUB_STREAM, exponential, random_words
-from .sampling_common import pdl_start, select_word, token_noise
+from .sampling_common import pdl_start, pivot_sub_chunk_mass, select_word, token_noise
 from .sampling_select import FALLBACK, PIVOT_LATE, PIVOT_PENDING, PIVOTED
 
 PIVOT_ROUNDS = 3
@@ -94,10 +99,7 @@ def _pivot_mass_kernel(
             if c < NC:
                 total = tl.zeros([], tl.float32)
                 if tl.max(tl.where(gi == k, need, False).to(tl.int32), axis=0) != 0:
-                    offs = c * SUB + tl.arange(0, SUB)
-                    x = tl.load(logits_ptr + r64 * stride_row + offs, mask=offs < V,
-                                other=float("-inf")).to(tl.float32) * inv_t
-                    total = tl.sum(tl.where((x > pivot) & (x >= floor), tl.exp(x - m), 0.0), axis=0)
+                    total = pivot_sub_chunk_mass(logits_ptr + r64 * stride_row, inv_t, m, pivot, floor, V, c, SUB)
                 tl.store(mass_ptr + r64 * NC + c, total)
 
 
@@ -177,15 +179,18 @@ def pivot_group(rows: int, sub_chunks: int) -> int:
 
 def pivot_rounds(logits, inv_temperature, top_p, seeds, positions, tile_max, st_i, st_f, mass, tokens, stream: int,
                  sub: int, tile: int, rounds: int = PIVOT_ROUNDS, pdl: dict | None = None, skip: bool = True,
-                 group: int | None = None, first_pdl: bool = True, late: bool = False) -> None:
+                 group: int | None = None, first_pdl: bool = True, late: bool = False,
+                 first_mass: bool = True) -> None:
     """Launch the verification rounds (module docstring) on the rows in mode PIVOT_PENDING.
     `tile_max` is pass 1's [R, NT] (tiles of `tile` tokens), `mass` [R, ceil(V / sub)] fp32
     scratch. `skip=False` reads every sub-chunk (the same sums: a skipped one holds no
     eligible token); `group` sub-chunks per mass program (a power of two; default
-    `pivot_group`) changes the speed only. `first_pdl=False` launches the first mass kernel
+    `pivot_group`) changes the speed only. `first_pdl=False` launches the first kernel
     without PDL (`pdl` or not): on a stream of its own, after an event wait rather than a
     kernel of the chain. `late=True`: a row no round accepts goes to mode PIVOT_LATE instead of
-    FALLBACK, for a finish launch with ONLY = PIVOT_LATE after the rounds (side_finish)."""
+    FALLBACK, for a finish launch with ONLY = PIVOT_LATE after the rounds (side_finish).
+    `first_mass=False`: round 1's masses are in `mass` already (the collect launch summed them,
+    sampling_select.pivot_collect_program, with the same sums): round 1 is its draw alone."""
     R, V = logits.shape
     nc = mass.shape[1]
     pdl = pdl or {}
@@ -193,9 +198,12 @@ def pivot_rounds(logits, inv_temperature, top_p, seeds, positions, tile_max, st_
     if group < 1 or group & (group - 1):
         raise ValueError(f"pivot group must be a power of two >= 1, got {group}")
     for i in range(1, rounds + 1):
-        _pivot_mass_kernel[(R, -(-nc // group))](logits, logits.stride(0), inv_temperature, tile_max, st_i, st_f, mass,
-                                                  V, tile_max.shape[1], NC=nc, SUB=sub, TILE=tile, GROUP=group,
-                                                  SKIP=skip, num_warps=8, **(pdl if i > 1 or first_pdl else {}))
+        if i > 1 or first_mass:
+            _pivot_mass_kernel[(R, -(-nc // group))](logits, logits.stride(0), inv_temperature, tile_max, st_i, st_f,
+                                                      mass, V, tile_max.shape[1], NC=nc, SUB=sub, TILE=tile,
+                                                      GROUP=group, SKIP=skip, num_warps=8,
+                                                      **(pdl if i > 1 or first_pdl else {}))
         _pivot_draw_kernel[(R,)](logits, logits.stride(0), inv_temperature, top_p, seeds, positions, st_i, st_f,
                                  mass, tokens, V, stream, NC=nc, NC_P2=max(16, triton.next_power_of_2(nc)), SUB=sub,
-                                 ROUND=i, LAST=i == rounds, LATE=late, num_warps=8, **pdl)
+                                 ROUND=i, LAST=i == rounds, LATE=late, num_warps=8,
+                                 **(pdl if i > 1 or first_mass or first_pdl else {}))

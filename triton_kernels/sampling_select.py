@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from .rng import exponential, random_words
-from .sampling_common import pack_key, pdl_start, select_word
+from .sampling_common import pack_key, pdl_start, pivot_sub_chunk_mass, select_word
 from .sampling_stats import _HB, _NO_TOP, _W, grid_bin
 
 DONE = tl.constexpr(0)
@@ -408,7 +408,7 @@ def _refine_combine_kernel(
         tl.store(st_i_ptr + r * 4, new_mode)
 
 
-@triton.jit(do_not_specialize=["V", "S3", "BPP", "stream"])
+@triton.jit(do_not_specialize=["V", "S3", "BPP", "stream", "NT"])
 def _collect_kernel(
     logits_ptr, stride_row,          # [R, V]
     inv_temp_ptr,                    # [R] fp32
@@ -418,10 +418,14 @@ def _collect_kernel(
     n_ptr,                           # [R, S3] int32 out: tokens >= hi
     f_ptr,                           # [R, S3, 3] fp32 out: their mass, best race score, mass >= t1
     i_ptr,                           # [R, S3] int32 out: token of the best score
-    V, S3, BPP, stream,
+    tile_max_ptr,                    # [R, NT] fp32 (pass 1; read with PIVOT_MASS only)
+    mass_ptr,                        # [R, NC] fp32 out (PIVOT_MASS): round 1's masses of the pivot rows
+    V, S3, BPP, stream, NT, NC,
     BLOCK: tl.constexpr, CAP: tl.constexpr,
     GROUP: tl.constexpr = 1,                  # programs c of the row handled by this one (search_group)
     ATOMIC_SLOTS: tl.constexpr = False,       # a candidate's slot from its own atomic (collect_program)
+    PIVOT_MASS: tl.constexpr = False,         # pivot rows: round 1's masses (pivot_collect_program)
+    TILE: tl.constexpr = 16,                  # PIVOT_MASS: tokens per tile of tile_max
     PDL: tl.constexpr = False,                # programmatic dependent launch (sampling_common.pdl_start)
 ):
     pdl_start(PDL)
@@ -434,6 +438,42 @@ def _collect_kernel(
                 collect_program(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, pos_ptr, st_i_ptr, st_f_ptr,
                                 cand_ptr, n_ptr, f_ptr, i_ptr, V, S3, BPP, stream, r, c, mode, BLOCK, CAP,
                                 ATOMIC_SLOTS)
+    elif PIVOT_MASS:
+        if mode == PIVOT_PENDING:
+            for g in range(GROUP):
+                c = tl.program_id(1) * GROUP + g
+                if c < S3:
+                    pivot_collect_program(logits_ptr, stride_row, inv_temp_ptr, tile_max_ptr, st_f_ptr, mass_ptr,
+                                          V, NT, NC, BPP, r, c, BLOCK, TILE)
+
+
+@triton.jit
+def pivot_collect_program(logits_ptr, stride_row, inv_temp_ptr, tile_max_ptr, st_f_ptr, mass_ptr, V, NT, NC, BPP,
+                          r, c, BLOCK: tl.constexpr, TILE: tl.constexpr):
+    """Program c of a pivot row (mode PIVOT_PENDING) in a collect launch with PIVOT_MASS: the
+    masses of round 1 of sampling_pivot.py's rounds for its blocks b = c * BPP + it (b < NC), which
+    are the rounds' sub-chunks (the launcher asks for it only where BLOCK = draw_sub_chunk(V) =
+    2048 and the launch has 8 warps, as `_pivot_mass_kernel`'s): each one stored as that kernel
+    (SKIP) stores it, the same `pivot_sub_chunk_mass` sum, or 0.0 when no tile max of the
+    sub-chunk lies above the pivot and at or above the min-p floor (the same test: a max is exact
+    in any order). It reads what the plan left and no launch before the pivot rounds changes: m,
+    the pivot (the first candidate's value; -inf without one), the floor t (-inf without min-p)."""
+    r64 = r.to(tl.int64)
+    row = logits_ptr + r64 * stride_row
+    inv_t = tl.load(inv_temp_ptr + r)
+    m = tl.load(st_f_ptr + r * 6 + 0)
+    pivot = tl.load(st_f_ptr + r * 6 + 2)
+    floor = tl.load(st_f_ptr + r * 6 + 4)
+    TPS: tl.constexpr = BLOCK // TILE
+    for it in range(0, BPP):
+        b = c * BPP + it
+        if b < NC:
+            t = b * TPS + tl.arange(0, TPS)
+            tm = tl.max(tl.load(tile_max_ptr + r64 * NT + t, mask=t < NT, other=float("-inf")), axis=0)
+            total = tl.zeros([], tl.float32)
+            if (tm > pivot) & (tm >= floor):
+                total = pivot_sub_chunk_mass(row, inv_t, m, pivot, floor, V, b, BLOCK)
+            tl.store(mass_ptr + r64 * NC + b, total)
 
 
 @triton.jit

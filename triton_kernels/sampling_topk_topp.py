@@ -176,6 +176,15 @@ bench/results/logs/exp_pivot_beside_2026-12-03.txt), serial -> beside: fp32 V = 
 batch 8 41.5 -> 37.4 µs, batch 32 57.3 -> 50.5, batch 128 99.2 -> 86.5, batch 512
 217.9 -> 204.2; bf16 V = 151936 batch 8 41.9 -> 34.8, batch 128 107.3 -> 96.0."""
 
+PIVOT_ROUND1_ROWS = 128
+"""Fewest rows for which `pivot_round1_in_collect`'s default (None) has the collect launch sum
+the pivot rows' round-1 masses (where the pivot rounds run beside it on CUDA). H200, session 66
+(bench/exp_sampling_ab.py, fp32 V = 128256, the bench's mixed rows, tokens only, CUDA graphs,
+the same tokens; bench/results/logs/exp_pivot_round1_2026-12-07_s66.txt), off -> on: batch 128
+59.34 -> 55.88 µs, batch 256 93.46 -> 91.23, batch 512 157.00 -> 156.83. Below 128 rows not
+measured: there the rounds' stream ends well before the main finish, and the collect launch's
+pivot programs would only lengthen it."""
+
 DIRECT_BESIDE = True
 """`direct_in="auto"` picks "beside" on CUDA for a launch with the search launches (and no
 `paths`): the small top-k rows are decided by `_direct_rows_kernel` on a stream of its own,
@@ -314,6 +323,7 @@ def sample_top_k_top_p_triton(
     finish_maxnreg: int = FINISH_MAXNREG,
     plan_maxnreg: int = -1,
     side_finish: bool | None = None,
+    pivot_round1_in_collect: bool | None = None,
 ):
     """Pass 1 (row statistics, tile maxima, histograms), plan, refine, collect and finish.
 
@@ -357,7 +367,8 @@ def sample_top_k_top_p_triton(
     `sampling_select.REFINE_MIN_PROGRAMS`; see `sampling_select.refine_programs`).
     `pivot_beside=True` (CUDA, with `pivot` and the search launches; default PIVOT_BESIDE)
     launches the pivot rounds right after the plan on a stream of their own, beside the refine
-    and collect launches, and joins them after the finish (before it with `side_finish=False`):
+    and collect launches (after the collect launch with `pivot_round1_in_collect`), and joins
+    them after the finish (before it with `side_finish=False`):
     they read and write only the rows
     in mode PIVOT_PENDING, which no refine or collect program touches, so the results are the
     same; off when `paths` is asked for (its "refined" snapshot would race with the rounds).
@@ -371,6 +382,15 @@ def sample_top_k_top_p_triton(
     by a finish launch (ONLY = that mode: the same code, warps and cap, so the same results) on
     their own stream, so that the main finish skips their rows and the join comes after it
     instead of before. True without the streams runs the same launches in line (tests).
+    `pivot_round1_in_collect=True` has the collect launch's programs of the pivot rows sum round
+    1's sub-chunk masses (sampling_select.pivot_collect_program: the pivot mass kernel's
+    `pivot_sub_chunk_mass` on the same sub-chunks, warps and layout, so the same bits), and the
+    pivot rounds start with round 1's draw, after the collect launch (on their stream with
+    `pivot_beside`: forked after it instead of after the plan). It takes effect only where the
+    collect launch runs and its blocks are the rounds' sub-chunks (`draw_sub_chunk(V)` = 2048:
+    V > 8192); elsewhere, and with False, the rounds run as before. The same tokens either way.
+    Default (None): on where the rounds run beside the search on CUDA for PIVOT_ROUND1_ROWS rows
+    or more.
     `paths`, when a dict, receives "mode": [R] int32, the path each row took
     (sampling_select.DONE / DRAW / COLLECT / FALLBACK / DIRECT / PIVOTED, and with
     `side_finish=True` DIRECT_LATE / PIVOT_LATE for the rows their finish launch decided).
@@ -545,10 +565,15 @@ def sample_top_k_top_p_triton(
         if late_direct:   # the rows it could not decide, on its stream
             launch_finish(int(DIRECT_LATE.value), **pdl)
 
+    # round 1's masses summed by the collect launch (its 2048-token blocks are the rounds' sub-chunks)
+    round1 = pivot and search and sub == 2048 and (
+        (beside and R >= PIVOT_ROUND1_ROWS) if pivot_round1_in_collect is None else bool(pivot_round1_in_collect))
+    round1_mass, nc = (pivot_mass if round1 else tile_max), -(-V // sub)   # (not written without round1)
+
     def launch_pivot_rounds(first_pdl):
         pivot_rounds(logits, inv_temperature, top_p, seeds, positions, tile_max, st_i, st_f, pivot_mass, tokens,
                      stream, sub, tile, pdl=pdl, skip=pivot_skip, group=pivot_group, first_pdl=first_pdl,
-                     late=late_pivot)
+                     late=late_pivot, first_mass=not round1)
         if late_pivot:   # the rows no round accepted, on their stream
             launch_finish(int(PIVOT_LATE.value), **pdl)
 
@@ -559,11 +584,14 @@ def sample_top_k_top_p_triton(
         forks[-1][0].wait_stream(main_stream)
         with torch.cuda.stream(forks[-1][0]):
             launch_direct_rows()   # plain: it follows an event wait, not a kernel of the chain
-    if beside:
+
+    def fork_pivot_rounds():
         forks.append((side_stream(dev, "pivot"), late_pivot))
         forks[-1][0].wait_stream(main_stream)
         with torch.cuda.stream(forks[-1][0]):
             launch_pivot_rounds(first_pdl=False)
+    if beside and not round1:
+        fork_pivot_rounds()
     if select and search and refine:
         for last in (False, True):
             _refine_kernel[refine_grid](
@@ -579,15 +607,18 @@ def sample_top_k_top_p_triton(
         decide = defer == 1 and not direct_rows     # the collect launch decides the direct rows
         _collect_direct_kernel[(R, s3)](
             logits, logits.stride(0), inv_temperature, top_k, top_p, seeds, positions, tile_max, st_i, st_f,
-            cand, pn, pf, pi, tile_list, tokens, thr, lnorm, V, NT, s3, bpp, stream, kmax,
+            cand, pn, pf, pi, tile_list, tokens, thr, lnorm, round1_mass, V, NT, s3, bpp, stream, kmax, nc,
             BLOCK=2048, CAP=cap, TILE=tile, G=G, NT_P2=NT_P2, SMALL=min(256, cap), TOPT=topt, GD=gd,
             PIPE=direct_pipe, DS=ds, TPP=min(16, _next_pow2(-(-2 * max(kmax, sk_hi) // s3))),   # [TPP, TILE] a load
-            DEFER=1 if decide else 0, SPREAD_ROWS=spread_rows, ATOMIC_SLOTS=atomic_slots,
+            DEFER=1 if decide else 0, SPREAD_ROWS=spread_rows, ATOMIC_SLOTS=atomic_slots, PIVOT_MASS=round1,
             num_warps=8, maxnreg=None if decide else regs["collect"], **pdl)
     elif search:
         _collect_kernel[(R, s3c)](logits, logits.stride(0), inv_temperature, seeds, positions, st_i, st_f, cand,
-                                  pn, pf, pi, V, s3, bpp, stream, BLOCK=2048, CAP=cap, GROUP=cg,
-                                  ATOMIC_SLOTS=atomic_slots, num_warps=8, maxnreg=regs["collect"], **pdl)
+                                  pn, pf, pi, tile_max, round1_mass, V, s3, bpp, stream, NT, nc, BLOCK=2048, CAP=cap,
+                                  GROUP=cg, ATOMIC_SLOTS=atomic_slots, PIVOT_MASS=round1, TILE=tile, num_warps=8,
+                                  maxnreg=regs["collect"], **pdl)
+    if beside and round1:   # round 1's masses are in: the rounds start with its draw
+        fork_pivot_rounds()
     if direct_rows and not overlap:
         launch_direct_rows(**pdl)
     joined = False

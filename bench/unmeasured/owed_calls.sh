@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# The GPU work owed on main (bench/unmeasured/README.md), as three device calls, most wanted first:
+# The GPU work owed on main (bench/unmeasured/README.md), as two device calls (call 1, the pivot_round1_collect patch, ran and merged in session 66), most wanted first:
 #
-#   bash bench/unmeasured/owed_calls.sh 1   # carry [".gpu"]; ~300 s: build, pivot_round1_collect.patch A/B + its CUDA tests
 #   bash bench/unmeasured/owed_calls.sh 2   # carry [".gpu"]; ~250 s: shard 2 of the suite on CUDA
 #   bash bench/unmeasured/owed_calls.sh 3   # carry ["ab", ".gpu"]; ~350 s: shard 1's leftovers, then
 #                                           # the pairwise-sums A/B's mixed shapes against ab/cb
@@ -11,23 +10,11 @@
 # (about 16 min on two cores; needs torch, so after scripts/install.sh).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-case "${1:-}" in 1|2|3) ;; *) echo "usage: $0 1|2|3" >&2; exit 2 ;; esac
+case "${1:-}" in 2|3) ;; *) echo "usage: $0 2|3" >&2; exit 2 ;; esac
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/owed_out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
 case "${1:-}" in
-  1)
-    SKIP_SMOKE=1 SKIP_TESTS=1 SKIP_BENCH=1 GPU_CHECK_BUDGET=140 OUT=/tmp/gc bash bench/gpu_check.sh > "$OUT/build.txt" 2>&1
-    tail -6 "$OUT/build.txt"
-    git apply bench/unmeasured/pivot_round1_collect.patch && echo "patch applied"
-    timeout 200 python bench/exp_sampling_ab.py tree:pivot_round1_in_collect=0 tree:pivot_round1_in_collect=1 \
-      --rounds=5 --shapes=mix:512,mix:256,mix:128 2>&1 | tee "$OUT/ab_pivot.txt"
-    # the patched tree's CUDA tests through gpu_check's own test step (its paths, deps installed above)
-    SKIP_DEPS=1 SKIP_BUILD=1 SKIP_SMOKE=1 SKIP_BENCH=1 GPU_CHECK_BUDGET=150 TEST_TIMEOUT=120 OUT="$OUT/pivot_tests" \
-      TESTS="tests/test_sampling_pivot_round1.py tests/test_sampling_pivot.py tests/test_sampling_topk_topp.py" \
-      PYTEST_K="round_one or cuda_pivot or beside or launch_only" bash bench/gpu_check.sh > "$OUT/pytest_pivot.txt" 2>&1
-    tail -20 "$OUT/pytest_pivot.txt"
-    ;;
   2)
     SKIP_SMOKE=1 SKIP_BENCH=1 TEST_SHARD=2/2 PYTEST_WORKERS=12 GPU_CHECK_BUDGET=560 TEST_TIMEOUT=480 \
       OUT="$OUT" bash bench/gpu_check.sh > "$OUT/shard2.txt" 2>&1
