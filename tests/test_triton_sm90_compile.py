@@ -93,15 +93,23 @@ def draw_sums(ttgir: str) -> list[tuple[str, str, str]]:
     a multi-dimensional operand named mass or w (`_draw_unfiltered`'s names), with the layout's
     definition spelled out, or "pairwise" where the summed axis has 2 entries (a sum of two
     floats is the same in either order, so its layout does not matter)."""
+    return float_sums(ttgir, r"(?:mass|w)", multi_dim=True, pairwise=True)
+
+
+def float_sums(ttgir: str, operand: str, multi_dim: bool, pairwise: bool) -> list[tuple[str, str, str]]:
+    """(shape, axis, layout) of each float sum in a TTGIR whose operand's name matches the regex
+    `operand` (and is multi-dimensional with `multi_dim`), the layout's definition spelled out;
+    with `pairwise`, "pairwise" for a summed axis of 2 entries."""
     defs = dict(re.findall(r"^(#\w+) = (#ttg\.\w+<.*>)$", ttgir, re.M))
+    dims = r"(\d+(?:x\d+)+)" if multi_dim else r"(\d+(?:x\d+)*)"
     found = []
     # one reduce: its operand, its body (never running into the next reduce) and its operand type
-    for m in re.finditer(r'= "tt\.reduce"\(%(?:mass|w)\w*\) <\{axis = (\d+) : i32\}> \(\{((?:(?!"tt\.reduce").)*?)'
-                         r'\}\) : \(tensor<(\d+(?:x\d+)+)xf32, (#[\w.]+(?:<[^()]*?>)?)>\)', ttgir, re.S):
+    for m in re.finditer(r'= "tt\.reduce"\(%' + operand + r'\w*\) <\{axis = (\d+) : i32\}> \(\{((?:(?!"tt\.reduce").)*?)'
+                         r'\}\) : \(tensor<' + dims + r'xf32, (#[\w.]+(?:<[^()]*?>)?)>\)', ttgir, re.S):
         axis, body, shape, layout = m.groups()
         if "arith.addf" in body:
-            pairwise = shape.split("x")[int(axis)] == "2"
-            found.append((shape, axis, "pairwise" if pairwise else defs.get(layout, layout)))
+            two = pairwise and shape.split("x")[int(axis)] == "2"
+            found.append((shape, axis, "pairwise" if two else defs.get(layout, layout)))
     return found
 
 
@@ -123,14 +131,7 @@ def test_unfiltered_draw_sums_in_one_order_in_every_plan_variant(tmp_path):
 # (fp32) and the plain one (bf16, whose loads take 8 tokens a thread).
 def pivot_sums(ttgir: str) -> list[tuple[str, str, str]]:
     """(shape, axis, layout) of each float sum of `pivot_sub_chunk_mass`'s `pivot_w` in a TTGIR."""
-    defs = dict(re.findall(r"^(#\w+) = (#ttg\.\w+<.*>)$", ttgir, re.M))
-    found = []
-    for m in re.finditer(r'= "tt\.reduce"\(%pivot_w\w*\) <\{axis = (\d+) : i32\}> \(\{((?:(?!"tt\.reduce").)*?)'
-                         r'\}\) : \(tensor<(\d+(?:x\d+)*)xf32, (#[\w.]+(?:<[^()]*?>)?)>\)', ttgir, re.S):
-        axis, body, shape, layout = m.groups()
-        if "arith.addf" in body:
-            found.append((shape, axis, defs.get(layout, layout)))
-    return found
+    return float_sums(ttgir, "pivot_w", multi_dim=False, pairwise=False)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="compiles for sm_90 through a stand-in driver (no GPU)")
