@@ -95,6 +95,12 @@ def test_bad_spec_raises_before_any_launch(backend, penalties):
     for bad_md, name in ((None, "NoneType"), ({"temperature": [0.0, 0.8]}, "dict")):
         with pytest.raises(TypeError, match=f"metadata must be a SamplingMetadata, got {name}"):
             RejectionSampler(_SpySampler(), backend=backend)(logits, spec, bad_md, draft_token_ids=drafts)
+    for bad_logits in (logits.tolist(), None):            # no tensor: a TypeError naming the type
+        with pytest.raises(TypeError, match=f"logits must be a torch.Tensor .* got {type(bad_logits).__name__}"):
+            RejectionSampler(_SpySampler(), backend=backend)(bad_logits, spec, md, draft_token_ids=drafts)
+        with pytest.raises(TypeError, match=f"logits must be a torch.Tensor .* got {type(bad_logits).__name__}"):
+            rejection_sample(bad_logits, drafts, spec.cu_num_draft_tokens, 3, torch.zeros(2, dtype=torch.long,
+                             device=DEVICE), backend=backend)
     # the valid spec goes through
     out = RejectionSampler(_sampler(), backend=backend)(logits, spec, md, draft_token_ids=drafts)
     assert out.output_token_ids.shape == (2, 4)

@@ -208,6 +208,18 @@ def test_sampler_and_metadata_check_their_argument_types():
     assert SamplingMetadata.from_params([1.0], vocab_size=V, logitsprocs=procs).logitsprocs is procs
 
 
+def test_logits_that_are_no_tensor_are_a_type_error_naming_the_type():
+    # a nested list was a ValueError ("must be a 2-D tensor"); a 1-D tensor stays a ValueError with its shape
+    md = SamplingMetadata.from_params([1.0], vocab_size=V)
+    for bad in ([[0.0] * V], None):
+        with pytest.raises(TypeError, match=f"logits must be a torch.Tensor .* got {type(bad).__name__}"):
+            Sampler(backend="torch")(bad, md)
+    with pytest.raises(TypeError, match="raw_logits must be a torch.Tensor .* got list"):
+        compute_logprobs("raw_logprobs", 1, torch.zeros(1, dtype=torch.long), raw_logits=[[0.0] * V])
+    with pytest.raises(ValueError, match=rf"logits must be 2-D \[rows, vocab\], got shape \({V},\)"):
+        Sampler(backend="torch")(torch.zeros(V), md)
+
+
 def test_batch_update_bounds_read_well_without_a_limit():
     # max_num_reqs None (a processor built without one): no upper bound, and the message says so
     check_batch_update(BatchUpdate(3, added=[(10**6, P(), [], [])]), None)

@@ -168,9 +168,10 @@ def compute_logprobs(
     logits = raw_logits if mode.startswith("raw") else processed_logits
     if logits is None:
         raise ValueError(f"{mode} needs {name}")
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
-        raise ValueError(f"the logits must be a [rows, vocab] tensor, got "
-                         f"{tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__}")
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor [rows, vocab], got {type(logits).__name__}")
+    if logits.dim() != 2:
+        raise ValueError(f"{name} must be a [rows, vocab] tensor, got {tuple(logits.shape)}")
     _check_logits_dtype(name, logits)
     check_1d("tokens", tokens, logits.shape[0], (torch.int32, torch.int64), logits.device)
     _check_num_logprobs(num_logprobs, logits.shape[1])

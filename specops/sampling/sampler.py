@@ -177,8 +177,10 @@ class Sampler:
         if not isinstance(metadata, SamplingMetadata):
             raise TypeError(f"metadata must be a SamplingMetadata (SamplingMetadata.from_params), "
                             f"got {type(metadata).__name__}")
-        if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
-            raise ValueError("logits must be a 2-D tensor [rows, vocab]")
+        if not isinstance(logits, torch.Tensor):
+            raise TypeError(f"logits must be a torch.Tensor [rows, vocab], got {type(logits).__name__}")
+        if logits.dim() != 2:
+            raise ValueError(f"logits must be 2-D [rows, vocab], got shape {tuple(logits.shape)}")
         if logits.dtype not in LOGIT_DTYPES:
             # checked here, not only by the draw: a batch that writes the logits casts them first
             raise TypeError(f"logits must be fp32, bf16 or fp16, got {logits.dtype}")

@@ -44,9 +44,10 @@ def check_rejection_args(
     """Raise TypeError / ValueError on a wrong type, dtype, shape or device of any argument of
     rejection_sample (see there), before any launch; return engine_seed as a signed int64
     (the same 64 bits)."""
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
-        raise ValueError(f"logits must be a [num_logits, vocab] tensor, got "
-                         f"{tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__}")
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"logits must be a torch.Tensor [num_logits, vocab], got {type(logits).__name__}")
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be a [num_logits, vocab] tensor, got {tuple(logits.shape)}")
     if logits.dtype not in LOGIT_DTYPES:
         raise TypeError(f"logits must be float32, float16 or bfloat16, got {logits.dtype}")
     device = logits.device

@@ -210,9 +210,12 @@ class RejectionSampler:
             draft_token_ids = spec.draft_token_ids
         if draft_token_ids is None:
             raise ValueError("draft_token_ids is required when spec has none (build it with input_ids)")
-        if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[0] != total + num_reqs:
+        if not isinstance(logits, torch.Tensor):
+            raise TypeError(f"logits must be a torch.Tensor [{total + num_reqs}, vocab] (target + bonus rows), "
+                            f"got {type(logits).__name__}")
+        if logits.dim() != 2 or logits.shape[0] != total + num_reqs:
             raise ValueError(f"logits must be [{total + num_reqs}, vocab] (target + bonus rows), got "
-                             f"{tuple(logits.shape) if isinstance(logits, torch.Tensor) else logits!r}")
+                             f"{tuple(logits.shape)}")
         if metadata.num_rows != num_reqs:
             raise ValueError(f"metadata has {metadata.num_rows} rows, expected one per request ({num_reqs})")
         if logits.dtype not in LOGIT_DTYPES:
