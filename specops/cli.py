@@ -294,10 +294,14 @@ def _read_prompts(path: str, chat: bool = False) -> list[dict]:
                 obj = {"prompt": obj}
             if not isinstance(obj, dict) or not ("prompt" in obj or "messages" in obj):
                 raise ValueError(f'{path}:{lineno}: expected a JSON string or an object with "prompt" or "messages"')
-            unknown = sorted(set(obj) - {"prompt", "messages", "id"} - set(sampling_fields))
+            unknown = sorted(set(obj) - {"prompt", "messages", "id"} - set(sampling_fields) - set(_LINE_OBJECTS))
             if unknown:   # a misspelt field ("temprature") would otherwise be dropped without a word
                 raise ValueError(f"{path}:{lineno}: unknown key {unknown[0]!r}; a line takes \"prompt\" or "
-                                 f"\"messages\", \"id\" and SamplingParams fields: {', '.join(sampling_fields)}")
+                                 f"\"messages\", \"id\" and SamplingParams fields: "
+                                 f"{', '.join(sampling_fields + list(_LINE_OBJECTS))}")
+            problem = _line_object_problem(obj)
+            if problem:
+                raise ValueError(f"{path}:{lineno}: {problem}")
             if "messages" in obj:
                 try:
                     check_messages(obj["messages"])
@@ -311,6 +315,30 @@ def _read_prompts(path: str, chat: bool = False) -> list[dict]:
                                  f"got {json.dumps(obj['prompt'])[:60]}")
             items.append(obj)
     return items
+
+
+# SamplingParams fields a prompts-file line gives as a JSON object (not command-line options)
+_LINE_OBJECTS = ("structured_outputs", "extra_args")
+
+
+def _line_object_problem(obj: dict) -> str | None:
+    """What is wrong with a line's "structured_outputs" (null, or an object of
+    StructuredOutputOptions fields) or "extra_args" (an object); None when nothing is. Their
+    values are checked with the request's other parameters (a bad one fails that line alone)."""
+    from dataclasses import fields
+
+    from specops.engine.structured_output.options import StructuredOutputOptions
+    so = obj.get("structured_outputs")
+    if so is not None:
+        if not isinstance(so, dict):
+            return f'"structured_outputs" must be null or an object, got {json.dumps(so)[:60]}'
+        names = [f.name for f in fields(StructuredOutputOptions)]
+        unknown = sorted(set(so) - set(names))
+        if unknown:
+            return f'"structured_outputs" has an unknown key {unknown[0]!r}; it takes {", ".join(names)}'
+    if "extra_args" in obj and not isinstance(obj["extra_args"], (dict, type(None))):
+        return f'"extra_args" must be null or an object, got {json.dumps(obj["extra_args"])[:60]}'
+    return None
 
 
 def _is_prompt(prompt) -> bool:
@@ -347,7 +375,7 @@ def _generate_batch(llm, args, items: list[dict]) -> int:
         except ValueError as exc:   # the template refused this line's messages: only this line fails
             prompts.append(None)
             chat_errors[i] = f"ValueError: {exc}"
-        overrides = {k: v for k, v in item.items() if k in names}
+        overrides = {k: v for k, v in item.items() if k in names or k in _LINE_OBJECTS}
         if "logit_bias" in overrides:  # JSON object keys are strings; a bad one fails this line's request
             overrides["logit_bias"] = _int_keys(overrides["logit_bias"])
         params.append(_sampling_params(args, overrides))
@@ -423,12 +451,22 @@ def _unused_option(args) -> str | None:
         if given:
             return (f"{', '.join(given)} {'have' if len(given) > 1 else 'has'} no effect at temperature 0 "
                     f"(greedy, the default here): give --temperature > 0")
-    if not _structured_given(args):
-        given = [flag for flag, value in (("--reasoning-end", args.reasoning_end),
-                                          ("--structured-timeout", args.structured_timeout)) if value is not None]
-        if given:
-            return (f"{' and '.join(given)} {'need' if len(given) > 1 else 'needs'} a structured-output option "
-                    f"(--json-schema, --json-object, --regex, --choice or --grammar)")
+    if args.prompts_file is None:   # (lines of a prompts file may set "structured_outputs": checked once read)
+        return _unused_structured_option(args)
+    return None
+
+
+def _unused_structured_option(args, items: list[dict] | None = None) -> str | None:
+    """The error for --reasoning-end / --structured-timeout with no structured output: no option and no
+    `items` line (of a prompts file) with "structured_outputs"; None when there is none."""
+    if _structured_given(args) or any(item.get("structured_outputs") is not None for item in items or []):
+        return None
+    given = [flag for flag, value in (("--reasoning-end", args.reasoning_end),
+                                      ("--structured-timeout", args.structured_timeout)) if value is not None]
+    if given:
+        lines = ', or "structured_outputs" in a --prompts-file line' if items is not None else ""
+        return (f"{' and '.join(given)} {'need' if len(given) > 1 else 'needs'} a structured-output option "
+                f"(--json-schema, --json-object, --regex, --choice or --grammar{lines})")
     return None
 
 
@@ -456,6 +494,10 @@ def generate(args) -> int:
         if args.system is not None and not args.chat and not any("messages" in item for item in items):
             print(f'error: --system needs --chat (or "messages" lines in --prompts-file; '
                   f'{args.prompts_file} has none)', file=sys.stderr)
+            return 2
+        unused = _unused_structured_option(args, items)
+        if unused:
+            print(f"error: {unused}", file=sys.stderr)
             return 2
     try:
         _check_device(args.device)

@@ -171,6 +171,46 @@ def test_logit_bias_in_a_batch_file(tiny_checkpoint, tmp_path):  # noqa: F811
     assert "1 errors" in r.stderr
 
 
+def test_structured_outputs_and_extra_args_in_a_batch_file(tiny_checkpoint, tmp_path):  # noqa: F811
+    """A line's "structured_outputs" (an object of StructuredOutputOptions fields, or null for none)
+    and "extra_args" override the options for that line; a bad value fails that line alone. Both
+    keys were refused as unknown, so a batch could not mix constraints."""
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("\n".join([json.dumps({"id": "a", "prompt": "hi", "structured_outputs": {"choice": ["yes", "no"]}}),
+                              json.dumps({"id": "b", "prompt": "hi", "structured_outputs": None}),
+                              json.dumps({"id": "c", "prompt": "hi", "structured_outputs": {"choice": []}}),
+                              json.dumps({"id": "d", "prompt": "hi", "extra_args": {"num_spec_tokens": -1}}),
+                              json.dumps({"id": "e", "prompt": "hi"})]) + "\n")
+    r = run_cli("--model", tiny_checkpoint, "--prompts-file", str(src), "--output", str(dst), "--max-tokens", "3",
+                "--ignore-eos", "--device", "cpu", "--regex", "[0-9]+", "--structured-timeout", "60")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    rows = {row["id"]: row for row in map(json.loads, dst.read_text().splitlines())}
+    assert rows["a"]["error"] is None and rows["a"]["text"] in ("yes", "no"), rows["a"]
+    assert rows["b"]["error"] is None and rows["b"]["num_output_tokens"] == 3     # null: no constraint
+    assert rows["c"]["error"] and "choice" in rows["c"]["error"]
+    assert rows["d"]["error"] and "num_spec_tokens" in rows["d"]["error"]
+    assert rows["e"]["error"] is None and rows["e"]["text"].isdigit(), rows["e"]   # the --regex option
+    assert "2 errors" in r.stderr
+
+
+def test_bad_structured_outputs_lines_are_refused_before_the_model_loads(tmp_path):
+    missing = str(tmp_path / "missing")
+    for line, words in (({"structured_outputs": "json"}, '"structured_outputs" must be null or an object'),
+                        ({"structured_outputs": {"regexp": "a"}}, '"structured_outputs" has an unknown key \'regexp\''),
+                        ({"extra_args": [1]}, '"extra_args" must be null or an object')):
+        src = tmp_path / "in.jsonl"
+        src.write_text(json.dumps({"prompt": "a"}) + "\n" + json.dumps({"prompt": "b", **line}) + "\n")
+        r = run_cli("--model", missing, "--prompts-file", str(src))
+        assert r.returncode == 2 and f"in.jsonl:2: {words}" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    # --structured-timeout needs a structured-output option or a line with "structured_outputs"
+    src.write_text(json.dumps({"prompt": "a"}) + "\n")
+    r = run_cli("--model", missing, "--prompts-file", str(src), "--structured-timeout", "5")
+    assert r.returncode == 2 and "--structured-timeout needs a structured-output option" in r.stderr, r.stderr
+    src.write_text(json.dumps({"prompt": "a", "structured_outputs": {"regex": "a+"}}) + "\n")
+    r = run_cli("--model", missing, "--prompts-file", str(src), "--structured-timeout", "5")
+    assert "structured-output option" not in r.stderr and "missing" in r.stderr, r.stderr   # got to the model
+
+
 def test_options_nothing_would_use_are_refused(tmp_path, capsys):
     """An option that would be ignored is an error, before any model is loaded (the model path does not exist).
     In-process (no model is loaded, so this is fast); an exception would fail the test as a traceback would."""
