@@ -378,7 +378,9 @@ def test_processed_widen_changes_only_rows_whose_token_is_cut(device):
         assert abs(float(wide.log_norm[r]) - float(want)) < 1e-5 * max(1.0, abs(float(want)))
 
 
-def test_processed_several_blocks_per_program_and_strided_rows(device):
+def test_processed_strided_rows(device):
+    """Rows with a stride past their width (a view into wider logits) give what contiguous rows give
+    (one block per row at V = 500: several blocks per program are test_processed_blocks_of_16's)."""
     logits, inv_t, res, tokens = processed_case(5, 500, torch.float32, device, seed=11)
     for widen in (False, True):
         check_processed(logits, inv_t, res, tokens, 1, "processed_logprobs", widen)

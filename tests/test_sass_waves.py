@@ -34,7 +34,13 @@ def test_waves_after_the_dependent_launch_wait():
 
 
 def test_a_shuffle_writes_the_register_after_its_predicate_output():
-    # SHFL.BFLY PT, R4, R9: R4 is written (not read), so the load into R4 is not waited for
-    sass = _sass("LDG.E R4, desc[UR4][R2.64]", "LDG.E R9, desc[UR4][R2.64]", "SHFL.BFLY PT, R4, R7, 0x10, 0x1f",
-                 "LDG.E R12, desc[UR4][R2.64]", "SHFL.BFLY PT, R13, R9, 0x8, 0x1f", "LDG.E R14, desc[UR4][R2.64]")
+    # SHFL.BFLY PT, R4, R7: R4 is written (not read), so the load into R4 is not waited for and the
+    # next load joins its wave (reading R4 as a source counted 2 waves; an earlier version of this
+    # test had a second shuffle that made 2 waves either way)
+    sass = _sass("LDG.E R4, desc[UR4][R2.64]", "SHFL.BFLY PT, R4, R7, 0x10, 0x1f", "LDG.E R12, desc[UR4][R2.64]",
+                 "EXIT")
+    assert load_waves(sass) == dict(ldg=2, waves=1, waves_after_wait=None, bar=0)
+    # a shuffle that reads a loaded register (R9) does wait for it
+    sass = _sass("LDG.E R9, desc[UR4][R2.64]", "SHFL.BFLY PT, R13, R9, 0x8, 0x1f", "LDG.E R14, desc[UR4][R2.64]",
+                 "EXIT")
     assert load_waves(sass)["waves"] == 2
