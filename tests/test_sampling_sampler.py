@@ -351,7 +351,20 @@ def test_cuda_sampler_matches_torch_sampler_full_vocab(mode):
         assert_same_processed_top_logprobs(b, a, Sampler(backend="torch").process(logits.clone(), md))
     else:
         torch.testing.assert_close(a.logprobs.logprobs[:, 1:], b.logprobs.logprobs[:, 1:], equal_nan=True)
+        assert_same_top_ids(b, a, logits.cpu(), torch.zeros(n, dtype=torch.bool))
     assert torch.equal(a.logprobs.ranks, b.logprobs.ranks)
+
+
+def assert_same_top_ids(a, b, x, skip):
+    """The top-n token ids of Sampler outputs a and b name tokens of the same value of x [R, V] (the
+    logits the logprobs are of: raw, or processed and scaled), rows in `skip` left out: ids may
+    differ only between tokens of (near) equal value. Positions with a non-finite logprob on either
+    side are left out (the -inf of a cut token: the order among those is arbitrary)."""
+    ia, ib = a.logprobs.token_ids[:, 1:].cpu(), b.logprobs.token_ids[:, 1:].cpu()
+    la, lb = a.logprobs.logprobs[:, 1:].cpu(), b.logprobs.logprobs[:, 1:].cpu()
+    use = torch.isfinite(la) & torch.isfinite(lb) & (ia >= 0) & (ib >= 0) & ~skip[:, None]
+    va, vb = x.gather(1, ia.clamp(min=0)), x.gather(1, ib.clamp(min=0))
+    torch.testing.assert_close(va[use], vb[use])
 
 
 def assert_same_processed_top_logprobs(a, b, proc):
@@ -367,6 +380,7 @@ def assert_same_processed_top_logprobs(a, b, proc):
     band = (ta != tb) & ~torch.isnan(ta)
     torch.testing.assert_close(la[~band], lb[~band], equal_nan=True)
     x = scale_logits(proc.logits, proc.inv_temperature).cpu()
+    assert_same_top_ids(a, b, x, band)
     for r in band.nonzero().flatten().tolist():
         lo, hi = sorted((float(ta[r]), float(tb[r])))
         ids = b.logprobs.token_ids[r, 1:].cpu()
@@ -409,6 +423,12 @@ def test_processed_logprobs_check_accepts_only_a_near_tie_shift():
         bad.logprobs.logprobs[row, col] += 1e-3
         with pytest.raises(AssertionError):
             assert_same_processed_top_logprobs(bad, ref, proc)
+    # the right values under another token's id: fails too (outside the band row)
+    bad = copy.deepcopy(near)
+    top = int(bad.logprobs.token_ids[0, 1])
+    bad.logprobs.token_ids[0, 1] = int(x.argmin()) if int(x.argmin()) != top else (top + 1) % V
+    with pytest.raises(AssertionError):
+        assert_same_processed_top_logprobs(bad, ref, proc)
 
 
 def test_custom_argmax_invariant_processor_runs_on_scaled_logits():
