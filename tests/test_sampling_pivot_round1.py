@@ -98,9 +98,14 @@ def test_round_one_in_collect_gives_the_mass_kernels_masses_and_tokens(opts, mon
 def test_round_one_in_collect_keeps_thresholds_and_batch_invariance(monkeypatch):
     R = 40 if CUDA else 14
     logits, md = mixed_pivot_batch(torch.Generator().manual_seed(7), R, V)
-    # with the thresholds no row takes the pivot rounds: the knob changes nothing
-    full = [sample(*_args(logits, md), backend="triton", search=True, pivot_round1_in_collect=on)
-            for on in (False, True)]
+    # with the thresholds no row takes the pivot rounds (none launches), so the knob changes nothing
+    launched = []
+    with monkeypatch.context() as mp:
+        mp.setattr(sp, "_pivot_draw_kernel", _Counted(sp._pivot_draw_kernel, launched))
+        mp.setattr(sp, "_pivot_mass_kernel", _Counted(sp._pivot_mass_kernel, launched))
+        full = [sample(*_args(logits, md), backend="triton", search=True, pivot_round1_in_collect=on)
+                for on in (False, True)]
+    assert launched == [], launched
     for f in ("tokens", "threshold", "row_max", "log_norm"):
         x, y = getattr(full[0], f), getattr(full[1], f)
         assert torch.equal(x.isnan(), y.isnan()) and torch.equal(x.nan_to_num(), y.nan_to_num()), f
