@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU work owed on main (bench/unmeasured/README.md), most wanted first:
 #
-#   bash bench/unmeasured/owed_calls.sh 1   # carry [".gpu", ".m1"]; ~80 s: deps, build, a CUDA test
+#   bash bench/unmeasured/owed_calls.sh 1   # carry [".gpu", ".m1"]; ~150 s: deps, build, session 67's
+#                                           # changed CUDA tests (logprobs dispatch, top-n ids)
 #   bash bench/unmeasured/owed_calls.sh 2   # carry [".m2"]; seconds: brings the model's 2nd part
 #   bash bench/unmeasured/owed_calls.sh 3   # carry [".m3"]; ~150 s: the default model's tests on CUDA
 #   bash bench/unmeasured/owed_calls.sh 4   # carry [".gpu"]; ~300 s: the issue 3 table (sampling.md)
@@ -18,8 +19,9 @@ OUT=${OUT:-/tmp/owed_out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
 case "${1:-}" in
   1)
-    SKIP_SMOKE=1 SKIP_BENCH=1 PYTEST_WORKERS=6 GPU_CHECK_BUDGET=200 TEST_TIMEOUT=100 OUT="$OUT" \
-      TESTS="tests/test_logprob_stats.py" PYTEST_K="auto or cuda" bash bench/gpu_check.sh > "$OUT/call1.txt" 2>&1
+    SKIP_SMOKE=1 SKIP_BENCH=1 PYTEST_WORKERS=8 GPU_CHECK_BUDGET=260 TEST_TIMEOUT=200 OUT="$OUT" \
+      TESTS="tests/test_logprob_stats.py tests/test_sampling_sampler.py" PYTEST_K="auto or cuda" \
+      bash bench/gpu_check.sh > "$OUT/call1.txt" 2>&1
     tail -22 "$OUT/call1.txt"
     ;;
   2)
