@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The GPU work owed on main (bench/unmeasured/README.md), most wanted first:
+# The default model on CUDA in three chained calls, and the issue 3 table (bench/unmeasured/README.md):
 #
 #   bash bench/unmeasured/owed_calls.sh 1   # carry [".gpu", ".m1"]; ~150 s: deps, build, session 67's
 #                                           # changed CUDA tests (logprobs dispatch, top-n ids)
 #   bash bench/unmeasured/owed_calls.sh 2   # carry [".m2"]; seconds: brings the model's 2nd part
 #   bash bench/unmeasured/owed_calls.sh 3   # carry [".m3"]; ~150 s: the default model's tests on CUDA
-#   bash bench/unmeasured/owed_calls.sh 4   # carry [".gpu"]; ~300 s: the issue 3 table (sampling.md)
+#   bash bench/unmeasured/owed_calls.sh 4   # carry [".gpu"]; ~460 s on an H100: the issue 3 table (sampling.md)
 #
 # Calls 1-3 run on one warm machine, each within idle_release_s (30 s) of the last; first, here:
 # bash scripts/split_default_model.sh (the parts .m1/ .m2/ .m3/ of the 98 MB default model).
