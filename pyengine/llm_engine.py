@@ -365,11 +365,14 @@ class LLMEngine:
                 if isinstance(t, bool) or not isinstance(t, numbers.Integral):
                     raise TypeError(f"prompt token ids must be ints, got {type(t).__name__} at index {i} ({t!r})")
             ids = [int(t) for t in prompt]
-            bad = [t for t in ids if not 0 <= t < self.vocab_size]
-            if bad:
-                raise ValueError(f"prompt token ids must be in [0, {self.vocab_size}), got {bad[:5]}")
         else:
             raise TypeError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad and isinstance(prompt, str):   # a tokenizer with more tokens than the model has embeddings
+            raise ValueError(f"prompt encodes to token ids {bad[:5]} outside the model's vocabulary "
+                             f"[0, {self.vocab_size}): the tokenizer has tokens the model has no embedding for")
+        if bad:
+            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size}), got {bad[:5]}")
         if not ids:
             raise ValueError("prompt is empty (no tokens)")
         if len(ids) >= self.max_model_len:
@@ -381,11 +384,14 @@ class LLMEngine:
         return ids
 
     def _bad_words(self, sp: SamplingParams) -> list[list[int]]:
+        """The token sequences of `sp.bad_words` (each word, and with a leading space). A sequence
+        holding a token past the model's vocabulary (a tokenizer with more tokens than the model)
+        is left out: the model can never output that token, so the word can never appear."""
         words = []
         for w in sp.bad_words or []:
             for variant in (w, " " + w):
                 ids = self.tokenizer.encode(variant, add_special_tokens=False)  # no BOS: never in the output
-                if ids and ids not in words:
+                if ids and ids not in words and all(0 <= t < self.vocab_size for t in ids):
                     words.append(ids)
         return words
 

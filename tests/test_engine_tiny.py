@@ -223,6 +223,10 @@ def test_bad_requests_fail_alone(tiny_checkpoint):  # noqa: F811
         ("hello", SamplingParams(bad_words=["\ud800"]), "bad_words must be valid Unicode"),
         ("ab\ud800c", GREEDY, "prompt must be valid Unicode"),
         ("hello", SamplingParams(repetition_penalty=1e-300), "repetition_penalty"),
+        # min_tokens bans the stop tokens, and they were the only allowed ones: failed mid-step
+        ("hello", SamplingParams(allowed_token_ids=[EOS_ID], min_tokens=3), "bans every token of allowed_token_ids"),
+        ("hello", SamplingParams(allowed_token_ids=[7], stop_token_ids=[7], min_tokens=3, ignore_eos=True),
+         "bans every token of allowed_token_ids [7]"),
     ]
     prompts = [good[0]] + [b[0] for b in bad] + [good[1]]
     params = [GREEDY] + [b[1] for b in bad] + [GREEDY]
@@ -236,6 +240,31 @@ def test_bad_requests_fail_alone(tiny_checkpoint):  # noqa: F811
     ref = run_all(engine(lm, max_model_len=64), good, [GREEDY] * 2)
     assert [outs[0].token_ids, outs[-1].token_ids] == [r.token_ids for r in ref]
     assert outs[0].error is None and outs[-1].error is None
+
+
+def test_tokenizer_wider_than_the_model_fails_only_its_request(tiny_checkpoint, tmp_path):  # noqa: F811
+    """A tokenizer with a token past the model's embedding (an added token, id = vocab size): a text
+    prompt holding it fails alone at add time (it raised in the embedding on every later step,
+    wedging the batch), and a bad word holding it is left out (the model can never output it)."""
+    import json
+    import shutil
+    path = tmp_path / "wide_tokenizer"
+    shutil.copytree(tiny_checkpoint, path)
+    tok = json.loads((path / "tokenizer.json").read_text())
+    tok["added_tokens"].append({"id": 384, "content": "<|extra|>", "single_word": False, "lstrip": False,
+                                "rstrip": False, "normalized": False, "special": False})
+    (path / "tokenizer.json").write_text(json.dumps(tok))
+    lm = load_model(str(path), device="cpu", dtype=torch.float32)
+    assert lm.model.config.vocab_size == 384 and 384 in lm.tokenizer.encode("hi <|extra|>")
+    good = mixed_prompts(2, seed=11, shared=False)
+    prompts = [good[0], "hi <|extra|>", "hi", good[1]]
+    params = [GREEDY, GREEDY, SamplingParams(temperature=0.0, max_tokens=4, bad_words=["<|extra|>", "x"]), GREEDY]
+    outs = run_all(engine(lm, max_model_len=64), prompts, params)
+    assert outs[1].error is not None and "outside the model's vocabulary [0, 384)" in outs[1].error, outs[1].error
+    assert outs[2].error is None and len(outs[2].token_ids) == 4
+    ref = run_all(engine(lm, max_model_len=64), [good[0], "hi", good[1]], [GREEDY, params[2], GREEDY])
+    assert [o.token_ids for o in (outs[0], outs[2], outs[3])] == [r.token_ids for r in ref]
+    assert all(o.error is None for o in ref)
 
 
 def test_engine_sizes_past_memory_are_refused_before_allocating(tiny_checkpoint):  # noqa: F811

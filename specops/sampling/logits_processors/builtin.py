@@ -124,6 +124,12 @@ class MinTokensLogitsProcessor(_SparseStateProcessor):
         stop = sorted(t for t in stop if 0 <= t < self.vocab_size)
         if not stop:
             return None
+        allowed = getattr(params, "allowed_token_ids", None)
+        if (allowed and len(output_ids or ()) < min_tokens
+                and all(isinstance(t, numbers.Integral) and t in stop for t in allowed)):
+            # every allowed token banned: each step until min_tokens would have nothing to sample
+            raise ValueError(f"{where}min_tokens={min_tokens} bans every token of allowed_token_ids "
+                             f"{sorted(set(allowed))[:5]}: they are all stop tokens (EOS or stop_token_ids)")
         return (int(min_tokens), output_ids if output_ids is not None else [], stop)
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
