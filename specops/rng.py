@@ -95,5 +95,6 @@ def row_keys(request_seeds: torch.Tensor, has_seed: torch.Tensor, token_position
     lane = torch.arange(1, rows + 1, device=request_seeds.device, dtype=torch.int64)
     unseeded_pos = (lane << 32) | (step.to(torch.int64) & _M32)
     seeds = torch.where(has_seed, request_seeds, torch.full_like(request_seeds, engine_seed))
-    positions = torch.where(has_seed, token_positions, unseeded_pos)
+    # a seeded row's position modulo 2**32: its high word stays 0, never an unseeded row's lane
+    positions = torch.where(has_seed, token_positions & _M32, unseeded_pos)
     return seeds, positions

@@ -227,3 +227,43 @@ def test_batch_update_bounds_read_well_without_a_limit():
         check_batch_update(BatchUpdate(-1), None)
     with pytest.raises(ValueError, match=r"BatchUpdate.removed\[0\] must be >= 0, got -2"):
         check_batch_update(BatchUpdate(1, removed=[-2]), None)
+
+
+# ---- from a review of the op API (session 68) --------------------------------------------------
+
+def test_penalty_state_with_a_strided_last_dimension_is_refused_when_built():
+    # the triton path's penalty op refused it only after the allowed-token mask was written into
+    # the caller's logits, and the torch path accepted it: now the builder refuses it on both
+    good = dict(vocab_size=64, repetition_penalties=[1.2, 1.0], allowed_token_ids=[[0, 1], None])
+    counts = torch.zeros(2, 64, dtype=torch.int32)
+    strided = (torch.rand(64, 2) < 0.2).t()
+    with pytest.raises(ValueError, match=r"prompt_mask must have a contiguous last dimension \(stride 1\), got strides \(1, 2\)"):
+        SamplingMetadata.from_params([1.0, 1.0], prompt_mask=strided, output_counts=counts, **good)
+    with pytest.raises(ValueError, match=r"output_counts must have a contiguous last dimension"):
+        SamplingMetadata.from_params([1.0, 1.0], prompt_mask=strided.contiguous(),
+                                     output_counts=torch.zeros(64, 2, dtype=torch.int32).t(), **good)
+    md = SamplingMetadata.from_params([1.0, 1.0], prompt_mask=strided.contiguous(), output_counts=counts, **good)
+    assert Sampler(backend="torch")(torch.zeros(2, 64), md).sampled_token_ids.shape == (2,)
+
+
+def test_expand_checks_host_position_offsets_and_keeps_seeded_positions_below_2_32():
+    md = SamplingMetadata.from_params([1.0, 1.0], vocab_size=8, seeds=[1, None], positions=[5, 7])
+    with pytest.raises(ValueError, match=r"position_offsets\[0\] must be >= 0, got -10"):
+        md.expand([0], position_offsets=[-10])
+    with pytest.raises(TypeError, match=r"position_offsets\[0\] must be an int"):
+        md.expand([0], position_offsets=[1.5])
+    with pytest.raises(TypeError, match=r"position_offsets must be an int32/int64 tensor, got torch.float32"):
+        md.expand([0], position_offsets=torch.tensor([1.5]))
+    assert md.expand([0, 0], position_offsets=[0, 3]).positions.tolist() == [5, 8]
+    # a trusted tensor offset pushing a seeded row to 2**32 + 1: modulo 2**32, so its key's high
+    # word stays 0 and never equals an unseeded row's lane (it drew that row's noise before)
+    far = md.expand([0, 1], position_offsets=torch.tensor([2**32 - 4, 0]))
+    assert far.positions.tolist()[0] == 1 and far.positions.tolist()[1] >> 32 == 2
+
+
+def test_an_empty_batch_still_checks_the_backend_name():
+    from specops.sampling import sample
+    empty = dict(seeds=torch.empty(0, dtype=torch.int64), positions=torch.empty(0, dtype=torch.int64))
+    with pytest.raises(ValueError, match="backend"):
+        sample(torch.empty(0, 8), torch.empty(0), backend="bogus", **empty)
+    assert sample(torch.empty(0, 8), torch.empty(0), backend="torch", **empty).tokens.shape == (0,)

@@ -68,6 +68,8 @@ def _check_penalty_state(on: bool, prompt_mask, output_counts, n: int, V: int) -
             raise ValueError(f"{name} ([{n}, {V}] {dt}) is required when a row has penalties")
         if tuple(t.shape) != (n, V) or t.dtype != dt:
             raise ValueError(f"{name} must be [{n}, {V}] {dt}, got {tuple(t.shape)} {t.dtype}")
+        if V > 1 and t.stride(1) != 1:   # the penalty ops read rows in place (counts are updated there)
+            raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {t.stride()}")
 
 
 def _check_allowed(name: str, ids, V: int) -> list[int]:
@@ -609,6 +611,8 @@ class SamplingMetadata:
         row_req_index : [num_rows] ints (host list, checked; or an int32/int64 tensor, whose
             values are trusted: a device tensor is not read back)
         position_offsets : [num_rows] ints, optional (default 0)
+            Host ints in [0, 2**32), checked; or an int32/int64 tensor, trusted. A seeded row's
+            position is taken modulo 2**32 (`rng.row_keys`).
         rows : LogitsRows, optional
             Request index and history of every new row for the logits processors.
         output_token_ids : list[list[int]], optional
@@ -637,11 +641,15 @@ class SamplingMetadata:
             raise ValueError(f"rows must describe {m} new rows, got {len(rows)}")
         if position_offsets is None:
             offs = torch.zeros(m, dtype=torch.int64, device=dev)
+        elif isinstance(position_offsets, torch.Tensor):
+            if position_offsets.dtype not in (torch.int32, torch.int64):   # a float would be truncated
+                raise TypeError(f"position_offsets must be an int32/int64 tensor, got {position_offsets.dtype}")
+            offs = position_offsets.to(dev, torch.int64)   # values trusted: a device tensor is not read back
         else:
-            offs = (position_offsets.to(dev, torch.int64) if isinstance(position_offsets, torch.Tensor)
-                    else to_device(list(position_offsets), torch.int64, dev))
-            if offs.shape != (m,):
-                raise ValueError(f"position_offsets must have shape [{m}], got {tuple(offs.shape)}")
+            offs = to_device([check_int(f"position_offsets[{j}]", o, 0, 2**32 - 1)
+                              for j, o in enumerate(_as_list("position_offsets", position_offsets, m))], torch.int64, dev)
+        if offs.shape != (m,):
+            raise ValueError(f"position_offsets must have shape [{m}], got {tuple(offs.shape)}")
         take = lambda t: None if t is None else t.index_select(0, idx)  # noqa: E731
         req_seeds, has, tok_pos = take(self.request_seeds), take(self.has_seed), take(self.token_positions) + offs
         row_seeds, row_pos = rng.row_keys(req_seeds, has, tok_pos, self.engine_seed, self.step)

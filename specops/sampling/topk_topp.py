@@ -154,6 +154,7 @@ def sample(
     if unknown_kernel_options(kernel_options):   # whatever the backend: a misspelt knob must not pass
         raise TypeError(f"sample() got unknown keyword arguments {unknown_kernel_options(kernel_options)}: "
                         f"its kernel options are {sorted(kernel_option_names())}")
+    check_backend_name(backend)   # an empty batch launches nothing, but a bad name is still refused
     if R == 0:
         empty = torch.empty(0, dtype=torch.float32, device=logits.device)
         return SampleResult(torch.empty(0, dtype=torch.int64, device=logits.device), empty if distribution else None,
