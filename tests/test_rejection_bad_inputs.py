@@ -202,3 +202,14 @@ def test_a_history_row_without_bad_words_may_be_none(backend):
     # request 0: draft 1 is row 0's argmax (accepted); after it 2 is banned, so row 1 emits 4;
     # request 1: its draft 2 is the argmax, then the bonus row's argmax 2
     assert out.output_token_ids.tolist() == [[1, 4, -1], [2, 2, -1]]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_engine_seed_must_be_an_int_not_a_bool(backend):
+    # True passed as engine seed 1 (a bool is an int to isinstance)
+    drafts, cu = torch.tensor([1, 2], device=DEVICE), torch.tensor([1, 2], device=DEVICE)
+    args = (torch.zeros(2, 10, device=DEVICE), drafts, cu, 1, torch.zeros(2, dtype=torch.long, device=DEVICE))
+    kw = dict(is_greedy=False, temperature=torch.ones(2, device=DEVICE), backend=backend)
+    with pytest.raises(ValueError, match=r"engine_seed must be an int in \[-2\^63, 2\^64\), got True"):
+        rejection_sample(*args, engine_seed=True, **kw)
+    assert rejection_sample(*args, engine_seed=1, **kw).shape == (2, 2)

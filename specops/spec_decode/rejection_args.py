@@ -103,7 +103,7 @@ def check_rejection_args(
             raise ValueError("step must be an int64 tensor with one element")
         if step.device != device:
             raise ValueError(f"step must be on {device}, got {step.device}")
-    if not isinstance(engine_seed, int) or not -(1 << 63) <= engine_seed < (1 << 64):
+    if isinstance(engine_seed, bool) or not isinstance(engine_seed, int) or not -(1 << 63) <= engine_seed < (1 << 64):
         raise ValueError(f"engine_seed must be an int in [-2^63, 2^64), got {engine_seed!r}")
     if engine_seed >= 1 << 63:
         engine_seed -= 1 << 64   # the same 64 bits as a signed int64, as torch holds seeds
