@@ -260,9 +260,15 @@ def _generate_one(llm, args) -> int:
                 print(f"{tok.id_to_token(lp.token_id)!r}\t{lp.logprob:.3f}\trank {lp.rank}\t{top}", file=sys.stderr)
     decode_s = t_end - t_first if t_first is not None else 0.0
     ttft = (t_first or t_end) - t0
-    rate = (n - len(last.outputs)) / decode_s if decode_s > 0 else float("nan")
+    decoded = n - len(last.outputs)   # each sample's first token comes with the prefill
+    rate = f"{decoded / decode_s:.1f} tokens/s" if decoded > 0 and decode_s > 0 else "- (no token after the first)"
     print(f"[{n} tokens, {len(last.prompt_token_ids)} prompt tokens; prefill {ttft * 1e3:.0f} ms; "
-          f"decode {rate:.1f} tokens/s; finish: {last.outputs[0].finish_reason}]", file=sys.stderr)
+          f"decode {rate}; finish: {last.outputs[0].finish_reason}]", file=sys.stderr)
+    short = [c for c in last.outputs if c.finish_reason == "length" and sp.max_tokens is not None
+             and len(c.token_ids) < sp.max_tokens]
+    if short:   # the engine caps max_model_len at what the KV cache holds
+        print(f"note: stopped at the context limit (max_model_len={llm.engine.max_model_len} tokens, prompt "
+              f"included) before --max-tokens {sp.max_tokens}", file=sys.stderr)
     _print_spec_summary(llm)
     return 0
 
@@ -281,8 +287,12 @@ def _read_prompts(path: str, chat: bool = False) -> list[dict]:
     from specops.engine.sampling_params import SamplingParams
     sampling_fields = SamplingParams.field_names()
     items = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
             line = line.strip()
             if not line:
                 continue
@@ -294,6 +304,8 @@ def _read_prompts(path: str, chat: bool = False) -> list[dict]:
                 obj = {"prompt": obj}
             if not isinstance(obj, dict) or not ("prompt" in obj or "messages" in obj):
                 raise ValueError(f'{path}:{lineno}: expected a JSON string or an object with "prompt" or "messages"')
+            if "prompt" in obj and "messages" in obj:   # one would be dropped without a word
+                raise ValueError(f'{path}:{lineno}: a line takes "prompt" or "messages", not both')
             unknown = sorted(set(obj) - {"prompt", "messages", "id"} - set(sampling_fields) - set(_LINE_OBJECTS))
             if unknown:   # a misspelt field ("temprature") would otherwise be dropped without a word
                 raise ValueError(f"{path}:{lineno}: unknown key {unknown[0]!r}; a line takes \"prompt\" or "
@@ -550,8 +562,18 @@ def run() -> None:
     """The `specops` program: main(), then exit with its code. A grammar compilation that
     overran --structured-timeout may still be running on a worker thread (it cannot be
     stopped), and the interpreter's normal exit would then abort (SIGABRT): the output is
-    flushed and the process leaves at once instead."""
-    code = main()
+    flushed and the process leaves at once instead. A reader that closed the output (`| head`)
+    ends the run quietly (exit 1), as does Ctrl-C (exit 130), without a traceback."""
+    try:
+        code = main()
+    except BrokenPipeError:
+        # nothing more can be written; point stdout at /dev/null so that the flush at exit
+        # does not raise again (the recipe of Python's signal documentation)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        os._exit(1)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        os._exit(130)
     pool = sys.modules.get("specops.engine.structured_output.compiler_pool")
     if pool is not None and pool.compiling_now():
         sys.stdout.flush()

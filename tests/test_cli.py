@@ -374,3 +374,47 @@ def test_prompts_file_refuses_a_prompt_that_is_no_text_or_token_list(tmp_path):
             _read_prompts(str(src))
     src.write_text(json.dumps({"prompt": [5, 6]}) + "\n" + json.dumps({"prompt": "text"}) + "\n")
     assert [item["prompt"] for item in _read_prompts(str(src))] == [[5, 6], "text"]
+
+
+def test_prompts_file_lines_that_are_no_utf8_or_carry_prompt_and_messages_are_refused(tmp_path):
+    from specops.cli import _read_prompts
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b'"hi"\n"\xff\xfe"\n')   # the error named neither the file nor the line
+    with pytest.raises(ValueError, match=r"in.jsonl:2: not UTF-8 text \(invalid start byte at byte 1\)"):
+        _read_prompts(str(src))
+    src.write_text(json.dumps({"prompt": "a", "messages": [{"role": "user", "content": "b"}]}) + "\n")
+    with pytest.raises(ValueError, match=r'in.jsonl:1: a line takes "prompt" or "messages", not both'):
+        _read_prompts(str(src))   # "prompt" was dropped without a word
+
+
+def test_one_token_and_a_context_cut_are_reported_as_such(tiny_checkpoint):  # noqa: F811
+    r = run_cli("hello world", "--model", tiny_checkpoint, "--max-tokens", "1", "--ignore-eos", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert "[1 tokens" in r.stderr and "decode - (no token after the first)" in r.stderr   # it read 0.0 tokens/s
+    # a KV cache of one 16-token block: the engine caps max_model_len at 16, so 50 tokens cannot come
+    r = run_cli("hello world", "--model", tiny_checkpoint, "--max-tokens", "50", "--ignore-eos", "--device", "cpu",
+                "--num-kv-blocks", "1", "--block-size", "16")
+    assert r.returncode == 0, r.stderr
+    assert "finish: length" in r.stderr and "note: stopped at the context limit (max_model_len=16" in r.stderr
+
+
+def _long_generation(tiny_checkpoint):  # noqa: F811
+    return [sys.executable, "-m", "specops.cli", "generate", "hello world", "--model", tiny_checkpoint,
+            "--max-tokens", "200", "--ignore-eos", "--device", "cpu"]
+
+
+def test_a_closed_output_pipe_and_ctrl_c_end_without_a_traceback(tiny_checkpoint):  # noqa: F811
+    import signal
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # `specops generate ... | head -c 1`: the reader goes after the first byte
+    p = subprocess.Popen(_long_generation(tiny_checkpoint), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert p.stdout.read(1)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=300) == 1 and "Traceback" not in err and "BrokenPipe" not in err, err
+    # Ctrl-C while tokens stream
+    p = subprocess.Popen(_long_generation(tiny_checkpoint), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert p.stdout.read(1)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 130 and "interrupted" in err.decode() and "Traceback" not in err.decode(), err.decode()
