@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import time
 from dataclasses import fields
@@ -210,6 +211,24 @@ def _engine_kwargs(args) -> dict:
     if args.structured_timeout is not None:
         kw["structured_compile_timeout_s"] = args.structured_timeout
     return kw
+
+
+# engine options the CLI sets under another name than its flag's
+_FLAG_OF_FIELD = {"structured_compile_timeout_s": "--structured-timeout", "spec_method": "--spec",
+                  "enable_prefix_caching": "--no-prefix-caching", "sp_logprobs": "--logprobs"}
+
+
+def _with_flag(message: str) -> str:
+    """An error of SamplingParams / EngineConfig that starts with a field's name, prefixed by the
+    command-line option that sets it ("top_p must be ..." -> "--top-p: top_p must be ...")."""
+    field = re.match(r"[a-z_]+", message)
+    if field is None:
+        return message
+    name = field.group(0)
+    flag = _FLAG_OF_FIELD.get(name, "--" + name.replace("_", "-"))
+    generate = next(a for a in build_parser()._actions if a.dest == "command").choices["generate"]
+    options = {s for a in generate._actions for s in a.option_strings}
+    return f"{flag}: {message}" if flag in options else message
 
 
 def _print_spec_summary(llm) -> None:
@@ -517,7 +536,7 @@ def generate(args) -> int:
         sp.validate()
         args.structured = sp.structured_outputs
     except (ValueError, TypeError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_with_flag(str(exc))}", file=sys.stderr)
         return 2
     if args.output:   # checked before the model loads: a bad path fails at once, not after the batch
         problem = _unwritable(args.output)
@@ -528,7 +547,7 @@ def generate(args) -> int:
     try:
         llm = LLM(args.model, **_engine_kwargs(args))
     except (FileNotFoundError, ValueError, TypeError, MemoryError) as exc:
-        print(f"error: {exc or type(exc).__name__}", file=sys.stderr)
+        print(f"error: {_with_flag(str(exc)) or type(exc).__name__}", file=sys.stderr)
         return 2
     if items is not None:
         try:

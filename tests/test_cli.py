@@ -128,7 +128,10 @@ def test_program_exits_at_once_while_a_compile_runs(monkeypatch):
 
 def test_clear_errors(tmp_path):
     r = run_cli("hi", "--temperature", "-1")
-    assert r.returncode == 2 and "temperature" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "error: --temperature: temperature must be in [0.0," in r.stderr   # the flag, then the field
+    r = run_cli("hi", "--json-object", "--structured-timeout", "-1", "--model", str(tmp_path / "missing"))
+    assert r.returncode == 2 and "error: --structured-timeout: structured_compile_timeout_s must be > 0" in r.stderr
     r = run_cli("hi", "--model", str(tmp_path / "missing"))
     assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
     r = run_cli()
