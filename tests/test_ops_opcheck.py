@@ -160,3 +160,31 @@ def test_cuda_graph_replay():
         assert torch.equal(built, built_ref)
         for a, b in zip(static, expected):
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_fake_kernels_check_their_arguments_as_the_wrappers_do():
+    # a direct torch.ops call on meta tensors (what torch.compile traces with) got an output of a
+    # made-up shape: a 3-D float token_ids gave a [3, 7] histogram
+    meta = dict(device="meta")
+    f32, i32 = torch.float32, torch.int32
+    bad = [
+        (ops.token_bincount, (torch.empty(3, 4, 5, **meta), 7), TypeError, "token_ids must be int32 or int64"),
+        (ops.token_bincount, (torch.empty(3, 4, dtype=torch.int64, **meta), -1), ValueError, "vocab_size must be in"),
+        (ops.token_bincount_update_, (torch.empty(3, 8, dtype=i32, **meta), torch.empty(2, dtype=torch.int64, **meta),
+                                      torch.empty(3, dtype=torch.int64, **meta)), ValueError, "token_ids must have shape"),
+        (ops.apply_penalties_, (torch.empty(3, 8, **meta), torch.empty(3, 8, dtype=torch.bool, **meta),
+                                torch.empty(3, 8, dtype=i32, **meta), torch.empty(3, **meta), torch.empty(2, **meta),
+                                torch.empty(3, **meta)), ValueError, "frequency_penalties must have shape"),
+        (ops.apply_repetition_penalties_, (torch.empty(3, 8, **meta), torch.empty(3, 8, dtype=torch.bool, **meta),
+                                           torch.empty(3, 9, dtype=torch.bool, **meta), torch.empty(3, **meta)),
+         ValueError, "output_mask must have shape"),
+        (ops.apply_token_bitmask_, (torch.empty(3, 8, **meta), torch.empty(2, 1, dtype=i32, **meta), None),
+         ValueError, "without indices, bitmask must have one row per logits row"),
+        (ops.apply_token_bitmask_, (torch.empty(3, 8, dtype=torch.int64, **meta), torch.empty(3, 1, dtype=i32, **meta),
+                                    None), TypeError, "logits must be float32"),
+    ]
+    for op, args, exc, words in bad:
+        with pytest.raises(exc, match=words):
+            op(*args)
+    assert ops.token_bincount(torch.empty(3, 4, dtype=torch.int64, **meta), 7).shape == (3, 7)
+    ops.apply_token_bitmask_(torch.empty(3, 8, dtype=f32, **meta), torch.empty(3, 1, dtype=i32, **meta), None)

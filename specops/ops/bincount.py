@@ -39,7 +39,12 @@ def token_bincount(
     >>> token_bincount(torch.tensor([[3, 1, 3, -1]]), 4)
     tensor([[0, 1, 0, 2]], dtype=torch.int32)
     """
-    op = "token_bincount"
+    vocab_size = _check_bincount("token_bincount", token_ids, vocab_size)
+    return torch.ops.specops.token_bincount(token_ids, vocab_size)
+
+
+def _check_bincount(op: str, token_ids, vocab_size):
+    """token_bincount's checks (the wrapper's and the fake kernel's); vocab_size as an int."""
     check_tensor(op, "token_ids", token_ids, INDEX_DTYPES, 2)
     if not isinstance(vocab_size, torch.SymInt):
         try:
@@ -50,7 +55,7 @@ def token_bincount(
             raise TypeError(f"{op}: vocab_size must be an int, got {type(vocab_size).__name__}") from None
     if not 0 <= vocab_size <= MAX_VOCAB:
         raise ValueError(f"{op}: vocab_size must be in [0, {MAX_VOCAB}], got {vocab_size}")
-    return torch.ops.specops.token_bincount(token_ids, vocab_size)
+    return vocab_size
 
 
 def token_bincount_update_(
@@ -73,6 +78,14 @@ def token_bincount_update_(
         ``[n]`` int32 or int64 each, contiguous, on the device of ``counts``.
     """
     op = "token_bincount_update_"
+    _check_update(op, counts, req_indices, token_ids)
+    check_no_overlap(op, "counts", counts, req_indices=req_indices, token_ids=token_ids)
+    torch.ops.specops.token_bincount_update_(counts, req_indices, token_ids)
+    mark_written(counts)
+
+
+def _check_update(op: str, counts, req_indices, token_ids) -> None:
+    """token_bincount_update_'s checks of types, shapes, strides and devices (wrapper and fake)."""
     check_tensor(op, "counts", counts, (torch.int32,), 2)
     check_written_in_place(op, "counts", counts)
     check_tensor(op, "req_indices", req_indices, INDEX_DTYPES, 1)
@@ -81,18 +94,19 @@ def token_bincount_update_(
     for name, t in (("req_indices", req_indices), ("token_ids", token_ids)):
         if t.device != counts.device:
             raise ValueError(f"{op}: {name} must be on {counts.device} (the device of counts), got {t.device}")
-    check_no_overlap(op, "counts", counts, req_indices=req_indices, token_ids=token_ids)
-    torch.ops.specops.token_bincount_update_(counts, req_indices, token_ids)
-    mark_written(counts)
 
 
+# The fake kernels run the wrappers' checks too: a direct torch.ops.specops call under
+# torch.compile (or on meta tensors) gets the same errors instead of an output of a made-up shape.
 @torch.library.register_fake("specops::token_bincount")
 def _token_bincount_fake(token_ids, vocab_size):
+    vocab_size = _check_bincount("token_bincount", token_ids, vocab_size)
     return token_ids.new_empty((token_ids.shape[0], vocab_size), dtype=torch.int32)
 
 
 @torch.library.register_fake("specops::token_bincount_update_")
 def _token_bincount_update_fake(counts, req_indices, token_ids):
+    _check_update("token_bincount_update_", counts, req_indices, token_ids)
     return None
 
 

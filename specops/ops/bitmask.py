@@ -53,6 +53,17 @@ def apply_token_bitmask_(
     tensor([[0., -inf, 0., -inf]])
     """
     op = "apply_token_bitmask_"
+    check_tensor(op, "logits", logits, FLOAT_DTYPES, 2)   # first: host indices go to its device
+    if indices is not None and not isinstance(indices, torch.Tensor):
+        indices = _host_indices(op, indices).to(logits.device, non_blocking=True)
+    _check_args(op, logits, bitmask, indices)
+    check_no_overlap(op, "logits", logits, bitmask=bitmask, indices=indices)
+    torch.ops.specops.apply_token_bitmask_(logits, bitmask, indices)
+    mark_written(logits)
+
+
+def _check_args(op: str, logits, bitmask, indices) -> None:
+    """Types, shapes, strides and devices (the wrapper's checks, and the fake kernel's)."""
     check_tensor(op, "logits", logits, FLOAT_DTYPES, 2)
     check_written_in_place(op, "logits", logits)
     check_tensor(op, "bitmask", bitmask, (torch.int32,), 2, like=logits)
@@ -61,12 +72,7 @@ def apply_token_bitmask_(
             raise ValueError(f"{op}: without indices, bitmask must have one row per logits row "
                              f"({logits.shape[0]}), got {bitmask.shape[0]}")
     else:
-        if not isinstance(indices, torch.Tensor):
-            indices = _host_indices(op, indices).to(logits.device, non_blocking=True)
         check_tensor(op, "indices", indices, INDEX_DTYPES, 1, like=logits)
-    check_no_overlap(op, "logits", logits, bitmask=bitmask, indices=indices)
-    torch.ops.specops.apply_token_bitmask_(logits, bitmask, indices)
-    mark_written(logits)
 
 
 def _host_indices(op: str, indices: Sequence[int]) -> torch.Tensor:
@@ -89,6 +95,7 @@ def _host_indices(op: str, indices: Sequence[int]) -> torch.Tensor:
 
 @torch.library.register_fake("specops::apply_token_bitmask_")
 def _apply_token_bitmask_fake(logits, bitmask, indices=None):
+    _check_args("apply_token_bitmask_", logits, bitmask, indices)   # a direct torch.ops call is checked too
     return None
 
 

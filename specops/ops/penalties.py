@@ -19,6 +19,22 @@ def _check_common(op: str, logits: torch.Tensor, prompt_mask: torch.Tensor,
                  shape=(logits.shape[0],), shape_desc=" (one per logits row)")
 
 
+def _check_penalties(op: str, logits, prompt_mask, output_counts, repetition_penalties, frequency_penalties,
+                     presence_penalties) -> None:
+    _check_common(op, logits, prompt_mask, repetition_penalties)
+    check_tensor(op, "output_counts", output_counts, (torch.int32,), 2, like=logits,
+                 shape=tuple(logits.shape), shape_desc=" like logits")
+    for name, t in (("frequency_penalties", frequency_penalties), ("presence_penalties", presence_penalties)):
+        check_tensor(op, name, t, (torch.float32,), 1, like=logits, shape=(logits.shape[0],),
+                     shape_desc=" (one per logits row)")
+
+
+def _check_repetition(op: str, logits, prompt_mask, output_mask, repetition_penalties) -> None:
+    _check_common(op, logits, prompt_mask, repetition_penalties)
+    check_tensor(op, "output_mask", output_mask, (torch.bool,), 2, like=logits,
+                 shape=tuple(logits.shape), shape_desc=" like logits")
+
+
 def apply_penalties_(
     logits: torch.Tensor,  # [num_rows, vocab] fp32/bf16/fp16, updated in place
     prompt_mask: torch.Tensor,  # [num_rows, vocab] bool: token occurs in the prompt
@@ -45,12 +61,8 @@ def apply_penalties_(
     must be contiguous. No host sync: safe under CUDA-graph capture and torch.compile.
     """
     op = "apply_penalties_"
-    _check_common(op, logits, prompt_mask, repetition_penalties)
-    check_tensor(op, "output_counts", output_counts, (torch.int32,), 2, like=logits,
-                 shape=tuple(logits.shape), shape_desc=" like logits")
-    for name, t in (("frequency_penalties", frequency_penalties), ("presence_penalties", presence_penalties)):
-        check_tensor(op, name, t, (torch.float32,), 1, like=logits, shape=(logits.shape[0],),
-                     shape_desc=" (one per logits row)")
+    _check_penalties(op, logits, prompt_mask, output_counts, repetition_penalties, frequency_penalties,
+                     presence_penalties)
     check_no_overlap(op, "logits", logits, prompt_mask=prompt_mask, output_counts=output_counts,
                      repetition_penalties=repetition_penalties, frequency_penalties=frequency_penalties,
                      presence_penalties=presence_penalties)
@@ -68,9 +80,7 @@ def apply_repetition_penalties_(
     """vLLM's ``apply_repetition_penalties_``: for tokens in the prompt or output mask,
     divide positive logits and multiply non-positive logits by the row's penalty, in place."""
     op = "apply_repetition_penalties_"
-    _check_common(op, logits, prompt_mask, repetition_penalties)
-    check_tensor(op, "output_mask", output_mask, (torch.bool,), 2, like=logits,
-                 shape=tuple(logits.shape), shape_desc=" like logits")
+    _check_repetition(op, logits, prompt_mask, output_mask, repetition_penalties)
     check_no_overlap(op, "logits", logits, prompt_mask=prompt_mask, output_mask=output_mask,
                      repetition_penalties=repetition_penalties)
     torch.ops.specops.apply_repetition_penalties_(logits, prompt_mask, output_mask, repetition_penalties)
@@ -80,11 +90,14 @@ def apply_repetition_penalties_(
 @torch.library.register_fake("specops::apply_penalties_")
 def _apply_penalties_fake(logits, prompt_mask, output_counts, repetition_penalties,
                           frequency_penalties, presence_penalties):
+    _check_penalties("apply_penalties_", logits, prompt_mask, output_counts, repetition_penalties,
+                     frequency_penalties, presence_penalties)   # a direct torch.ops call is checked too
     return None
 
 
 @torch.library.register_fake("specops::apply_repetition_penalties_")
 def _apply_repetition_penalties_fake(logits, prompt_mask, output_mask, repetition_penalties):
+    _check_repetition("apply_repetition_penalties_", logits, prompt_mask, output_mask, repetition_penalties)
     return None
 
 
