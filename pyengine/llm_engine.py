@@ -491,9 +491,11 @@ class LLMEngine:
             new = new[:-1]    # the EOS / stop token that ended it: in the token ids, not in the text (vLLM)
         if not new:
             return None
-        if len(new) == 1 or not sp.stop:
+        if not sp.stop:
             # counted up to the last token fed: a stop token left out above is not one of them
             return detok.update(new, check_stop=before + len(new) > sp.min_tokens)
+        # one at a time even for one token: a stop string it completes cuts the stop token left
+        # out above (a step of [x, EOS] under speculation; plain decoding never makes that EOS)
         for j, tok in enumerate(new):
             stop = detok.update([tok], check_stop=before + j + 1 > sp.min_tokens)
             if stop is not None:

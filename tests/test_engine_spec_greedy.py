@@ -245,6 +245,33 @@ def test_stop_string_at_min_tokens_in_a_step_ended_by_a_stop_token(untied):
     assert cases == 2
 
 
+def test_stop_string_completed_in_a_step_ended_by_a_stop_token(untied):
+    # A spec step emitting [x, STOP] where x completes a stop string: plain decoding stops at x and
+    # never makes STOP, so neither may the speculative output (it kept STOP's id and logprob).
+    # The draft is the target with K = 1, so steps emit [t0], [t1, t2], [t3, t4], ...
+    lm = model(untied)
+    prompt = [10, 11, 12, 13, 14]
+    ids = run(lm, [prompt], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))[0][0].outputs[0].token_ids
+    tok = lm.tokenizer
+    cases = 0
+    for i in range(1, len(ids) - 1, 2):
+        x, stop_id = ids[i], ids[i + 1]
+        piece = tok.decode([x]).strip()
+        if stop_id in ids[:i + 1] or not piece or "\ufffd" in piece or piece in tok.decode(ids[:i]):
+            continue   # the stop token or string would end the output earlier (or x is part of a character)
+        sp = SamplingParams(temperature=0.0, max_tokens=30, stop_token_ids=[stop_id], stop=[piece], logprobs=0)
+        ref = run(lm, [prompt], sp)[0][0].outputs[0]
+        assert ref.token_ids == ids[:i + 1] and ref.stop_reason == piece
+        for k in (1, 2):
+            out = run(lm, [prompt], sp, draft=lm, spec_method="draft", num_spec_tokens=k)[0][0].outputs[0]
+            assert (out.token_ids, out.text, out.finish_reason, out.stop_reason, len(out.logprobs)) == \
+                (ref.token_ids, ref.text, ref.finish_reason, ref.stop_reason, len(ref.logprobs)), (i, k)
+        cases += 1
+        if cases == 2:
+            break
+    assert cases >= 1
+
+
 def test_synthetic_acceptance(untied):
     lm = model(untied)
     prompts = copy_prompts(4, seed=31)
