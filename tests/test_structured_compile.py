@@ -22,6 +22,8 @@ def _fake_compile(calls, slow_s=3.0):
             raise ValueError(f"bad spec {arg}")
         elif kind == "crash":
             raise MemoryError("out of memory")
+        elif kind == "medium":
+            time.sleep(0.2)
         else:
             time.sleep(0.01)
         return f"compiled {arg}"
@@ -79,6 +81,34 @@ def test_compile_error_fails_only_its_request():
     assert pool.wait(crash, 5) is FAILED and isinstance(crash.error, MemoryError)
     retry = pool.submit("crash", ("crash", 0))
     assert pool.wait(retry, 5) is FAILED and len(calls) == 4  # an unexpected failure is retried
+    pool.shutdown()
+
+
+def test_a_grammar_queued_behind_slow_ones_gets_its_full_time():
+    # every worker busy with a slow grammar: the quick one queued behind them timed out with them
+    # (its deadline ran from its submission and the replacement worker came only at theirs)
+    calls = []
+    pool = CompilerPool(_fake_compile(calls, slow_s=3.0), max_workers=2, timeout_s=0.4)
+    tickets = {f"slow{i}": pool.submit(f"s{i}", ("slow", i)) for i in range(2)}
+    tickets["quick"] = pool.submit("quick", ("medium", 0))   # 0.2 s: it cannot end by 0.4 s from here
+    resolved = _poll_until_resolved(pool, tickets, limit_s=2.5)
+    assert set(resolved) == set(tickets), resolved
+    assert tickets["quick"].status is READY and tickets["quick"].result == "compiled 0", tickets["quick"].error
+    assert all(tickets[f"slow{i}"].status is FAILED for i in range(2))
+    assert resolved["quick"] < 2.0, resolved   # a replacement took it when the slow ones overran
+    pool.shutdown()
+
+
+def test_a_queued_grammar_fails_once_no_worker_can_be_started():
+    # one worker, no replacement allowed: the queued grammar cannot start while the slow one
+    # runs, so it fails after timeout_s in the queue, with the reason
+    pool = CompilerPool(_fake_compile([], slow_s=3.0), max_workers=1, timeout_s=0.4, max_abandoned=0)
+    slow = pool.submit("s", ("slow", 0))
+    time.sleep(0.05)
+    queued = pool.submit("q", ("ok", 0))
+    resolved = _poll_until_resolved(pool, {"slow": slow, "queued": queued}, limit_s=2.5)
+    assert queued.status is FAILED and "in the queue: every compile worker is busy, 1 of them past" in str(queued.error)
+    assert 0.3 <= resolved["queued"] < 2.0 and slow.status is FAILED
     pool.shutdown()
 
 

@@ -5,12 +5,15 @@ thread (xgrammar releases the GIL while compiling, so the engine loop keeps runn
 The scheduler polls with ``poll(ticket)``, which never blocks. Results are cached by the
 grammar's key, and concurrent requests with the same key share one compilation.
 
-Every ticket has a hard deadline, counted from its submission: past it the ticket fails
-with a timeout, whatever the compilation is doing. A thread cannot be killed, so a
-compilation that overruns keeps its worker until it returns; that worker stops counting
-as available and a replacement is started, so a slow grammar never holds up the others.
-If it does finish, its result still fills the cache. A compile error fails the requests
-waiting for that grammar and nothing else.
+Every ticket has a hard deadline of timeout_s of compilation, counted from when its grammar
+starts compiling (from its submission when it joins a compilation already running): past it
+the ticket fails with a timeout, whatever the compilation is doing. Time spent queued is not
+counted, so requests queued behind a slow grammar get their full time. A thread cannot be
+killed, so a compilation that overruns keeps its worker until it returns; that worker stops
+counting as available and a replacement is started (up to max_abandoned of them), so a slow
+grammar never holds up the others. Once that many are stuck, a ticket queued for timeout_s
+fails too. If a stuck compilation does finish, its result still fills the cache. A compile
+error fails the requests waiting for that grammar and nothing else.
 """
 
 from __future__ import annotations
@@ -77,7 +80,8 @@ class CompilerPool:
     max_workers : int
         Workers that may compile at once, not counting those stuck past the timeout.
     timeout_s : float
-        Hard limit from a ticket's submission to its result.
+        Hard limit on a ticket's compilation (from its start, or from the ticket's submission
+        when it joins a running one); queued time is not counted while a worker can be started.
     cache_size : int
         Finished compilations kept (least recently used dropped first).
     max_abandoned : int
@@ -142,7 +146,7 @@ class CompilerPool:
             else:
                 ticket.status, ticket.error = CompileStatus.FAILED, job.error
                 self.stats["errors"] += 1
-        elif now >= ticket.deadline:
+        elif job.started is not None and now >= max(ticket.deadline, job.started + self.timeout_s):
             ticket.status = CompileStatus.FAILED
             ticket.error = TimeoutError(f"grammar compilation timed out after {self.timeout_s:g} s")
             self.stats["timeouts"] += 1
@@ -151,15 +155,23 @@ class CompilerPool:
         elif job.started is None:
             with self._cv:
                 self._maybe_spawn()  # still queued: a worker may have become stuck since
+                saturated = self._num_workers >= self.max_workers + self.max_abandoned
+                if saturated and now >= ticket.deadline and job.started is None:
+                    ticket.status = CompileStatus.FAILED
+                    ticket.error = TimeoutError(
+                        f"grammar compilation timed out after {self.timeout_s:g} s in the queue: every "
+                        f"compile worker is busy, {self._stuck(now)} of them past the timeout")
+                    self.stats["timeouts"] += 1
         if ticket.status is not CompileStatus.WAITING:
             ticket.resolved_at = now
         return ticket.status
 
     def wait(self, ticket: CompileTicket, timeout: float | None = None) -> CompileStatus:
-        """Block until the ticket resolves (or ``timeout`` s pass); for tests and offline use."""
-        end = ticket.deadline if timeout is None else min(ticket.deadline, time.monotonic() + timeout)
+        """Block until the ticket resolves (or ``timeout`` s pass); for tests and offline use.
+        Without ``timeout`` it returns by the ticket's deadline once its compilation has started."""
+        end = None if timeout is None else time.monotonic() + timeout
         while self.poll(ticket) is CompileStatus.WAITING:
-            left = end - time.monotonic()
+            left = 0.05 if end is None else end - time.monotonic()
             if left <= 0:
                 break
             ticket.job.done.wait(min(left, 0.05))
