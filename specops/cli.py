@@ -215,7 +215,7 @@ def _engine_kwargs(args) -> dict:
 
 # engine options the CLI sets under another name than its flag's
 _FLAG_OF_FIELD = {"structured_compile_timeout_s": "--structured-timeout", "spec_method": "--spec",
-                  "enable_prefix_caching": "--no-prefix-caching", "sp_logprobs": "--logprobs"}
+                  "enable_prefix_caching": "--no-prefix-caching"}
 
 
 def _with_flag(message: str) -> str:
@@ -591,7 +591,11 @@ def run() -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         os._exit(1)
     except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
+        try:
+            sys.stdout.flush()   # what was streamed so far
+        except OSError:
+            pass
+        print("\ninterrupted", file=sys.stderr, flush=True)
         os._exit(130)
     pool = sys.modules.get("specops.engine.structured_output.compiler_pool")
     if pool is not None and pool.compiling_now():
