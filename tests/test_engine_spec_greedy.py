@@ -217,28 +217,39 @@ def test_stop_strings_logprobs_and_per_request_k(untied):
     assert st["num_accepted_tokens"] == sum(st["accepted_per_pos"])
 
 
+def _stop_cases(lm, first: int, step: int):
+    """(prompt, i, STOP, piece) for the greedy output's tokens i = first, first + step, ...: x =
+    output[i] alone decodes to the stop string `piece` and STOP = output[i + 1] can be a stop
+    token id, neither ending the output before i (x a whole character)."""
+    prompt = [10, 11, 12, 13, 14]
+    ids = run(lm, [prompt], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))[0][0].outputs[0].token_ids
+    for i in range(first, len(ids) - 1, step):
+        piece = lm.tokenizer.decode([ids[i]]).strip()
+        if ids[i + 1] not in ids[:i + 1] and piece and "\ufffd" not in piece \
+                and piece not in lm.tokenizer.decode(ids[:i]):
+            yield prompt, i, ids[i + 1], piece
+
+
+def _spec_outputs_equal_plain(lm, prompt, sp, label):
+    ref = run(lm, [prompt], sp)[0][0].outputs[0]
+    for k in (1, 2):
+        out = run(lm, [prompt], sp, draft=lm, spec_method="draft", num_spec_tokens=k)[0][0].outputs[0]
+        assert (out.token_ids, out.text, out.finish_reason, out.stop_reason, len(out.logprobs or [])) == \
+            (ref.token_ids, ref.text, ref.finish_reason, ref.stop_reason, len(ref.logprobs or [])), (label, k)
+    return ref
+
+
 def test_stop_string_at_min_tokens_in_a_step_ended_by_a_stop_token(untied):
     # A spec step emitting [x, STOP] (STOP a stop token id, left out of the text) with x the
     # min_tokens-th output token: as in plain decoding, a stop string that x completes is not
     # checked yet (min_tokens), so the text keeps it and STOP ends the request. (The check used
     # to count STOP too, which cut the text at the stop string and reported it as the reason.)
     lm = model(untied)
-    prompt = [10, 11, 12, 13, 14]
-    ids = run(lm, [prompt], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))[0][0].outputs[0].token_ids
-    tok = lm.tokenizer
     cases = 0
-    for i in range(2, len(ids) - 1):
-        x, stop_id = ids[i], ids[i + 1]
-        piece = tok.decode([x]).strip()
-        if stop_id in ids[:i + 1] or not piece or piece in tok.decode(ids[:i]):
-            continue   # the stop token or string would end the output earlier
+    for prompt, i, stop_id, piece in _stop_cases(lm, 2, 1):
         sp = SamplingParams(temperature=0.0, max_tokens=30, min_tokens=i + 1, stop_token_ids=[stop_id], stop=[piece])
-        ref = run(lm, [prompt], sp)[0][0].outputs[0]
+        ref = _spec_outputs_equal_plain(lm, prompt, sp, i)
         assert ref.stop_reason == stop_id and ref.text.endswith(piece)
-        for k in (1, 2):
-            out = run(lm, [prompt], sp, draft=lm, spec_method="draft", num_spec_tokens=k)[0][0].outputs[0]
-            assert (out.token_ids, out.text, out.finish_reason, out.stop_reason) == \
-                (ref.token_ids, ref.text, ref.finish_reason, ref.stop_reason), (i, k)
         cases += 1
         if cases == 2:
             break
@@ -250,22 +261,11 @@ def test_stop_string_completed_in_a_step_ended_by_a_stop_token(untied):
     # never makes STOP, so neither may the speculative output (it kept STOP's id and logprob).
     # The draft is the target with K = 1, so steps emit [t0], [t1, t2], [t3, t4], ...
     lm = model(untied)
-    prompt = [10, 11, 12, 13, 14]
-    ids = run(lm, [prompt], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))[0][0].outputs[0].token_ids
-    tok = lm.tokenizer
     cases = 0
-    for i in range(1, len(ids) - 1, 2):
-        x, stop_id = ids[i], ids[i + 1]
-        piece = tok.decode([x]).strip()
-        if stop_id in ids[:i + 1] or not piece or "\ufffd" in piece or piece in tok.decode(ids[:i]):
-            continue   # the stop token or string would end the output earlier (or x is part of a character)
+    for prompt, i, stop_id, piece in _stop_cases(lm, 1, 2):
         sp = SamplingParams(temperature=0.0, max_tokens=30, stop_token_ids=[stop_id], stop=[piece], logprobs=0)
-        ref = run(lm, [prompt], sp)[0][0].outputs[0]
-        assert ref.token_ids == ids[:i + 1] and ref.stop_reason == piece
-        for k in (1, 2):
-            out = run(lm, [prompt], sp, draft=lm, spec_method="draft", num_spec_tokens=k)[0][0].outputs[0]
-            assert (out.token_ids, out.text, out.finish_reason, out.stop_reason, len(out.logprobs)) == \
-                (ref.token_ids, ref.text, ref.finish_reason, ref.stop_reason, len(ref.logprobs)), (i, k)
+        ref = _spec_outputs_equal_plain(lm, prompt, sp, i)
+        assert len(ref.token_ids) == i + 1 and ref.stop_reason == piece
         cases += 1
         if cases == 2:
             break
