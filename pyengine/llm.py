@@ -131,7 +131,9 @@ class LLM:
                  use_tqdm: bool = False) -> list[RequestOutput]:
         """Run the prompts to completion; outputs come back in prompt order.
 
-        A bad prompt or parameter set does not raise: its RequestOutput has `error` set.
+        A bad prompt or parameter set does not raise: its RequestOutput has `error` set. When a
+        step raises (a custom logits processor's error, Ctrl-C), the call's unfinished requests
+        are aborted before the exception goes on, so the engine stays usable.
         """
         order = self._add(prompts, sampling_params)
         pending = set(order)
@@ -150,6 +152,8 @@ class LLM:
                             bar.update(1)
         finally:
             self._stop_waiting(pending)
+            for rid in pending:   # left by an exception (Ctrl-C, a step that raised): don't leave them running
+                self.engine.abort_request(rid)
             if bar is not None:
                 bar.close()
         return [done[rid] for rid in order]

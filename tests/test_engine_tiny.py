@@ -573,3 +573,39 @@ def test_engine_config_errors(tiny_checkpoint):  # noqa: F811
     eng.add_request("hi", GREEDY, request_id="x")
     with pytest.raises(ValueError, match="already in use"):
         eng.add_request("hi", GREEDY, request_id="x")
+
+
+def test_a_generate_call_that_raises_leaves_no_request_running(tiny_checkpoint):  # noqa: F811
+    # a custom processor whose apply raises for one request: generate raises, and its requests
+    # stayed in the batch, so every later call raised the same error (the engine wedged)
+    from specops.sampling import LogitsProcessor
+
+    class RaisesForBoom(LogitsProcessor):
+        def __init__(self, max_num_reqs, vocab_size, device="cpu"):
+            super().__init__(max_num_reqs, vocab_size, device)
+            self.boom = {}
+
+        def is_argmax_invariant(self):
+            return False
+
+        def update_state(self, batch_update):
+            if batch_update is None:
+                return
+            for i in batch_update.removed:
+                self.boom.pop(i, None)
+            for i, params, _, _ in batch_update.added:
+                self.boom[i] = bool((params.extra_args or {}).get("boom"))
+            for src, dst, _ in batch_update.moved:   # as a swap (a one-way move leaves src unused)
+                self.boom[src], self.boom[dst] = self.boom.get(dst, False), self.boom.get(src, False)
+
+        def apply(self, logits, rows=None):
+            if any(self.boom.values()):
+                raise RuntimeError("boom from a custom processor")
+            return logits
+
+    llm = LLM(loaded=loaded_model(tiny_checkpoint, "cpu"), max_model_len=64, logits_processors=[RaisesForBoom])
+    with pytest.raises(RuntimeError, match="boom from a custom processor"):
+        llm.generate(["hello", "world"], [SamplingParams(max_tokens=4, extra_args={"boom": True}), GREEDY])
+    out = llm.generate(["again"], GREEDY)[0]
+    assert out.error is None and len(out.outputs[0].token_ids) > 0
+    assert not llm.engine.has_unfinished_requests()
