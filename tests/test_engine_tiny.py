@@ -579,27 +579,24 @@ def test_a_generate_call_that_raises_leaves_no_request_running(tiny_checkpoint):
     # a custom processor whose apply raises for one request: generate raises, and its requests
     # stayed in the batch, so every later call raised the same error (the engine wedged)
     from specops.sampling import LogitsProcessor
+    from specops.sampling.logits_processors import process_dict_updates
 
     class RaisesForBoom(LogitsProcessor):
+        """Raises in apply while a request with extra_args["boom"] is in the batch."""
+
         def __init__(self, max_num_reqs, vocab_size, device="cpu"):
             super().__init__(max_num_reqs, vocab_size, device)
-            self.boom = {}
+            self.boom = {}   # batch index -> True, for the requests asking for it
 
         def is_argmax_invariant(self):
             return False
 
         def update_state(self, batch_update):
-            if batch_update is None:
-                return
-            for i in batch_update.removed:
-                self.boom.pop(i, None)
-            for i, params, _, _ in batch_update.added:
-                self.boom[i] = bool((params.extra_args or {}).get("boom"))
-            for src, dst, _ in batch_update.moved:   # as a swap (a one-way move leaves src unused)
-                self.boom[src], self.boom[dst] = self.boom.get(dst, False), self.boom.get(src, False)
+            process_dict_updates(self.boom, batch_update, lambda params, prompt, out:
+                                 True if (params.extra_args or {}).get("boom") else None)
 
         def apply(self, logits, rows=None):
-            if any(self.boom.values()):
+            if self.boom:
                 raise RuntimeError("boom from a custom processor")
             return logits
 
