@@ -68,11 +68,16 @@ class LLM:
         messages = [{"role": "user", "content": message}] if isinstance(message, str) else message
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
-    def _add(self, prompts, sampling_params) -> list[str]:
+    @staticmethod
+    def _prompt_list(prompts) -> list:
+        """The prompts as a list: one prompt (a string or a list of ids) becomes a list of one."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts
                                         and isinstance(prompts[0], numbers.Integral)):   # one prompt of ids
-            prompts = [prompts]
-        prompts = list(prompts)
+            return [prompts]
+        return list(prompts)
+
+    def _add(self, prompts, sampling_params) -> list[str]:
+        prompts = self._prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params] * len(prompts)
         else:
@@ -126,6 +131,29 @@ class LLM:
             if ids:
                 self._step()
 
+    def as_completed(self, prompts: Prompt | Sequence[Prompt],
+                     sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                     ) -> Iterator[tuple[int, RequestOutput]]:
+        """Run the prompts; yield (prompt index, final RequestOutput) as each request finishes.
+
+        Stopping early (a break, an exception, Ctrl-C) aborts the requests still running, so
+        the engine stays usable; the ones yielded so far are complete. A bad prompt or
+        parameter set does not raise: its RequestOutput has `error` set.
+        """
+        order = self._add(prompts, sampling_params)
+        index = {rid: i for i, rid in enumerate(order)}
+        pending = set(order)
+        try:
+            while pending:
+                for out in self._outputs_for(pending):
+                    if out.finished:
+                        pending.discard(out.request_id)
+                        yield index[out.request_id], out
+        finally:
+            self._stop_waiting(pending)
+            for rid in pending:   # left by an exception (Ctrl-C, a step that raised) or a break
+                self.engine.abort_request(rid)
+
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
@@ -135,25 +163,18 @@ class LLM:
         step raises (a custom logits processor's error, Ctrl-C), the call's unfinished requests
         are aborted before the exception goes on, so the engine stays usable.
         """
-        order = self._add(prompts, sampling_params)
-        pending = set(order)
+        prompts = self._prompt_list(prompts)
+        done: dict[int, RequestOutput] = {}
         bar = None
         if use_tqdm:
             from tqdm import tqdm
-            bar = tqdm(total=len(order), desc="generate", unit="req")
-        done: dict[str, RequestOutput] = {}
+            bar = tqdm(total=len(prompts), desc="generate", unit="req")
         try:
-            while pending:
-                for out in self._outputs_for(pending):
-                    if out.finished:
-                        pending.discard(out.request_id)
-                        done[out.request_id] = out
-                        if bar is not None:
-                            bar.update(1)
+            for i, out in self.as_completed(prompts, sampling_params):
+                done[i] = out
+                if bar is not None:
+                    bar.update(1)
         finally:
-            self._stop_waiting(pending)
-            for rid in pending:   # left by an exception (Ctrl-C, a step that raised): don't leave them running
-                self.engine.abort_request(rid)
             if bar is not None:
                 bar.close()
-        return [done[rid] for rid in order]
+        return [done[i] for i in range(len(done))]

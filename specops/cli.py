@@ -393,6 +393,19 @@ def _logprob_rows(logprobs) -> list[dict]:
              "top": {str(t): _json_number(v) for t, v in lp.top.items()}} for lp in logprobs or []]
 
 
+def _batch_row(item: dict, i: int, prompt, out) -> dict:
+    """The output line of prompts-file line i (`item`) from its request's final output."""
+    row = {"id": item.get("id", i), "prompt": prompt, "text": out.text, "token_ids": out.token_ids,
+           "finish_reason": out.outputs[0].finish_reason if out.outputs else "error",
+           "num_prompt_tokens": len(out.prompt_token_ids), "num_output_tokens": len(out.token_ids),
+           "error": out.error}
+    if len(out.outputs) > 1:
+        row["texts"] = [c.text for c in out.outputs]
+    if any(c.logprobs is not None for c in out.outputs):   # per sample, per output token
+        row["logprobs"] = [_logprob_rows(c.logprobs) for c in out.outputs]
+    return row
+
+
 def _generate_batch(llm, args, items: list[dict]) -> int:
     from specops.engine.sampling_params import SamplingParams
     names = set(SamplingParams.field_names())
@@ -411,34 +424,33 @@ def _generate_batch(llm, args, items: list[dict]) -> int:
             overrides["logit_bias"] = _int_keys(overrides["logit_bias"])
         params.append(_sampling_params(args, overrides))
     run = [i for i in range(len(items)) if i not in chat_errors]
-    t0 = time.perf_counter()
-    outs = dict(zip(run, llm.generate([prompts[i] for i in run], [params[i] for i in run], use_tqdm=True)))
-    dt = time.perf_counter() - t0
+    rows = {i: {"id": items[i].get("id", i), "prompt": None, "text": "", "token_ids": [], "finish_reason": "error",
+                "num_prompt_tokens": 0, "num_output_tokens": 0, "error": chat_errors[i]} for i in chat_errors}
     sink = open(args.output, "w") if args.output else sys.stdout
-    n_tokens = errors = 0
+    n_tokens = errors = written = 0
+    t0 = time.perf_counter()
     try:
-        for i, item in enumerate(items):
-            out = outs.get(i)
-            if out is None:
-                errors += 1
-                sink.write(json.dumps({"id": item.get("id", i), "prompt": prompts[i], "text": "", "token_ids": [],
-                                       "finish_reason": "error", "num_prompt_tokens": 0, "num_output_tokens": 0,
-                                       "error": chat_errors[i]}, allow_nan=False) + "\n")
-                continue
-            errors += out.error is not None
-            n_tokens += sum(len(c.token_ids) for c in out.outputs)
-            row = {"id": item.get("id", i), "prompt": prompts[i], "text": out.text, "token_ids": out.token_ids,
-                   "finish_reason": out.outputs[0].finish_reason if out.outputs else "error",
-                   "num_prompt_tokens": len(out.prompt_token_ids), "num_output_tokens": len(out.token_ids),
-                   "error": out.error}
-            if len(out.outputs) > 1:
-                row["texts"] = [c.text for c in out.outputs]
-            if any(c.logprobs is not None for c in out.outputs):   # per sample, per output token
-                row["logprobs"] = [_logprob_rows(c.logprobs) for c in out.outputs]
-            sink.write(json.dumps(row, allow_nan=False) + "\n")
+        from tqdm import tqdm
+        with tqdm(total=len(run), desc="generate", unit="req") as bar:
+            # each line goes out as soon as it and the lines before it are done (in input order,
+            # flushed): a run stopped by Ctrl-C keeps what had finished before it
+            for k, out in llm.as_completed([prompts[i] for i in run], [params[i] for i in run]):
+                bar.update(1)
+                errors += out.error is not None
+                n_tokens += sum(len(c.token_ids) for c in out.outputs)
+                rows[run[k]] = _batch_row(items[run[k]], run[k], prompts[run[k]], out)
+                while written in rows:
+                    sink.write(json.dumps(rows.pop(written), allow_nan=False) + "\n")
+                    written += 1
+                sink.flush()
+        while written in rows:   # lines after the last request (their chat template refused them)
+            sink.write(json.dumps(rows.pop(written), allow_nan=False) + "\n")
+            written += 1
     finally:
         if args.output:
             sink.close()
+    dt = time.perf_counter() - t0
+    errors += len(chat_errors)
     print(f"[{len(items)} prompts, {n_tokens} tokens in {dt:.2f} s: {n_tokens / dt:.1f} tokens/s; "
           f"{errors} errors]", file=sys.stderr)
     _print_spec_summary(llm)

@@ -307,9 +307,11 @@ def test_a_line_the_chat_template_refuses_fails_alone(capsys, tmp_path):
                 raise ValueError("chat template: conversations must start with a user message")
             return "<chat>" + messages[-1]["content"]
 
-        def generate(self, prompts, params, use_tqdm=False):
-            return [RequestOutput(str(i), p, [1], [CompletionOutput(0, p.upper(), [7, 8], finish_reason="length")],
-                                  True) for i, p in enumerate(prompts)]
+        def as_completed(self, prompts, params):   # the last prompt finishes first
+            for i in reversed(range(len(prompts))):
+                p = prompts[i]
+                yield i, RequestOutput(str(i), p, [1], [CompletionOutput(0, p.upper(), [7, 8], finish_reason="length")],
+                                       True)
 
     items = [{"messages": [{"role": "user", "content": "a"}]},
              {"messages": [{"role": "assistant", "content": "b"}]},
@@ -322,6 +324,36 @@ def test_a_line_the_chat_template_refuses_fails_alone(capsys, tmp_path):
     assert [r["text"] for r in rows] == ["<CHAT>A", "", "<CHAT>C"]
     assert rows[1]["finish_reason"] == "error" and "must start with a user message" in rows[1]["error"]
     assert rows[0]["error"] is None and rows[2]["token_ids"] == [7, 8]
+
+
+def test_batch_lines_go_out_in_order_as_they_finish_and_ctrl_c_keeps_them(tmp_path):
+    """Batch mode writes each line once it and the lines before it are done, in input order; Ctrl-C (a
+    KeyboardInterrupt from the engine loop) leaves the lines already finished in --output."""
+    from types import SimpleNamespace
+
+    from specops.cli import _generate_batch
+    from specops.engine.outputs import CompletionOutput, RequestOutput
+
+    dst = tmp_path / "out.jsonl"
+    seen = []
+
+    class FakeLLM:
+        engine = SimpleNamespace(spec_metrics=None)
+
+        def as_completed(self, prompts, params):
+            for i in (1, 0, 3):   # line 2 never finishes: Ctrl-C comes first
+                seen.append(dst.read_text())
+                yield i, RequestOutput(str(i), prompts[i], [1],
+                                       [CompletionOutput(0, prompts[i] + "!", [7], finish_reason="stop")], True)
+            raise KeyboardInterrupt
+
+    items = [{"prompt": p, "id": f"q{n}"} for n, p in enumerate("abcd")]
+    args = build_parser().parse_args(["generate", "--prompts-file", "x", "--output", str(dst)])
+    with pytest.raises(KeyboardInterrupt):
+        _generate_batch(FakeLLM(), args, items)
+    lines = [json.loads(line) for line in seen[2].splitlines()]
+    assert seen[:2] == ["", ""] and [r["id"] for r in lines] == ["q0", "q1"]   # 1 waited for 0, then both went
+    assert [json.loads(line)["text"] for line in dst.read_text().splitlines()] == ["a!", "b!"]   # 3 waits for 2
 
 
 def test_system_with_malformed_messages_reaches_the_check():

@@ -606,3 +606,25 @@ def test_a_generate_call_that_raises_leaves_no_request_running(tiny_checkpoint):
     out = llm.generate(["again"], GREEDY)[0]
     assert out.error is None and len(out.outputs[0].token_ids) > 0
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_as_completed_yields_each_prompt_once_and_a_break_aborts_the_rest(tiny_checkpoint):  # noqa: F811
+    """LLM.as_completed: (prompt index, final output) for every prompt, the outputs generate() gives in
+    prompt order; leaving the loop early aborts the requests still running."""
+    llm = LLM(loaded=loaded_model(tiny_checkpoint, "cpu"), max_model_len=64)
+    prompts = ["hello", [5, 6, 7], "", "world"]       # "" fails alone (an empty prompt)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (6, 1, 3, 12)]
+    got = list(llm.as_completed(prompts, params))
+    assert sorted(i for i, _ in got) == [0, 1, 2, 3] and all(out.finished for _, out in got)
+    assert [i for i, _ in got][-1] == 3                                  # the longest one ends last
+    by_index = dict(got)
+    assert by_index[2].error is not None
+    ref = llm.generate(prompts, params)
+    assert [by_index[i].token_ids for i in range(4)] == [out.token_ids for out in ref]
+    stream = llm.as_completed(["a", "b"], [SamplingParams(max_tokens=1, temperature=0.0),
+                                           SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)])
+    first, out = next(stream)
+    assert first == 0 and out.finished and llm.engine.has_unfinished_requests()
+    stream.close()                                                       # the caller stops here
+    assert not llm.engine.scheduler.has_unfinished_requests()            # "b" aborted (reported next step)
+    assert llm.generate("again", GREEDY)[0].error is None and not llm.engine.has_unfinished_requests()
