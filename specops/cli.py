@@ -245,7 +245,11 @@ def _chat(llm, content, system=None) -> str:
 
 
 def _generate_one(llm, args) -> int:
-    prompt = _chat(llm, args.prompt, args.system) if args.chat else args.prompt
+    try:
+        prompt = _chat(llm, args.prompt, args.system) if args.chat else args.prompt
+    except (ValueError, TypeError) as exc:   # no chat template, or the template refused the messages
+        print(f"error: --chat: {exc}", file=sys.stderr)
+        return 2
     sp = _sampling_params(args)
     t0 = time.perf_counter()
     t_first = None

@@ -356,6 +356,23 @@ def test_batch_lines_go_out_in_order_as_they_finish_and_ctrl_c_keeps_them(tmp_pa
     assert [json.loads(line)["text"] for line in dst.read_text().splitlines()] == ["a!", "b!"]   # 3 waits for 2
 
 
+def test_single_prompt_chat_refused_by_the_template_is_an_error_not_a_traceback(capsys):
+    """--chat on one prompt: no chat template, or a template that refuses the messages (e.g. a system
+    role), prints `error: --chat: ...` and exits 2 before anything runs (it raised out of main)."""
+    from specops.cli import _generate_one
+
+    class FakeLLM:
+        def chat_prompt(self, messages):
+            raise ValueError("chat template: System role not supported")
+
+        def stream(self, prompt, params):   # never reached
+            raise AssertionError("the request ran")
+
+    args = build_parser().parse_args(["generate", "hi", "--chat", "--system", "be brief"])
+    assert _generate_one(FakeLLM(), args) == 2
+    assert "error: --chat: chat template: System role not supported" in capsys.readouterr().err
+
+
 def test_system_with_malformed_messages_reaches_the_check():
     """--system with a "messages" line that is not a list of dicts: the chat template's clear error, not an
     AttributeError from looking for a system message in it."""

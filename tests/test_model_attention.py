@@ -119,6 +119,17 @@ needs_flashinfer = pytest.mark.skipif(not flashinfer_available(), reason="needs 
 
 
 @needs_flashinfer
+def test_explicit_flashinfer_refuses_what_it_cannot_run_when_built():
+    """attn_backend="flashinfer" named explicitly for an fp32 model or a head_dim it has no kernel for:
+    a ValueError when the model is built, not at its first forward."""
+    assert make_attention_backend("flashinfer", "cuda", torch.bfloat16, 128).name == "flashinfer"
+    with pytest.raises(ValueError, match="supports dtype torch.float16 or torch.bfloat16, got torch.float32"):
+        make_attention_backend("flashinfer", "cuda", torch.float32, 64)
+    with pytest.raises(ValueError, match=r"supports head_dim \[64, 128, 256\], got 48"):
+        make_attention_backend("flashinfer", "cuda", torch.bfloat16, 48)
+
+
+@needs_flashinfer
 @pytest.mark.parametrize("seqs", [MIXED, DECODE_ONLY, [(0, 100), (37, 70), (250, 1)]],
                          ids=["mixed", "decode", "long"])
 @pytest.mark.parametrize("block_size", [16, 5])

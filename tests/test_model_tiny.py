@@ -107,6 +107,27 @@ def test_tokenizer(tiny_checkpoint):
         tok.apply_chat_template([{"role": "user", "content": "Hi"}])
 
 
+def test_chat_templates_get_the_environment_they_are_written_for(tiny_checkpoint):
+    """transformers' jinja2 environment: {% break %} / {% continue %} (loopcontrols) compile, and
+    tojson keeps non-ASCII text and < > & as they are (Llama-3.1's tool messages go through it);
+    a template that does not compile is a ValueError, not jinja2's own exception."""
+    tok = load_model(tiny_checkpoint).tokenizer
+    msgs = [{"role": "user", "content": "weather?"}, {"role": "tool", "content": "x < 3 & café"},
+            {"role": "user", "content": "thanks"}]
+    tok._template = None
+    tok.chat_template = ("{% for m in messages %}{% if m.role == 'user' and loop.index > 1 %}{% break %}{% endif %}"
+                         "{% if m.role == 'system' %}{% continue %}{% endif %}{{ m.role }}: {{ m.content | tojson }} "
+                         "{% endfor %}")
+    assert tok.apply_chat_template(msgs) == 'user: "weather?" tool: "x < 3 & café" '
+    tok._template = None
+    tok.chat_template = "{{ messages | tojson(indent=2) }}"
+    assert tok.apply_chat_template(msgs[:1]) == '[\n  {\n    "role": "user",\n    "content": "weather?"\n  }\n]'
+    tok._template = None
+    tok.chat_template = "{% for m in messages %}{{ m.content }"
+    with pytest.raises(ValueError, match="chat template does not compile: TemplateSyntaxError"):
+        tok.apply_chat_template(msgs)
+
+
 # ---- bad checkpoints ---------------------------------------------------------------------------
 
 

@@ -186,6 +186,11 @@ def make_attention_backend(name: str | None, device: torch.device | str,
             raise ValueError(f"attn_backend='flashinfer' needs a CUDA device, got {device}")
         if not flashinfer_available():
             raise ValueError("attn_backend='flashinfer' needs the flashinfer package (pip install flashinfer-python)")
-        from .attention_flashinfer import FlashInferAttention
+        from .attention_flashinfer import SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, FlashInferAttention
+        if dtype is not None and dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"attn_backend='flashinfer' supports dtype {' or '.join(map(str, SUPPORTED_DTYPES))}, "
+                             f"got {dtype}")
+        if head_dim is not None and head_dim not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(f"attn_backend='flashinfer' supports head_dim {sorted(SUPPORTED_HEAD_DIMS)}, got {head_dim}")
         return FlashInferAttention(device)
     raise ValueError(f"attn_backend must be None or one of {BACKENDS}, got {name!r}")

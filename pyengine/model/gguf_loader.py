@@ -150,7 +150,13 @@ def _rope_scaling(kind, factor, scale_linear) -> dict | None:
 def _dequantize(t) -> np.ndarray:
     from gguf.quants import dequantize
 
-    arr = dequantize(t.data, t.tensor_type)
+    if t.tensor_type.name == "F64":   # gguf-py has no dequantizer for it: a plain cast
+        arr = np.asarray(t.data, dtype=np.float64).reshape(tuple(int(d) for d in reversed(t.shape)))
+        return arr.astype(np.float32)
+    try:
+        arr = dequantize(t.data, t.tensor_type)
+    except NotImplementedError:
+        raise ValueError(f"GGUF tensor {t.name}: GGML type {t.tensor_type.name} is not supported") from None
     if arr.dtype != np.float32:
         arr = arr.astype(np.float32)
     elif not arr.flags.writeable or not arr.flags.c_contiguous:

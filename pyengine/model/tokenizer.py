@@ -23,13 +23,19 @@ _QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|
                   r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
+# llama.cpp's LLAMA3 pre-tokenizer type: merges ignored when the word is a token, BOS added
+# unless the file says otherwise (Llama-3's tokenizer.json has "ignore_merges": true too)
+_LLAMA3_NAMES = ("llama-bpe", "llama3", "llama-v3")
+
+
 def _gguf_pre_tokenizer(pre: str):
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     if pre in ("smollm", "default", "gpt-2", "gpt2", "starcoder"):
-        # SmolLM's tokenizer.json: digits split one by one, then GPT-2's byte-level regex.
-        first = [pre_tokenizers.Digits(individual_digits=True)] if pre == "smollm" else []
+        # smollm / starcoder (llama.cpp's STARCODER and SMOLLM types, SmolLM's tokenizer.json):
+        # digits split one by one, then GPT-2's byte-level regex
+        first = [pre_tokenizers.Digits(individual_digits=True)] if pre in ("smollm", "starcoder") else []
         return pre_tokenizers.Sequence(first + [pre_tokenizers.ByteLevel(add_prefix_space=False)])
-    if pre in ("llama-bpe", "llama3", "smaug-bpe"):
+    if pre in _LLAMA3_NAMES + ("smaug-bpe",):
         return pre_tokenizers.Sequence(
             [pre_tokenizers.Split(tokenizers.Regex(_LLAMA3_PATTERN), "isolated"), byte_level])
     if pre in ("qwen2",):
@@ -37,6 +43,26 @@ def _gguf_pre_tokenizer(pre: str):
             [pre_tokenizers.Split(tokenizers.Regex(_QWEN2_PATTERN), "isolated"), byte_level])
     raise ValueError(f"GGUF tokenizer.ggml.pre {pre!r} is not supported "
                      "(known: smollm, gpt2/default, llama-bpe, qwen2); load the HF directory instead")
+
+
+def _chat_environment():
+    """The jinja2 environment chat templates are written for (transformers'): sandboxed, trimmed
+    blocks, `{% break %}` / `{% continue %}`, `tojson` keeping non-ASCII text and `<`, `>`, `&`
+    as they are (jinja2's own escapes them for HTML), `raise_exception` and `strftime_now`."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+
+    def raise_exception(message):
+        raise ValueError(f"chat template: {message}")
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    return env
 
 
 def check_messages(messages) -> None:
@@ -127,8 +153,10 @@ class Tokenizer:
         types = fields.get("tokenizer.ggml.token_type") or [GGUF_TOKEN_NORMAL] * len(tokens)
         vocab = {t: i for i, t in enumerate(tokens)}
         pairs = [tuple(m.split(" ", 1)) for m in merges]
-        tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=False))
-        tok.pre_tokenizer = _gguf_pre_tokenizer(fields.get("tokenizer.ggml.pre", "default"))
+        pre = fields.get("tokenizer.ggml.pre", "default")
+        llama3 = pre in _LLAMA3_NAMES   # llama.cpp: ignore_merges (a word in the vocabulary is one token), BOS
+        tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=llama3))
+        tok.pre_tokenizer = _gguf_pre_tokenizer(pre)
         tok.decoder = decoders.ByteLevel()
         specials = [AddedToken(t, special=True, normalized=False)
                     for t, ty in zip(tokens, types) if ty == GGUF_TOKEN_CONTROL]
@@ -145,7 +173,7 @@ class Tokenizer:
         eos_ids = list(dict.fromkeys(eos_ids))
         bos = fields.get("tokenizer.ggml.bos_token_id")
         return cls(tok, eos_ids, None if bos is None else int(bos), fields.get("tokenizer.chat_template"),
-                   add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", False)))
+                   add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", llama3)))
 
     # ---- the interface the engine uses ------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -188,21 +216,15 @@ class Tokenizer:
         if self.chat_template is None:
             raise ValueError("this model has no chat template; pass plain prompts instead of chat messages")
         check_messages(messages)
-        if self._template is None:
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-
-            def raise_exception(message):
-                raise ValueError(f"chat template: {message}")
-
-            env.globals["raise_exception"] = raise_exception
-            env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
-            self._template = env.from_string(self.chat_template)
-        bos = self.id_to_token(self.bos_token_id) if self.bos_token_id is not None else ""
-        eos = self.id_to_token(self.eos_token_ids[0]) if self.eos_token_ids else ""
         import jinja2
 
+        if self._template is None:
+            try:
+                self._template = _chat_environment().from_string(self.chat_template)
+            except jinja2.TemplateError as exc:
+                raise ValueError(f"this model's chat template does not compile: {type(exc).__name__}: {exc}") from None
+        bos = self.id_to_token(self.bos_token_id) if self.bos_token_id is not None else ""
+        eos = self.id_to_token(self.eos_token_ids[0]) if self.eos_token_ids else ""
         try:
             return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                          bos_token=bos, eos_token=eos)
