@@ -519,6 +519,7 @@ class LLMEngine:
     def _propose(self) -> None:
         """Drafts for the next step: every running request in pure decode gets up to K of them."""
         from .spec_decode import ProposeContext
+        from .spec_decode.proposer import verifiable_drafts
 
         running = self.scheduler.running
         live = {r.request_id for r in running}
@@ -533,7 +534,9 @@ class LLMEngine:
         batch = self.proposer.propose(decoding, ks, ProposeContext(step=self.num_steps,
                                                                 hidden=self.runner.last_hidden))
         so = self.structured
-        for req, drafts in zip(decoding, batch.token_ids):
+        for req, drafts, k in zip(decoding, batch.token_ids, ks):
+            # any proposer's output (a custom one included): at most k ids, each in the vocabulary
+            drafts = verifiable_drafts(drafts, k, self.vocab_size)
             if so is not None and req.sampling_params.structured_outputs is not None and drafts:
                 drafts = so.validate_drafts(req.request_id, list(drafts))  # + the first forbidden one
             req.spec_token_ids = list(drafts)

@@ -569,3 +569,57 @@ def test_structured_output_keeps_the_law_with_draft_probabilities(untied):
     m = (sum(t[0] == "b" for t in texts["plain"]) + sum(t[0] == "b" for t in texts["spec"])) / 2
     se = (2 * share["plain"] * (1 - share["plain"]) / m) ** 0.5
     assert abs(share["spec"] - share["plain"]) < 5 * se, (share, se)
+
+
+def test_a_draft_model_draw_that_fails_ends_that_requests_drafts_only(untied):
+    """A draft whose logits turn NaN for one request (a NaN in the draft's embedding row of a token only
+    that request's prompt holds): its draw is -1, which used to go into the next draft forward and into
+    the target's input ids and fail every request's step. Now that request's drafts end before it, and
+    both requests decode to the end (greedy: plain decoding's tokens; sampled: no error)."""
+    import copy
+
+    from specops.engine.model.loader import LoadedModel
+
+    lm, good = model(untied), model(untied, 0.1)
+    poison = 383
+    bad = LoadedModel(model=copy.deepcopy(good.model), tokenizer=good.tokenizer, config=good.config, path="<nan>")
+    with torch.no_grad():
+        bad.model.embed_tokens.weight[poison] = float("nan")
+    prompts = [[t for t in p if t != poison] for p in copy_prompts(2, seed=5)]
+    prompts[1] = prompts[1] + [poison]
+    for k in (3, 1):
+        sampled = SamplingParams(temperature=0.8, seed=1, max_tokens=12, ignore_eos=True)
+        outs, eng = run(lm, prompts, sampled, draft=bad, spec_method="draft", num_spec_tokens=k)
+        assert [o.error for o in outs] == [None, None] and all(len(o.outputs[0].token_ids) == 12 for o in outs)
+        greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+        outs, _ = run(lm, prompts, greedy, draft=bad, spec_method="draft", num_spec_tokens=k)
+        plain, _ = run(lm, prompts, greedy)
+        assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
+
+
+def test_a_proposers_drafts_are_cut_to_k_and_to_the_vocabulary(untied):
+    """Whatever a proposer returns (a custom one: more drafts than the K it was asked for, an id outside
+    the vocabulary), the engine schedules at most K drafts and none from the first bad id on; it used to
+    fail every request's step (a ValueError past MAX_SPEC_LEN, an IndexError in the embedding)."""
+    from specops.engine.spec_decode import DraftBatch, Proposer
+
+    class Unruly(Proposer):
+        method = "unruly"
+        needs_hidden_states = False
+
+        def __init__(self, drafts):
+            self.drafts, self.seen = drafts, []
+
+        def propose(self, requests, num_spec_tokens, context=None):
+            return DraftBatch([r.request_id for r in requests], [list(self.drafts) for _ in requests])
+
+    lm = model(untied)
+    prompts = copy_prompts(2, seed=1)
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    plain, _ = run(lm, prompts, greedy)
+    for drafts, most in (([5] * 200, 4), ([7, 384, 7], 1), ([-1, 5], 0)):
+        scheduled = []
+        outs, eng = run(lm, prompts, greedy, proposer=Unruly(drafts), num_spec_tokens=4,
+                        on_step=lambda e: scheduled.extend(len(r.spec_token_ids) for r in e.scheduler.running))
+        assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
+        assert scheduled and max(scheduled) == most, (drafts, scheduled)

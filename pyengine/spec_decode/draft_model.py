@@ -36,7 +36,8 @@ import torch
 
 from specops.sampling.topk_topp import sample as sample_draw
 
-from .proposer import DraftBatch, DraftRequest, ProposeContext, Proposer, check_num_spec_tokens
+from .proposer import (DraftBatch, DraftRequest, ProposeContext, Proposer, check_num_spec_tokens,
+                       verifiable_drafts)
 
 STREAM_DRAFT = 3
 """Philox stream of draft sampling noise (0: Sampler, 1: accept uniforms, 2: recovered tokens)."""
@@ -196,7 +197,7 @@ class DraftModelProposer(Proposer):
         tokens_host = tokens_dev.cpu().numpy()  # the one device -> host copy of propose
 
         for row, (i, st, toks) in enumerate(zip(active, states, token_lists)):
-            drafts[i] = tokens_host[row, :int(k_req[i])].tolist()
+            drafts[i] = verifiable_drafts(tokens_host[row].tolist(), int(k_req[i]), self.vocab_size)
             st.num_computed = len(toks)
             st.spec_start = len(toks)
             st.spec_tokens = tokens_host[row, :num_steps - 1].tolist()  # drafts 1..K-1 were written
@@ -315,6 +316,9 @@ class DraftModelProposer(Proposer):
                                       plan.noise_positions[j], STREAM_DRAFT).tokens
                     probs[:, j] = torch.softmax(logits * plan.scale[:, None], dim=-1)
                 out[:, j] = tok
+                # a row with no valid draw (-1: a NaN / inf logit of the draft) feeds token 0 on; its
+                # drafts end before that -1 (propose), so nothing drawn after it is used
+                tok = tok.clamp_min(0)
         finally:
             model.attn_backend = saved
         return out, probs

@@ -106,6 +106,8 @@ def ngram_propose(
         same = tok[rows, np.maximum(j, 0)] == tok[rows, np.maximum(row_lens - 1 - t, 0)]
         alive = ok & same
         length += alive
+        if not alive.any():   # every candidate stopped: a longer max_n adds nothing
+            break
     keep = length >= min_n
     rows, cols, length = rows[keep], cols[keep], length[keep]
     if rows.size == 0:

@@ -235,3 +235,15 @@ def check_num_spec_tokens(num_spec_tokens, num_reqs: int) -> np.ndarray:  # [num
     if k.size and k.min() < 0:
         raise ValueError(f"num_spec_tokens must be >= 0, got {k.tolist()}")
     return k
+
+
+def verifiable_drafts(drafts: Sequence[int], max_drafts: int, vocab_size: int) -> list[int]:
+    """The drafts a step can verify: at most ``max_drafts`` of them, up to (not including) the
+    first id outside [0, vocab_size) (a draw that failed, -1, or a proposer's bad id): what
+    follows it was drafted after a token the request will never have."""
+    out = []
+    for t in list(drafts)[:max(0, int(max_drafts))]:
+        if not 0 <= int(t) < vocab_size:
+            break
+        out.append(int(t))
+    return out
