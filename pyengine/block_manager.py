@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
+from typing import Iterator
 
 from .request import Request
 
@@ -78,19 +79,20 @@ class BlockManager:
 
     # ---- prefix cache -------------------------------------------------------------------
 
-    def _block_keys(self, req: Request, num_full_blocks: int) -> list[tuple]:
-        """Keys of the first num_full_blocks blocks of req.all_token_ids (hash chain cached on req)."""
+    def _block_keys(self, req: Request, start: int, stop: int) -> Iterator[tuple[int, tuple]]:
+        """(i, key) of blocks start <= i < stop of req.all_token_ids, made as they are asked for:
+        the hash chain is cached on req (req.block_hashes), so a key costs its own block's tokens,
+        not the blocks before it (a long context's keys were rebuilt from block 0 at every fill)."""
         bs = self.block_size
         toks = req.all_token_ids
-        keys = []
-        parent = None
-        for i in range(num_full_blocks):
+        start = min(start, len(req.block_hashes))   # every block before start has its digest
+        parent = req.block_hashes[start - 1] if start > 0 else None
+        for i in range(start, stop):
             key = (parent, tuple(toks[i * bs:(i + 1) * bs]))
             if i == len(req.block_hashes):
                 req.block_hashes.append(block_digest(parent, key[1]))
             parent = req.block_hashes[i]
-            keys.append(key)
-        return keys
+            yield i, key
 
     def get_computed_blocks(self, req: Request) -> tuple[list[int], int]:
         """Blocks of the longest cached prefix of req's tokens, and the number of tokens they hold.
@@ -102,7 +104,7 @@ class BlockManager:
             return [], 0
         num_full = (req.num_tokens - 1) // self.block_size
         hits = []
-        for key in self._block_keys(req, num_full):
+        for _, key in self._block_keys(req, 0, num_full):
             bid = self.cached.get(key)
             if bid is None:
                 break
@@ -123,12 +125,13 @@ class BlockManager:
         num_full = min(num_committed_tokens // self.block_size, len(req.block_ids))
         if num_full <= req.num_hashed_blocks:
             return
-        keys = self._block_keys(req, num_full)
-        for i in range(req.num_hashed_blocks, num_full):
+        for i, key in self._block_keys(req, req.num_hashed_blocks, num_full):
+            if i < req.num_hashed_blocks:
+                continue   # registered already (its digest was missing: made above, in order)
             block = self.blocks[req.block_ids[i]]
-            if block.key is None and keys[i] not in self.cached:
-                block.key = keys[i]
-                self.cached[keys[i]] = block.block_id
+            if block.key is None and key not in self.cached:
+                block.key = key
+                self.cached[key] = block.block_id
             # else: the same content is already cached in another block; this one stays private
         req.num_hashed_blocks = num_full
 
