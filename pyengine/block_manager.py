@@ -111,6 +111,22 @@ class BlockManager:
             hits.append(bid)
         return hits, len(hits) * self.block_size
 
+    def prompt_blocks_filled(self, req: Request, num_computed: int, num_new: int) -> list[tuple]:
+        """Prefix-cache keys of the blocks of req's prompt (or recompute) that a step computing
+        num_new tokens from num_computed fills up (empty without prefix caching)."""
+        if not self.enable_prefix_caching:
+            return []
+        bs = self.block_size
+        stop = min(num_computed + num_new, req.num_tokens) // bs
+        return [key for _, key in self._block_keys(req, num_computed // bs, stop)]
+
+    def next_block_key(self, req: Request, num_hit_blocks: int) -> tuple | None:
+        """The key of req's first block past its cached prefix (num_hit_blocks blocks), or None
+        when that block would not be cached (past its last full block before the last token)."""
+        if not self.enable_prefix_caching or num_hit_blocks >= (req.num_tokens - 1) // self.block_size:
+            return None
+        return next(key for _, key in self._block_keys(req, num_hit_blocks, num_hit_blocks + 1))
+
     def record_prefix_lookup(self, num_tokens: int, num_hit: int) -> None:
         """Count an admitted request's prefix lookup (num_tokens looked up, num_hit from the
         cache) in the hit-rate statistics: once per admission, not per attempt."""

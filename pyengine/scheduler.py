@@ -18,6 +18,12 @@ verification `update_from_output` rolls num_computed_tokens back by the number o
 rejected drafts, before any block is registered in the prefix cache, so rejected tokens
 never reach it (their slots are simply overwritten by later steps).
 
+Prefix caching: a waiting request whose next uncached prompt block is one this step fills
+(another sample of an n > 1 request, the same prompt sent twice) is passed over for the
+step, keeping its place in the queue, and finds that block in the cache the step after (a
+full block is registered once its tokens are committed, after the forward): the prompt is
+computed and held once, not once per sample.
+
 Structured output: a waiting request whose grammar is still compiling is listed in
 `blocked` (by the engine); admission passes over it, keeping its place in the queue,
 so the requests behind it are admitted as if it were not there.
@@ -148,6 +154,12 @@ class Scheduler:
                         spec_tokens[req.request_id] = req.spec_token_ids[:num_spec]
                     req.spec_token_ids = []  # the proposer sets the next step's drafts
 
+        # Blocks of a prompt this step fills: a waiting request that needs one next (another sample
+        # of the same prompt, a repeated prompt) waits a step and takes it from the prefix cache,
+        # instead of computing the same prompt again beside it and keeping a copy of its KV.
+        filling = {key for req in scheduled for key in self.block_manager.prompt_blocks_filled(
+            req, req.num_computed_tokens, num_tokens[req.request_id])}
+
         # Admit waiting requests only when nothing was preempted: the pool is full otherwise.
         skipped: list[Request] = []
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
@@ -156,6 +168,9 @@ class Scheduler:
                 skipped.append(self.waiting.popleft())
                 continue
             hits, num_hit = self.block_manager.get_computed_blocks(req)
+            if filling and self.block_manager.next_block_key(req, len(hits)) in filling:
+                skipped.append(self.waiting.popleft())
+                continue
             n = req.num_tokens - num_hit
             # without chunked prefill a prompt runs whole; a preempted request's recompute (prompt +
             # output) may not fit the budget at all, so it is recomputed in chunks (else it blocks
@@ -175,6 +190,7 @@ class Scheduler:
             scheduled.append(req)
             num_tokens[req.request_id] = n
             budget -= n
+            filling.update(self.block_manager.prompt_blocks_filled(req, num_hit, n))
         self.waiting.extendleft(reversed(skipped))  # back in their places, ahead of the rest
 
         return SchedulerOutput(scheduled, num_tokens, self.max_num_batched_tokens - budget, preempted, spec_tokens)

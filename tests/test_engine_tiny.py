@@ -628,3 +628,35 @@ def test_as_completed_yields_each_prompt_once_and_a_break_aborts_the_rest(tiny_c
     stream.close()                                                       # the caller stops here
     assert not llm.engine.scheduler.has_unfinished_requests()            # "b" aborted (reported next step)
     assert llm.generate("again", GREEDY)[0].error is None and not llm.engine.has_unfinished_requests()
+
+
+def test_samples_of_one_prompt_compute_it_once(tiny_checkpoint):  # noqa: F811
+    """n = 8 samples of a 100-token prompt (and the same prompt sent again): the first computes the
+    prompt, the others wait a step and take its full blocks from the prefix cache (they each used to
+    compute the whole prompt in the first step and hold a copy of its KV). The tokens are those of
+    an engine without prefix caching (seeded samples: batch invariant)."""
+    lm = loaded_model(tiny_checkpoint, "cpu")
+    prompt = [3 + (i * 7) % 300 for i in range(100)]
+    params = SamplingParams(temperature=0.8, seed=1, n=8, max_tokens=4, ignore_eos=True)
+    again = SamplingParams(temperature=0.8, seed=2, max_tokens=4, ignore_eos=True)
+
+    def run(prefix_caching):
+        eng = engine(lm, max_model_len=128, block_size=16, max_num_batched_tokens=2048,
+                     enable_prefix_caching=prefix_caching)
+        ids = [eng.add_request(prompt, params), eng.add_request(prompt, again)]
+        most_blocks, outs = 0, {}
+        while eng.has_unfinished_requests():
+            for out in eng.step():
+                if out.finished:
+                    outs[out.request_id] = [c.token_ids for c in out.outputs]
+            most_blocks = max(most_blocks, eng.block_manager.num_blocks - eng.block_manager.num_free_blocks)
+        assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
+        return [outs[i] for i in ids], most_blocks, eng.stats()
+
+    shared, blocks_shared, stats = run(True)
+    alone, blocks_alone, _ = run(False)
+    assert shared == alone
+    # 9 samples: one copy of the prompt's 6 full blocks, then each sample's own 2 blocks (its last 4
+    # prompt tokens and 4 outputs) against 9 x 7 blocks without the cache
+    assert blocks_shared <= 6 + 9 * 2 and blocks_alone == 9 * 7, (blocks_shared, blocks_alone)
+    assert stats["prefix_hit_rate"] >= 8 * 96 / (9 * 100) - 1e-9
