@@ -76,8 +76,8 @@ class LLM:
             return [prompts]
         return list(prompts)
 
-    def _add(self, prompts, sampling_params) -> list[str]:
-        prompts = self._prompt_list(prompts)
+    def _add(self, prompts: list, sampling_params) -> list[str]:
+        """Queue `prompts` (a list, as _prompt_list makes it); their request ids in order."""
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params] * len(prompts)
         else:
@@ -117,7 +117,7 @@ class LLM:
     def stream(self, prompts: Prompt | Sequence[Prompt],
                sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> Iterator[RequestOutput]:
         """Yield a RequestOutput (with delta_text / delta_token_ids) whenever a request makes progress."""
-        ids = set(self._add(prompts, sampling_params))
+        ids = set(self._add(self._prompt_list(prompts), sampling_params))
         try:
             while ids:
                 for out in self._outputs_for(ids):
@@ -140,6 +140,9 @@ class LLM:
         the engine stays usable; the ones yielded so far are complete. A bad prompt or
         parameter set does not raise: its RequestOutput has `error` set.
         """
+        return self._as_completed(self._prompt_list(prompts), sampling_params)
+
+    def _as_completed(self, prompts: list, sampling_params) -> Iterator[tuple[int, RequestOutput]]:
         order = self._add(prompts, sampling_params)
         index = {rid: i for i, rid in enumerate(order)}
         pending = set(order)
@@ -170,7 +173,7 @@ class LLM:
             from tqdm import tqdm
             bar = tqdm(total=len(prompts), desc="generate", unit="req")
         try:
-            for i, out in self.as_completed(prompts, sampling_params):
+            for i, out in self._as_completed(prompts, sampling_params):
                 done[i] = out
                 if bar is not None:
                     bar.update(1)

@@ -154,11 +154,13 @@ class Scheduler:
                         spec_tokens[req.request_id] = req.spec_token_ids[:num_spec]
                     req.spec_token_ids = []  # the proposer sets the next step's drafts
 
-        # Blocks of a prompt this step fills: a waiting request that needs one next (another sample
-        # of the same prompt, a repeated prompt) waits a step and takes it from the prefix cache,
-        # instead of computing the same prompt again beside it and keeping a copy of its KV.
-        filling = {key for req in scheduled for key in self.block_manager.prompt_blocks_filled(
-            req, req.num_computed_tokens, num_tokens[req.request_id])}
+        # Blocks of a prompt this step fills (made when the first waiting request is looked at): a
+        # waiting request that needs one next (another sample of the same prompt, a repeated
+        # prompt) waits a step and takes it from the prefix cache, instead of computing the same
+        # prompt again beside it and keeping a copy of its KV. At most max_num_seqs of them are
+        # passed over in one step (a long queue sharing one prefix is not scanned whole).
+        filling = None
+        num_deferred = 0
 
         # Admit waiting requests only when nothing was preempted: the pool is full otherwise.
         skipped: list[Request] = []
@@ -168,7 +170,13 @@ class Scheduler:
                 skipped.append(self.waiting.popleft())
                 continue
             hits, num_hit = self.block_manager.get_computed_blocks(req)
+            if filling is None:
+                filling = {key for r in scheduled for key in self.block_manager.prompt_blocks_filled(
+                    r, r.num_computed_tokens, num_tokens[r.request_id])}
             if filling and self.block_manager.next_block_key(req, len(hits)) in filling:
+                if num_deferred == self.max_num_seqs:
+                    break
+                num_deferred += 1
                 skipped.append(self.waiting.popleft())
                 continue
             n = req.num_tokens - num_hit
