@@ -278,6 +278,8 @@ def _generate_one(llm, args) -> int:
     if args.sp_logprobs is not None:
         tok = llm.tokenizer
         for c in last.outputs:
+            if len(last.outputs) > 1:   # n > 1: whose logprobs follow
+                print(f"--- sample {c.index} logprobs", file=sys.stderr)
             for lp in c.logprobs or []:
                 top = " ".join(f"{tok.id_to_token(t)!r}:{v:.2f}" for t, v in lp.top.items())
                 print(f"{tok.id_to_token(lp.token_id)!r}\t{lp.logprob:.3f}\trank {lp.rank}\t{top}", file=sys.stderr)

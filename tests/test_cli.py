@@ -373,6 +373,31 @@ def test_single_prompt_chat_refused_by_the_template_is_an_error_not_a_traceback(
     assert "error: --chat: chat template: System role not supported" in capsys.readouterr().err
 
 
+def test_single_prompt_logprobs_of_several_samples_are_headed(capsys):
+    """--logprobs with --n 2 on one prompt: each sample's logprob lines come under a header naming it."""
+    from types import SimpleNamespace
+
+    from specops.cli import _generate_one
+    from specops.engine.outputs import CompletionOutput, RequestOutput
+    from specops.engine.request import Logprob
+
+    class FakeLLM:
+        engine = SimpleNamespace(spec_metrics=None, max_model_len=64)
+        tokenizer = SimpleNamespace(id_to_token=lambda t: f"t{t}")
+
+        def stream(self, prompt, params):
+            samples = [CompletionOutput(i, "x", [5 + i], finish_reason="length",
+                                        logprobs=[Logprob(5 + i, -0.5 - i, 1 + i, {5: -0.5})]) for i in range(2)]
+            yield RequestOutput("0", prompt, [1], samples, True)
+
+    args = build_parser().parse_args(["generate", "hi", "--n", "2", "--logprobs", "1", "--max-tokens", "1",
+                                      "--temperature", "1"])
+    assert _generate_one(FakeLLM(), args) == 0
+    err = capsys.readouterr().err
+    assert err.index("--- sample 0 logprobs") < err.index("'t5'\t-0.500") < err.index("--- sample 1 logprobs") \
+        < err.index("'t6'\t-1.500")
+
+
 def test_system_with_malformed_messages_reaches_the_check():
     """--system with a "messages" line that is not a list of dicts: the chat template's clear error, not an
     AttributeError from looking for a system message in it."""

@@ -118,7 +118,8 @@ def build_logits_processors(
     `use_entry_points`, from the "specops.logits_processors" entry-point group; each is
     constructed as `cls(max_num_reqs, vocab_size, device)`. Each class is built once: a
     class named twice, or a built-in named among the custom ones while the built-ins are on
-    (it would add a request's logit_bias twice), is not built again.
+    (it would add a request's logit_bias twice), is not built again. A subclass of a built-in
+    is another class: it runs beside the built-in (pass builtin=False to replace them).
     """
     procs: list[LogitsProcessor] = []
     seen = set()
