@@ -525,7 +525,9 @@ class LLMEngine:
         live = {r.request_id for r in running}
         for rid in self._spec_live - live:  # finished, aborted or preempted since the last call
             self.proposer.free(rid)
-        decoding = [r for r in running if r.num_computed_tokens == r.num_tokens - 1]
+        # pure decode: the last token is the one sampled last step (a prompt chunk that ended one
+        # token short has the same count, but no output yet: it drafts once it has sampled)
+        decoding = [r for r in running if r.num_computed_tokens == r.num_tokens - 1 and r.num_output_tokens > 0]
         self._spec_live = (self._spec_live & live) | {r.request_id for r in decoding}
         if not decoding:
             self.runner.last_drafts = None

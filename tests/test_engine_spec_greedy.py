@@ -623,3 +623,28 @@ def test_a_proposers_drafts_are_cut_to_k_and_to_the_vocabulary(untied):
                         on_step=lambda e: scheduled.extend(len(r.spec_token_ids) for r in e.scheduler.running))
         assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
         assert scheduled and max(scheduled) == most, (drafts, scheduled)
+
+
+@pytest.mark.parametrize("spec", ["ngram", "draft"])
+def test_a_prompt_chunk_one_token_short_gets_no_drafts(untied, spec):
+    """A prompt chunk that stops one token before the prompt's end leaves the request with the token
+    counts of pure decode but no output yet: it is not drafted for (the proposer's contract: every
+    prompt token computed, the last sampled token committed). A seeded sampled request's tokens then
+    do not depend on where its prompt was cut (its first token was verified against drafts)."""
+    lm = model(untied)
+    prompt = copy_prompts(1, seed=3)[0][:16]
+    sp = SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True, seed=1234)
+    draft = model(untied, 0.1) if spec == "draft" else None
+    outs = {}
+    for budget in (16, 15):
+        eng = LLMEngine(EngineConfig(max_model_len=128, max_num_batched_tokens=budget, spec_method=spec,
+                                     num_spec_tokens=3), loaded=lm, draft_loaded=draft)
+        eng.add_request(prompt, sp)
+        eng.step()
+        req = eng.scheduler.running[0]
+        if budget == 15:    # the chunk stopped one short of the prompt's 16 tokens
+            assert (req.num_computed_tokens, req.num_output_tokens, req.spec_token_ids) == (15, 0, [])
+        while eng.has_unfinished_requests():
+            for out in eng.step():
+                outs[budget] = out.outputs[0].token_ids
+    assert len(prompt) == 16 and outs[16] == outs[15] and len(outs[16]) == 6
