@@ -502,7 +502,10 @@ def test_ctrl_c_in_batch_mode_keeps_the_lines_written(tiny_checkpoint, tmp_path)
     p = subprocess.Popen([sys.executable, "-m", "specops.cli", "generate", "--model", tiny_checkpoint, "--prompts-file",
                           str(src), "--output", str(dst), "--max-tokens", "200", "--ignore-eos", "--device", "cpu",
                           "--max-num-seqs", "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+                         env=dict(os.environ, OMP_NUM_THREADS="1"),
+                         # a runner started in the background (`cmd &`) ignores SIGINT, and so would the
+                         # child: it gets the default disposition back, as from a terminal
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 240
     while not (dst.exists() and dst.read_text().count("\n") >= 1) and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
