@@ -412,6 +412,16 @@ def _batch_row(item: dict, i: int, prompt, out) -> dict:
     return row
 
 
+def _write_ready(sink, rows: dict[int, dict], written: int) -> int:
+    """Write (and flush) rows[written], rows[written + 1], ... while they are there, taking them out
+    of `rows`; returns the index of the next line to write."""
+    while written in rows:
+        sink.write(json.dumps(rows.pop(written), allow_nan=False) + "\n")
+        written += 1
+    sink.flush()
+    return written
+
+
 def _generate_batch(llm, args, items: list[dict]) -> int:
     from specops.engine.sampling_params import SamplingParams
     names = set(SamplingParams.field_names())
@@ -445,13 +455,8 @@ def _generate_batch(llm, args, items: list[dict]) -> int:
                 errors += out.error is not None
                 n_tokens += sum(len(c.token_ids) for c in out.outputs)
                 rows[run[k]] = _batch_row(items[run[k]], run[k], prompts[run[k]], out)
-                while written in rows:
-                    sink.write(json.dumps(rows.pop(written), allow_nan=False) + "\n")
-                    written += 1
-                sink.flush()
-        while written in rows:   # lines after the last request (their chat template refused them)
-            sink.write(json.dumps(rows.pop(written), allow_nan=False) + "\n")
-            written += 1
+                written = _write_ready(sink, rows, written)
+        _write_ready(sink, rows, written)   # lines after the last request (their chat template refused them)
     finally:
         if args.output:
             sink.close()
