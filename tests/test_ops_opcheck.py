@@ -78,24 +78,99 @@ def test_a_written_tensor_whose_elements_share_memory_is_refused(device, name, d
     assert torch.equal(shared, before)
 
 
+@pytest.mark.parametrize("direct", [False, True], ids=["wrapper", "torch.ops"])
 @pytest.mark.parametrize("name", list(IN_PLACE))
-def test_wrappers_bump_the_version_of_the_written_tensor(device, name):
+def test_the_written_tensor_gets_a_new_version(device, name, direct):
     """As torch's in-place ops: a tensor autograd saved (here the logits of a loss, written
-    through .detach()) makes backward() raise instead of using the written values."""
-    _, args = cases(device)[name]
+    through .detach()) makes backward() raise instead of using the written values. The
+    version is bumped by the op's ADInplaceOrView kernel, so a direct torch.ops call (which
+    bypasses the wrapper) bumps it too."""
+    op, args = cases(device)[name]
+    call = op if direct else IN_PLACE[name]
     written = args[0]
     version = written._version
-    IN_PLACE[name](written, *args[1:])
-    assert written._version > version
+    call(written, *args[1:])
+    assert written._version == version + 1
     if written.is_floating_point():
         w = torch.randn(written.shape[1], written.shape[1], device=device, requires_grad=True)
         logits = written.float() @ w
         loss = (logits * logits).sum()                               # saves logits
-        IN_PLACE[name](logits.detach().to(written.dtype) if written.dtype != torch.float32 else logits.detach(),
-                       *args[1:])
+        call(logits.detach().to(written.dtype) if written.dtype != torch.float32 else logits.detach(), *args[1:])
         if written.dtype == torch.float32:
             with pytest.raises(RuntimeError, match="modified by an inplace operation"):
                 loss.backward()
+
+
+@pytest.mark.parametrize("name", [n for n in cases("cpu") if n.startswith("apply_")])   # the ones with float args
+def test_a_direct_call_refuses_a_tensor_that_requires_grad(device, name):
+    """No op has a backward: a direct torch.ops call on an argument that requires grad raises
+    (its Autograd kernel) instead of silently dropping the gradient or, on a leaf, writing
+    it; under torch.no_grad() the same call runs."""
+    op, args = cases(device)[name]
+    grad_at = next(i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point())
+    leaf = args[grad_at].detach().clone().requires_grad_(True)
+    before = leaf.detach().clone()
+    bad = list(args)
+    bad[grad_at] = leaf
+    with pytest.raises(ValueError, match=f"specops::{op.name().split('::')[1]}: \\w+ requires grad, but the op has no backward"):
+        op(*bad)
+    assert torch.equal(leaf.detach(), before)
+    with torch.no_grad():
+        op(*bad)
+
+
+def test_direct_calls_whose_check_names_a_number_raise(device):
+    """The C++ checks whose message holds a number (a length, a width, vocab_size) raise a
+    ValueError with it on every device. With the GPU machine's torch build they killed the
+    process (SIGSEGV) while streaming the number into the message."""
+    i64 = dict(dtype=torch.int64, device=device)
+    f32 = dict(device=device)
+    bad = [
+        (lambda: ops.token_bincount(torch.zeros(1, 3, **i64), -1), r"vocab_size must be in \[0, \d+\], got -1"),
+        (lambda: ops.token_bincount(torch.zeros(3, **i64), 4), "token_ids must be 2-D, got shape \\[3\\]"),
+        (lambda: ops.token_bincount_update_(torch.zeros(2, 3, dtype=torch.int32, device=device), torch.zeros(2, **i64),
+                                            torch.zeros(1, **i64)),
+         "req_indices and token_ids must have the same length, got 2 and 1"),
+        (lambda: ops.apply_token_bitmask_(torch.zeros(3, 8, **f32), torch.zeros(2, 1, dtype=torch.int32, device=device),
+                                          None), r"bitmask must have one row per logits row \(3\), got 2"),
+    ]
+    for call, words in bad:
+        with pytest.raises(ValueError, match=words):
+            call()
+
+
+def test_a_vocabulary_wider_than_max_vocab_is_refused(device):
+    """The CUDA kernels keep in-row offsets in int32, so every op refuses more than MAX_VOCAB
+    columns, on every device, in the wrapper and in a direct torch.ops call, with the argument
+    named (before, CUDA failed at launch with 'invalid argument' and CPU took them, so counts
+    token_bincount made on CPU could not be penalised on CUDA). Rows of width MAX_VOCAB + 1
+    cost nothing here: the tensors have 0 rows."""
+    from specops.ops._checks import MAX_VOCAB
+    wide = MAX_VOCAB + 1
+    logits = torch.empty(0, wide, device=device)
+    counts = torch.empty(0, wide, dtype=torch.int32, device=device)
+    mask = torch.empty(0, wide, dtype=torch.bool, device=device)
+    rows = torch.empty(0, device=device)
+    ids = torch.empty(0, dtype=torch.int64, device=device)
+    calls = {
+        "token_bincount": (lambda: token_bincount(ids.view(0, 0), wide), lambda: ops.token_bincount(ids.view(0, 0), wide),
+                           f"vocab_size must be in \\[0, {MAX_VOCAB}\\], got {wide}"),
+        "token_bincount_update_": (lambda: token_bincount_update_(counts, ids, ids),
+                                   lambda: ops.token_bincount_update_(counts, ids, ids), "counts must have at most"),
+        "apply_penalties_": (lambda: apply_penalties_(logits, mask, counts, rows, rows, rows),
+                             lambda: ops.apply_penalties_(logits, mask, counts, rows, rows, rows), "logits must have at most"),
+        "apply_repetition_penalties_": (lambda: apply_repetition_penalties_(logits, mask, mask, rows),
+                                        lambda: ops.apply_repetition_penalties_(logits, mask, mask, rows),
+                                        "logits must have at most"),
+        "apply_token_bitmask_": (lambda: apply_token_bitmask_(logits, torch.empty(0, 1, dtype=torch.int32, device=device)),
+                                 lambda: ops.apply_token_bitmask_(logits, torch.empty(0, 1, dtype=torch.int32, device=device),
+                                                                  None), "logits must have at most"),
+    }
+    for name, (wrapper, direct, words) in calls.items():
+        for call in (wrapper, direct):
+            with pytest.raises(ValueError, match=f"{name}: {words}"):
+                call()
+    assert token_bincount(ids.view(0, 0), MAX_VOCAB).shape == (0, MAX_VOCAB)
 
 
 def step(ids, counts, req, tok, logits, prompt_mask, rep, freq, pres, bitmask, indices):

@@ -179,6 +179,28 @@ def test_an_input_sharing_memory_with_the_logits_is_refused(device):
                      buf[16:18], buf[18:])                          # disjoint: accepted
 
 
+def test_inputs_in_the_gaps_between_strided_logits_rows_are_accepted(device):
+    """Penalty vectors stored in the spare columns of a staging buffer whose first V columns
+    are the logits (row stride > V) share no element with them: accepted and read as given
+    (they were refused, the check compared whole byte ranges). One that reaches into the next
+    row's logits is still refused."""
+    a = _args(device)
+    buf = torch.zeros(2, 8 + 4, device=device)
+    logits = buf[:, :8]
+    logits.copy_(torch.arange(16, dtype=torch.float32, device=device).reshape(2, 8) - 3)
+    frequency, presence = buf[0, 8:10], buf[1, 8:10]
+    frequency.fill_(0.5)
+    presence.fill_(0.25)
+    expected = logits.clone()
+    apply_penalties_torch(expected, a["prompt_mask"], a["output_counts"] + 1, a["repetition_penalties"],
+                          frequency.clone(), presence.clone())
+    apply_penalties_(logits, a["prompt_mask"], a["output_counts"] + 1, a["repetition_penalties"], frequency, presence)
+    torch.testing.assert_close(logits, expected, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="presence_penalties shares memory with logits"):
+        apply_penalties_(logits, a["prompt_mask"], a["output_counts"] + 1, a["repetition_penalties"], frequency,
+                         buf.view(-1)[11:13])                        # the last spare column and logits[1, 0]
+
+
 def test_direct_op_call_is_checked_too(device):
     """torch.ops.specops.* called without the wrapper still refuses bad shapes (no out-of-bounds access)."""
     a = _args(device)

@@ -10,8 +10,13 @@
 
 namespace specops {
 
-// "[2, 8]": shapes are formatted here rather than streamed as c10::IntArrayRef, so an
-// error message never depends on how the torch headers print ArrayRef.
+// Numbers, shapes and devices enter error messages as strings made here (std::to_string),
+// never streamed into the message: with the GPU machine's torch 2.11 build, streaming an
+// integer (std::ostream's locale-dependent number formatting) segfaulted the process
+// (bench/results/logs/direct_op_errors_2026-12-07_s70_h100.txt), while strings were fine.
+inline std::string num(int64_t v) { return std::to_string(v); }
+
+// "[2, 8]"
 inline std::string shape_str(at::IntArrayRef shape) {
   std::string out = "[";
   for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
@@ -24,11 +29,11 @@ inline void check_dtype(const char* op, const char* name, const at::Tensor& t,
     if (t.scalar_type() == d) return;
   std::string expected;
   for (auto d : dtypes) expected += (expected.empty() ? "" : " or ") + std::string(c10::toString(d));
-  TORCH_CHECK_TYPE(false, op, ": ", name, " must be ", expected, ", got ", t.scalar_type());
+  TORCH_CHECK_TYPE(false, op, ": ", name, " must be ", expected, ", got ", c10::toString(t.scalar_type()));
 }
 
 inline void check_dim(const char* op, const char* name, const at::Tensor& t, int64_t dim) {
-  TORCH_CHECK_VALUE(t.dim() == dim, op, ": ", name, " must be ", dim, "-D, got shape ", shape_str(t.sizes()));
+  TORCH_CHECK_VALUE(t.dim() == dim, op, ": ", name, " must be ", num(dim), "-D, got shape ", shape_str(t.sizes()));
 }
 
 // The last dimension must be contiguous; rows may be strided (a slice of a wider buffer).
@@ -39,8 +44,8 @@ inline void check_rows(const char* op, const char* name, const at::Tensor& t) {
 
 inline void check_same_device(const char* op, const char* name, const at::Tensor& t,
                               const at::Tensor& ref) {
-  TORCH_CHECK_VALUE(t.device() == ref.device(), op, ": ", name, " must be on ", ref.device(),
-                    " (the device of the first argument), got ", t.device());
+  TORCH_CHECK_VALUE(t.device() == ref.device(), op, ": ", name, " must be on ", ref.device().str(),
+                    " (the device of the first argument), got ", t.device().str());
 }
 
 inline void check_shape(const char* op, const char* name, const at::Tensor& t, at::IntArrayRef shape) {
@@ -64,6 +69,15 @@ inline void check_no_internal_overlap(const char* op, const char* name, const at
 // treat every tensor alike.
 inline int64_t row_stride(const at::Tensor& t) { return t.size(0) <= 1 ? t.size(1) : t.stride(0); }
 
+// The widest vocabulary any op takes (logits / counts columns, token_bincount's vocab_size):
+// the CUDA kernels keep in-row offsets in int. CPU refuses the same, so both agree.
+constexpr int64_t kMaxVocab = (int64_t{1} << 31) - (int64_t{1} << 20) - 1;
+
+inline void check_vocab_width(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK_VALUE(t.size(1) <= kMaxVocab, op, ": ", name, " must have at most ", num(kMaxVocab),
+                    " columns, got ", num(t.size(1)));
+}
+
 // ---- per-op checks, identical on CPU and CUDA ----
 
 inline void check_bincount(const at::Tensor& token_ids, int64_t vocab_size) {
@@ -71,7 +85,8 @@ inline void check_bincount(const at::Tensor& token_ids, int64_t vocab_size) {
   check_dtype(op, "token_ids", token_ids, {at::kInt, at::kLong});
   check_dim(op, "token_ids", token_ids, 2);
   check_rows(op, "token_ids", token_ids);
-  TORCH_CHECK_VALUE(vocab_size >= 0, op, ": vocab_size must be >= 0, got ", vocab_size);
+  TORCH_CHECK_VALUE(vocab_size >= 0 && vocab_size <= kMaxVocab, op, ": vocab_size must be in [0, ", num(kMaxVocab),
+                    "], got ", num(vocab_size));
 }
 
 inline void check_bincount_update(const at::Tensor& counts, const at::Tensor& req_indices,
@@ -80,6 +95,7 @@ inline void check_bincount_update(const at::Tensor& counts, const at::Tensor& re
   check_dtype(op, "counts", counts, {at::kInt});
   check_dim(op, "counts", counts, 2);
   check_rows(op, "counts", counts);
+  check_vocab_width(op, "counts", counts);
   check_no_internal_overlap(op, "counts", counts);
   for (auto [name, t] : {std::pair<const char*, const at::Tensor*>{"req_indices", &req_indices},
                          {"token_ids", &token_ids}}) {
@@ -89,14 +105,15 @@ inline void check_bincount_update(const at::Tensor& counts, const at::Tensor& re
     check_same_device(op, name, *t, counts);
   }
   TORCH_CHECK_VALUE(req_indices.size(0) == token_ids.size(0), op,
-                    ": req_indices and token_ids must have the same length, got ", req_indices.size(0),
-                    " and ", token_ids.size(0));
+                    ": req_indices and token_ids must have the same length, got ", num(req_indices.size(0)),
+                    " and ", num(token_ids.size(0)));
 }
 
 inline void check_logits(const char* op, const at::Tensor& logits) {
   check_dtype(op, "logits", logits, {at::kFloat, at::kBFloat16, at::kHalf});
   check_dim(op, "logits", logits, 2);
   check_rows(op, "logits", logits);
+  check_vocab_width(op, "logits", logits);
   check_no_internal_overlap(op, "logits", logits);
 }
 
@@ -153,7 +170,7 @@ inline void check_bitmask(const at::Tensor& logits, const at::Tensor& bitmask,
   } else {
     TORCH_CHECK_VALUE(bitmask.size(0) == logits.size(0), op,
                       ": without indices, bitmask must have one row per logits row (",
-                      logits.size(0), "), got ", bitmask.size(0));
+                      num(logits.size(0)), "), got ", num(bitmask.size(0)));
   }
 }
 

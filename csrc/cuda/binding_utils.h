@@ -16,12 +16,12 @@ inline FloatType float_type(const at::Tensor& t) {
     case at::kFloat: return FloatType::kFloat32;
     case at::kBFloat16: return FloatType::kBFloat16;
     case at::kHalf: return FloatType::kFloat16;
-    default: TORCH_CHECK_TYPE(false, "specops: unsupported logits dtype ", t.scalar_type());
+    default: TORCH_CHECK_TYPE(false, "specops: unsupported logits dtype ", c10::toString(t.scalar_type()));
   }
 }
 
 inline void check_cuda(const char* op, const at::Tensor& t) {
-  TORCH_CHECK_VALUE(t.is_cuda(), op, ": expected CUDA tensors, got ", t.device());
+  TORCH_CHECK_VALUE(t.is_cuda(), op, ": expected CUDA tensors, got ", t.device().str());
 }
 
 inline cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }

@@ -12,6 +12,7 @@ import torch
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 INDEX_DTYPES = (torch.int32, torch.int64)
+MAX_VOCAB = 2**31 - 2**20 - 1   # the widest vocabulary any op takes (CUDA in-row offsets are int32)
 
 
 def _names(dtypes: Sequence[torch.dtype]) -> str:
@@ -42,6 +43,12 @@ def check_tensor(op: str, name: str, t: object, dtypes: Sequence[torch.dtype], n
                          f"got strides {tuple(t.stride())}; call .contiguous() first")
 
 
+def check_vocab_width(op: str, name: str, t: torch.Tensor) -> None:
+    """Raise ValueError unless the 2-D `t` has at most MAX_VOCAB columns."""
+    if t.shape[1] > MAX_VOCAB:
+        raise ValueError(f"{op}: {name} must have at most {MAX_VOCAB} columns, got {t.shape[1]}")
+
+
 def check_written_in_place(op: str, name: str, t: torch.Tensor) -> None:
     """Raise ValueError unless the op may write `t` in place: no two of its elements share
     memory (a stride of 0 on a dimension of size > 1, as `expand` makes, or rows closer than
@@ -65,11 +72,22 @@ def _byte_range(t: torch.Tensor) -> tuple[int, int]:
     return start, start + (last + 1) * t.element_size()
 
 
+def _within_one_row_gap(t: torch.Tensor, lo: int, hi: int) -> bool:
+    """Whether bytes [lo, hi) lie in the gap after one row of the 2-D, row-strided `t` (last
+    dimension contiguous): past that row's last element and before the next row."""
+    if t.dim() != 2 or t.stride(-1) != 1 or lo < t.data_ptr():
+        return False
+    row_bytes, used_bytes = t.stride(0) * t.element_size(), t.shape[1] * t.element_size()
+    row, offset = divmod(lo - t.data_ptr(), row_bytes)
+    return offset >= used_bytes and hi - t.data_ptr() <= (row + 1) * row_bytes
+
+
 def check_no_overlap(op: str, name: str, t: torch.Tensor, **inputs: object) -> None:
     """Raise ValueError if `t`, which the op writes in place, shares memory with one of the
     tensors in `inputs` (read while `t` is written: a row written first would be read back
     penalised, and CPU threads would race). Same storage and intersecting byte ranges, as
-    torch's own in-place ops refuse. Skipped while torch.compile traces (fake tensors have no
+    torch's own in-place ops refuse, unless the input lies in the gap between two rows of
+    `t` (a staging buffer packing per-row data beside a strided view). Skipped while torch.compile traces (fake tensors have no
     memory) and for tensors without storage."""
     if torch.compiler.is_compiling() or t.numel() == 0 or t.device.type == "meta":
         return
@@ -87,13 +105,7 @@ def check_no_overlap(op: str, name: str, t: torch.Tensor, **inputs: object) -> N
             olo, ohi = _byte_range(other)
         except (RuntimeError, NotImplementedError):
             continue
-        if olo < hi and lo < ohi:
+        if olo < hi and lo < ohi and not _within_one_row_gap(t, olo, ohi):
             raise ValueError(f"{op}: {other_name} shares memory with {name}, which the op writes in place; "
                              f"pass a copy ({other_name}.clone())")
 
-
-def mark_written(t: torch.Tensor) -> None:
-    """Bump `t`'s version counter after the op wrote it in place, as torch's own in-place ops
-    do: a tensor autograd saved earlier (e.g. the logits of a loss, sampled through
-    `.detach()`) then makes backward() raise instead of silently using the written values."""
-    torch.autograd.graph.increment_version(t)

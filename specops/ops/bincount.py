@@ -9,9 +9,9 @@ import operator
 import torch
 
 from specops import _C  # noqa: F401  (registers torch.ops.specops.*)
-from specops.ops._checks import INDEX_DTYPES, check_no_overlap, check_tensor, check_written_in_place, mark_written
+from specops.ops._checks import (INDEX_DTYPES, MAX_VOCAB, check_no_overlap, check_tensor, check_vocab_width,
+                                 check_written_in_place)
 
-MAX_VOCAB = 2**31 - 1   # the most columns token_bincount makes (token ids fit int32 everywhere in specops)
 
 
 def token_bincount(
@@ -27,7 +27,7 @@ def token_bincount(
         the last dimension must be contiguous. Ids outside ``[0, vocab_size)`` (padding
         such as ``-1`` or ``vocab_size``) are ignored, never written out of bounds.
     vocab_size : int
-        Number of columns of the result, in ``[0, 2**31 - 1]``.
+        Number of columns of the result, in ``[0, 2**31 - 2**20 - 1]`` (``MAX_VOCAB``).
 
     Returns
     -------
@@ -81,12 +81,12 @@ def token_bincount_update_(
     _check_update(op, counts, req_indices, token_ids)
     check_no_overlap(op, "counts", counts, req_indices=req_indices, token_ids=token_ids)
     torch.ops.specops.token_bincount_update_(counts, req_indices, token_ids)
-    mark_written(counts)
 
 
 def _check_update(op: str, counts, req_indices, token_ids) -> None:
     """token_bincount_update_'s checks of types, shapes, strides and devices (wrapper and fake)."""
     check_tensor(op, "counts", counts, (torch.int32,), 2)
+    check_vocab_width(op, "counts", counts)
     check_written_in_place(op, "counts", counts)
     check_tensor(op, "req_indices", req_indices, INDEX_DTYPES, 1)
     check_tensor(op, "token_ids", token_ids, INDEX_DTYPES, 1, shape=tuple(req_indices.shape),

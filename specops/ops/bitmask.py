@@ -9,8 +9,8 @@ from typing import Sequence
 import torch
 
 from specops import _C  # noqa: F401  (registers torch.ops.specops.*)
-from specops.ops._checks import (FLOAT_DTYPES, INDEX_DTYPES, check_no_overlap, check_tensor, check_written_in_place,
-                                 mark_written)
+from specops.ops._checks import (FLOAT_DTYPES, INDEX_DTYPES, check_no_overlap, check_tensor, check_vocab_width,
+                                 check_written_in_place)
 
 
 def apply_token_bitmask_(
@@ -59,12 +59,12 @@ def apply_token_bitmask_(
     _check_args(op, logits, bitmask, indices)
     check_no_overlap(op, "logits", logits, bitmask=bitmask, indices=indices)
     torch.ops.specops.apply_token_bitmask_(logits, bitmask, indices)
-    mark_written(logits)
 
 
 def _check_args(op: str, logits, bitmask, indices) -> None:
     """Types, shapes, strides and devices (the wrapper's checks, and the fake kernel's)."""
     check_tensor(op, "logits", logits, FLOAT_DTYPES, 2)
+    check_vocab_width(op, "logits", logits)
     check_written_in_place(op, "logits", logits)
     check_tensor(op, "bitmask", bitmask, (torch.int32,), 2, like=logits)
     if indices is None:
@@ -102,8 +102,12 @@ def _apply_token_bitmask_fake(logits, bitmask, indices=None):
 def unpack_bitmask(
     bitmask: torch.Tensor,  # [rows, words] int32
     vocab: int,
-) -> torch.Tensor:  # [rows, vocab] bool, True = allowed
-    """Expand packed bits: ``out[r, j]`` is bit ``j % 32`` of ``bitmask[r, j // 32]``."""
+) -> torch.Tensor:  # [rows, min(vocab, 32 * words)] bool, True = allowed
+    """Expand packed bits: ``out[r, j]`` is bit ``j % 32`` of ``bitmask[r, j // 32]``.
+
+    A bitmask narrower than ``vocab`` gives only its ``32 * words`` columns (it says
+    nothing of the tokens past them, which :func:`apply_token_bitmask_` leaves as they are).
+    """
     shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
     bits = (bitmask.unsqueeze(-1) >> shifts) & 1
     return bits.reshape(bitmask.shape[0], 32 * bitmask.shape[1])[:, :vocab].bool()

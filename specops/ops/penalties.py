@@ -6,12 +6,13 @@ from __future__ import annotations
 import torch
 
 from specops import _C  # noqa: F401  (registers torch.ops.specops.*)
-from specops.ops._checks import FLOAT_DTYPES, check_no_overlap, check_tensor, check_written_in_place, mark_written
+from specops.ops._checks import FLOAT_DTYPES, check_no_overlap, check_tensor, check_vocab_width, check_written_in_place
 
 
 def _check_common(op: str, logits: torch.Tensor, prompt_mask: torch.Tensor,
                   repetition_penalties: torch.Tensor) -> None:
     check_tensor(op, "logits", logits, FLOAT_DTYPES, 2)
+    check_vocab_width(op, "logits", logits)
     check_written_in_place(op, "logits", logits)
     check_tensor(op, "prompt_mask", prompt_mask, (torch.bool,), 2, like=logits,
                  shape=tuple(logits.shape), shape_desc=" like logits")
@@ -68,7 +69,6 @@ def apply_penalties_(
                      presence_penalties=presence_penalties)
     torch.ops.specops.apply_penalties_(logits, prompt_mask, output_counts, repetition_penalties,
                                        frequency_penalties, presence_penalties)
-    mark_written(logits)
 
 
 def apply_repetition_penalties_(
@@ -84,7 +84,6 @@ def apply_repetition_penalties_(
     check_no_overlap(op, "logits", logits, prompt_mask=prompt_mask, output_mask=output_mask,
                      repetition_penalties=repetition_penalties)
     torch.ops.specops.apply_repetition_penalties_(logits, prompt_mask, output_mask, repetition_penalties)
-    mark_written(logits)
 
 
 @torch.library.register_fake("specops::apply_penalties_")
