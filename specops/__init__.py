@@ -10,7 +10,7 @@ Compiled ops (in place where the name ends in ``_``), each with a ``*_torch`` re
     apply_repetition_penalties_, apply_token_bitmask_
 Sampling (Triton on CUDA, torch reference elsewhere):
     SamplingMetadata, Sampler, sample, draw, compute_logprobs,
-    LogitsProcessor, BatchUpdate
+    LogitsProcessor, BatchUpdate, LogitsRows, build_logits_processors
 Speculative decoding:
     build_spec_decode_metadata, SpecDecodeMetadata, RejectionSampler,
     rejection_sample, parse_output, MAX_SPEC_LEN (128: the most drafts per request, K)
@@ -44,9 +44,11 @@ from specops.ops import (
 from specops.sampling import (
     BatchUpdate,
     LogitsProcessor,
+    LogitsRows,
     Sampler,
     SamplerOutput,
     SamplingMetadata,
+    build_logits_processors,
     compute_logprobs,
     draw,
     sample,
@@ -69,7 +71,7 @@ __all__ = [
     "apply_penalties_", "apply_penalties_torch", "apply_repetition_penalties_", "apply_repetition_penalties_torch",
     "apply_token_bitmask_", "apply_token_bitmask_torch",
     "SamplingMetadata", "Sampler", "SamplerOutput", "sample", "sample_torch", "draw", "compute_logprobs",
-    "LogitsProcessor", "BatchUpdate",
+    "LogitsProcessor", "BatchUpdate", "LogitsRows", "build_logits_processors",
     "build_spec_decode_metadata", "SpecDecodeMetadata", "RejectionSampler", "rejection_sample",
     "rejection_sample_torch", "parse_output", "MAX_SPEC_LEN",
 ]

@@ -68,3 +68,12 @@ def check_int(name: str, v, lo: int | None = None, hi: int | None = None) -> int
     if hi is not None and v > hi:
         raise ValueError(f"{name} must be <= {hi}, got {v}")
     return v
+
+
+def as_device(name: str, device) -> torch.device:
+    """torch.device(device), or a ValueError naming the argument (torch's own error names neither)."""
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"{name} must be a torch.device or a device string such as 'cpu' or 'cuda:0', "
+                         f"got {device!r}") from None

@@ -186,6 +186,27 @@ def test_sampler_checks_stream_and_kernel_options_when_built():
     Sampler(backend="triton", kernel_options=dict(tile=16, cap=64, num_chunks=2, pivot=False))
 
 
+def test_sampler_checks_kernel_option_values_and_backend_before_writing_the_logits(monkeypatch):
+    """A kernel option's bad value is refused when the Sampler is built, and one that depends
+    on the vocabulary (tile wider than the draw's sub-chunk) or a Triton backend on CPU
+    without the interpreter at the call, before allowed_token_ids writes the caller's logits
+    (both used to raise only after that write)."""
+    for opts, words in (({"cap": 1000}, "cap must be a power of two >= 16, got 1000"),
+                        ({"tile": 24}, "tile must be a power of two >= 4, got 24"),
+                        ({"direct_in": "side"}, "direct_in must be")):
+        with pytest.raises(ValueError, match=f"kernel_options: {words}"):
+            Sampler(backend="triton", kernel_options=opts)
+    md = SamplingMetadata.from_params([0.0, 1.0], vocab_size=V, seeds=[None, 1], allowed_token_ids=[[1, 2], None])
+    logits = torch.randn(2, V)
+    before = logits.clone()
+    with pytest.raises(ValueError, match=r"kernel_options: tile must be at most the draw's sub-chunk"):
+        Sampler(backend="triton", kernel_options={"tile": 2**20})(logits, md)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match=r"backend='triton' on CPU needs TRITON_INTERPRET=1"):
+        Sampler(backend="triton")(logits, md)
+    assert torch.equal(logits, before)
+
+
 def test_sample_refuses_unknown_kernel_options_on_every_backend():
     from specops.sampling import sample
     logits, inv_t = torch.randn(2, V), torch.tensor([1.0, 2.0])
@@ -267,3 +288,20 @@ def test_an_empty_batch_still_checks_the_backend_name():
     with pytest.raises(ValueError, match="backend"):
         sample(torch.empty(0, 8), torch.empty(0), backend="bogus", **empty)
     assert sample(torch.empty(0, 8), torch.empty(0), backend="torch", **empty).tokens.shape == (0,)
+
+
+def test_a_device_string_torch_cannot_parse_is_a_named_value_error():
+    from specops.spec_decode import build_spec_decode_metadata
+    for build in (lambda: SamplingMetadata.from_params([1.0], vocab_size=V, device="gpu"),
+                  lambda: build_spec_decode_metadata([1], [2], device="gpu")):
+        with pytest.raises(ValueError, match="device must be a torch.device or a device string .* got 'gpu'"):
+            build()
+
+
+def test_the_processor_helpers_are_public_beside_the_processor_interface():
+    import specops
+    assert specops.build_logits_processors is build_logits_processors
+    procs = specops.build_logits_processors(2, V, use_entry_points=False)
+    md = SamplingMetadata.from_params([1.0, 1.0], vocab_size=V, logitsprocs=procs, rows=specops.LogitsRows.identity(2))
+    assert md.rows.req_indices == [0, 1]
+    assert {"LogitsRows", "build_logits_processors", "LogitsProcessor", "BatchUpdate"} <= set(specops.__all__)

@@ -496,6 +496,64 @@ def test_min_p_runs_before_custom_argmax_invariant_processors(backend):
     assert bool(want[[0, 1], tokens[:2]].all()) and tokens[2] == int(logits[2].argmax())
 
 
+class HalveUsers(LogitsProcessor):
+    """Argmax invariant; halves the rows of the requests whose extra_args ask for it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.users = set()
+
+    def is_argmax_invariant(self):
+        return True
+
+    def update_state(self, batch_update):
+        if batch_update:
+            self.users -= set(batch_update.removed)
+            self.users |= {i for i, p, _, _ in batch_update.added if (getattr(p, "extra_args", None) or {}).get("halve")}
+
+    def is_active(self):
+        return bool(self.users)
+
+    def apply(self, logits, rows=None):
+        rows = rows or LogitsRows.identity(logits.shape[0])
+        for r, req in enumerate(rows.req_indices):
+            if req in self.users:
+                logits[r] *= 0.5                                          # in place, as processors may
+        return logits
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_seeded_min_p_row_ignores_a_neighbours_custom_processor(backend):
+    """A seeded min-p row's token is the same alone and beside a request that switches a
+    custom argmax-invariant processor on (which min-p must precede, so the batch goes through
+    the torch pre-mask): the rows the processor leaves alone keep the fused min-p draw. It
+    differed at 8 of 20 positions. The processor's own row, min-p and all, draws the same
+    token whatever its neighbour's min-p."""
+    device = "cuda" if CUDA else "cpu"
+    V = 500
+    gen = torch.Generator().manual_seed(11)
+    mine, other = (torch.randn(V, generator=gen) * 2).to(device), torch.randn(V, generator=gen).to(device)
+    opts = {} if CUDA or backend == "torch" else dict(tile=64, cap=128, num_chunks=2)
+    sampler = Sampler(backend=backend, kernel_options=opts)
+
+    def tokens(rows, pos):   # rows: (logits, min_p, seed, halve) per request
+        procs = build_logits_processors(4, V, device, custom=[HalveUsers], use_entry_points=False)
+        added = [(i, SimpleNamespace(extra_args={"halve": r[3]}), None, []) for i, r in enumerate(rows)]
+        procs.update_state(BatchUpdate(batch_size=len(rows), added=added))
+        md = SamplingMetadata.from_params([0.9] * len(rows), vocab_size=V, device=device,
+                                          min_p=[r[1] for r in rows], seeds=[r[2] for r in rows],
+                                          positions=[pos] * len(rows), logitsprocs=procs,
+                                          rows=LogitsRows.identity(len(rows)))
+        return sampler(torch.stack([r[0] for r in rows]), md).sampled_token_ids.tolist()
+
+    plain, halved = (mine, 0.1, 1234, False), (other, 0.2, 99, True)
+    for pos in range(12):
+        alone = tokens([plain], pos)[0]
+        assert tokens([plain, halved], pos)[0] == alone
+        assert tokens([halved, plain], pos)[1] == alone
+        assert tokens([halved], pos)[0] == tokens([halved, (mine, 0.0, None, False)], pos)[0]
+
+
 # ---- processors and the persistent batch ----------------------------------------------------
 
 def test_batch_update_removed_added_moved_in_order():

@@ -282,6 +282,33 @@ def draw_sub_chunk(vocab: int) -> int:
     return max(tile_size(vocab), min(2048, _next_pow2(-(-vocab // 8))))
 
 
+def check_kernel_options(V: int | None = None, *, cap: int = DEFAULT_CAP, tile: int | None = None,
+                         plan_warps: int = 8, finish_warps: int = FINISH_WARPS, direct_group: int | None = None,
+                         direct_small: int = DIRECT_SMALL, finish_maxnreg: int = FINISH_MAXNREG,
+                         plan_maxnreg: int = -1, direct_in: str = "auto", **other) -> None:
+    """Raise ValueError on a value of a `sample_top_k_top_p_triton` option that it cannot
+    take (unknown names are the caller's check; `other` takes the options with no rule);
+    with the vocabulary size V, also the rules that depend on it. Host arithmetic only: the
+    Sampler runs it before it writes any logits."""
+    if tile and (tile < 4 or tile & (tile - 1)):
+        raise ValueError(f"tile must be a power of two >= 4, got {tile}")
+    if cap < 16 or cap & (cap - 1):
+        raise ValueError(f"cap must be a power of two >= 16, got {cap}")
+    for name, v in (("plan_warps", plan_warps), ("finish_warps", finish_warps), ("direct_group", direct_group or 1),
+                    ("direct_small", direct_small or 1)):
+        if v < 1 or v & (v - 1):
+            raise ValueError(f"{name} must be a power of two, got {v}")
+    if not 0 <= finish_maxnreg <= 255:
+        raise ValueError(f"finish_maxnreg must be 0 (no cap) or a register count up to 255, got {finish_maxnreg}")
+    if not -1 <= plan_maxnreg <= 255:
+        raise ValueError(f"plan_maxnreg must be -1 (the default), 0 (no cap) or a register count up to 255, "
+                         f"got {plan_maxnreg}")
+    if direct_in not in ("auto", "plan", "collect", "spread", "beside"):
+        raise ValueError(f"direct_in must be 'auto', 'plan', 'collect', 'spread' or 'beside', got {direct_in!r}")
+    if V is not None and (tile or tile_size(V)) > draw_sub_chunk(V):
+        raise ValueError(f"tile must be at most the draw's sub-chunk ({draw_sub_chunk(V)} tokens at V={V}), got {tile}")
+
+
 def sample_top_k_top_p_triton(
     logits: torch.Tensor,            # [R, V] fp32/bf16/fp16, unit column stride (row stride may be 0)
     inv_temperature: torch.Tensor,   # [R] fp32: 1/T, -1 on greedy rows
@@ -425,27 +452,13 @@ def sample_top_k_top_p_triton(
     """
     R, V = logits.shape
     dev = logits.device
+    check_kernel_options(V, cap=cap, tile=tile, plan_warps=plan_warps, finish_warps=finish_warps,
+                         direct_group=direct_group, direct_small=direct_small, finish_maxnreg=finish_maxnreg,
+                         plan_maxnreg=plan_maxnreg, direct_in=direct_in)
     tile = tile or tile_size(V)
-    if tile < 4 or tile & (tile - 1):
-        raise ValueError(f"tile must be a power of two >= 4, got {tile}")
-    if cap < 16 or cap & (cap - 1):
-        raise ValueError(f"cap must be a power of two >= 16, got {cap}")
-    for name, v in (("plan_warps", plan_warps), ("finish_warps", finish_warps), ("direct_group", direct_group or 1),
-                    ("direct_small", direct_small or 1)):
-        if v < 1 or v & (v - 1):
-            raise ValueError(f"{name} must be a power of two, got {v}")
-    if not 0 <= finish_maxnreg <= 255:
-        raise ValueError(f"finish_maxnreg must be 0 (no cap) or a register count up to 255, got {finish_maxnreg}")
-    if not -1 <= plan_maxnreg <= 255:
-        raise ValueError(f"plan_maxnreg must be -1 (the default), 0 (no cap) or a register count up to 255, "
-                         f"got {plan_maxnreg}")
-    if direct_in not in ("auto", "plan", "collect", "spread", "beside"):
-        raise ValueError(f"direct_in must be 'auto', 'plan', 'collect', 'spread' or 'beside', got {direct_in!r}")
     NT = -(-V // tile)
     NT_P2 = max(16, _next_pow2(NT))
     sub = draw_sub_chunk(V)
-    if tile > sub:
-        raise ValueError(f"tile must be at most the draw's sub-chunk ({sub} tokens at V={V}), got {tile}")
     # a knob asks for at most 1024 blocks: the plan combines their partials in one vector
     tpb, nblk = pass1_blocks(NT, tile, None if num_chunks is None else max(1, min(int(num_chunks), NT, 1024)))
     G = max(1, 2048 // tile)

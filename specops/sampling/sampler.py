@@ -13,8 +13,10 @@ Order of the steps:
    vLLM v1's order: one fused two-pass kernel on CUDA (specops.sampling.topk_topp), the
    sort-based reference elsewhere. min-p is fused into the draw unless a custom
    argmax-invariant processor is active: then the logits are scaled and cut by min-p in
-   torch (the draw's rule, `row_thresholds_torch`) before those processors, and the draw
-   gets no min-p
+   torch (the draw's rule, `row_thresholds_torch`) before those processors; the rows they
+   change are drawn from what they returned with no min-p, the rows they leave as they were
+   keep the fused min-p draw (so a seeded row's token does not depend on a neighbour's
+   processor)
 8. logprobs (specops.sampling.logprobs)
 
 `process` runs steps 1-7 up to (not including) the thresholds and the draw and returns
@@ -39,8 +41,8 @@ from .logprobs import LogprobsTensors, compute_logprobs, compute_processed_logpr
 from .metadata import LOGPROBS_MODES, SamplingMetadata
 from .sampler_torch import (SampleResult, apply_allowed_token_mask_, apply_bad_words_, apply_penalties_torch,
                             row_thresholds_torch, scale_logits, target_probs_torch)
-from .topk_topp import (check_backend_name, kernel_option_names, resolve_backend, sample, sample_options,
-                        unknown_kernel_options)
+from .topk_topp import (check_backend_name, check_kernel_option_values, kernel_option_names, resolve_backend, sample,
+                        sample_options, unknown_kernel_options)
 
 
 @dataclass
@@ -51,14 +53,15 @@ class ProcessedLogits:
     ----------
     logits : torch.Tensor
         [R, V] processed logits (the input tensor itself when nothing had to change them).
-        Unscaled, unless custom argmax-invariant processors ran: then they are scaled, cut
-        by min-p (-inf below it) and `inv_temperature` is 1 on random rows.
+        Unscaled, unless custom argmax-invariant processors ran: then they are scaled and
+        `inv_temperature` is 1 on random rows; a row those processors changed was cut by
+        min-p (-inf below it) before them.
     inv_temperature : torch.Tensor
         [R] fp32, 1/T on random rows, -1 on greedy rows (what the draw must still apply).
     min_p : torch.Tensor or None
         [R] fp32, the row's min_p (metadata and min_p processor combined) that the draw must
-        still apply; None when no row has one, or when custom argmax-invariant processors
-        ran (min-p was applied before them).
+        still apply; None when no row has one. 0 on a row that custom argmax-invariant
+        processors changed (min-p was applied before them).
     raw_logits : torch.Tensor or None
         [R, V] the logits as given, kept for "raw_*" logprobs.
     """
@@ -140,6 +143,7 @@ class Sampler:
         if unknown_kernel_options(kernel_options or {}):
             raise ValueError(f"kernel_options has unknown keys {unknown_kernel_options(kernel_options)}: the keys are "
                              f"{sorted(kernel_option_names())}")
+        check_kernel_option_values(kernel_options)
         self.logprobs_mode = logprobs_mode
         self.backend = backend
         self.stream = stream
@@ -190,6 +194,8 @@ class Sampler:
         metadata.check_vocab(V)
         if logits.device != metadata.device:
             raise ValueError(f"logits are on {logits.device} but the metadata on {metadata.device}")
+        if resolve_backend(self.backend, logits.device) == "triton":   # errors before anything is written
+            check_kernel_option_values(self.kernel_options, V)
         procs = metadata.logitsprocs
         active = [p for p in procs.non_argmax_invariant if p.is_active()] if procs is not None else []
         want_raw = metadata.max_num_logprobs is not None and self.logprobs_mode.startswith("raw")
@@ -228,18 +234,36 @@ class Sampler:
             custom = [p for p in procs.argmax_invariant
                       if not isinstance(p, MinPLogitsProcessor) and p.is_active()]
             if custom:
-                # vLLM v1's order: min-p on the scaled logits, then the custom processors
-                random = inv_t > 0
-                x = scale_logits(x, inv_t)
-                if min_p is not None:
-                    row_min_p = torch.where(random, min_p, torch.zeros_like(min_p))   # greedy rows: none
-                    tau = row_thresholds_torch(x, None, None, row_min_p)
-                    x = x.masked_fill(x < tau.unsqueeze(1), float("-inf"))   # NaN rows stay invalid
-                    min_p = None
-                inv_t = torch.where(random, torch.ones_like(inv_t), inv_t)
-                for proc in custom:
-                    x = proc.apply(x, metadata.rows)
+                x, inv_t, min_p = self._apply_custom_argmax_invariant(x, inv_t, min_p, custom, metadata.rows)
         return ProcessedLogits(x, inv_t, min_p, raw)
+
+    @staticmethod
+    def _apply_custom_argmax_invariant(x, inv_t, min_p, custom, rows):
+        """vLLM v1's order: temperature, min-p on the scaled logits, then the custom
+        processors; returns (x, inv_t, min_p) for the draw.
+
+        A row the processors leave as they got it keeps its min-p for the draw, on its
+        unmasked scaled logits (the same law: the draw cuts at the same threshold): so a
+        seeded row's token does not change because another request switched a processor on
+        (the draw of a row with min-p and the draw of a pre-masked row use the noise
+        differently). A row they change is drawn from what they returned, min-p off."""
+        random = inv_t > 0
+        scaled = scale_logits(x, inv_t)
+        x = scaled
+        if min_p is not None:
+            row_min_p = torch.where(random, min_p, torch.zeros_like(min_p))   # greedy rows: none
+            tau = row_thresholds_torch(scaled, None, None, row_min_p)
+            x = scaled.masked_fill(scaled < tau.unsqueeze(1), float("-inf"))   # NaN rows stay invalid
+            given = x.clone()                                                  # a processor may write in place
+        inv_t = torch.where(random, torch.ones_like(inv_t), inv_t)
+        for proc in custom:
+            x = proc.apply(x, rows)
+        if min_p is not None:
+            same = (x == given) | (x.isnan() & given.isnan())
+            untouched = same.all(dim=1)                                        # [R] bool, no host sync
+            x = torch.where(untouched.unsqueeze(1), scaled, x)
+            min_p = torch.where(untouched, min_p, torch.zeros_like(min_p))
+        return x, inv_t, min_p
 
     def _apply_penalties(self, x: torch.Tensor, md: SamplingMetadata) -> None:
         op = None if resolve_backend(self.backend, x.device) == "torch" else _penalties_op()

@@ -80,6 +80,18 @@ def unknown_kernel_options(options: dict) -> list:
     return sorted(set(options) - kernel_option_names(), key=str) if options else []
 
 
+def check_kernel_option_values(options: dict, vocab: int | None = None) -> None:
+    """Raise ValueError on a kernel option's value that the Triton draw cannot take (with
+    `vocab`, also the rules that depend on it): before any launch, and before the Sampler
+    writes the logits."""
+    if options:
+        from specops.triton_kernels.sampling_topk_topp import check_kernel_options
+        try:
+            check_kernel_options(vocab, **options)
+        except ValueError as e:
+            raise ValueError(f"kernel_options: {e}") from None
+
+
 def resolve_backend(backend: str, device: torch.device) -> str:
     """The backend that runs on `device`: "auto" is Triton on CUDA and torch elsewhere; "triton"
     on CPU needs the Triton interpreter (TRITON_INTERPRET=1, set before triton is imported)."""
@@ -233,10 +245,14 @@ def draw(
     exp(x - max) / E inside it (the two-level draw of `sample`'s rows without a filter);
     argmax on greedy rows.
 
-    For logits that went through the processing already (e.g. `Sampler.process`), this
-    draws from the same distribution as `sample`, with the same noise keys. The token is
-    `sample`'s own for rows `sample` drew without a filter; for rows it filtered (top-k,
-    top-p, min-p: one race over the kept tokens) it may be another token of the same law.
+    `logits` must already be scaled by the temperature and cut by top-k / top-p / min-p
+    (-inf outside the kept set), e.g. by `sampler_torch.scale_logits` then
+    `top_k_top_p_min_p_mask_torch`. `Sampler.process` does not return such logits: they
+    are unscaled and uncut (`Sampler.sample_processed` applies both). On such logits this
+    draws from the same distribution as `sample` on the raw ones, with the same noise keys.
+    The token is `sample`'s own for rows `sample` drew without a filter; for rows it
+    filtered (top-k, top-p, min-p: one race over the kept tokens) it may be another token
+    of the same law.
     """
     if not isinstance(greedy, torch.Tensor) or greedy.dtype != torch.bool:
         raise TypeError("greedy must be a bool tensor of shape [rows]")

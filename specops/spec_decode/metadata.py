@@ -27,6 +27,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from specops._arg_checks import as_device
+
 MAX_SPEC_LEN = 128
 """Largest number of drafts per request (K) that the builder and the rejection kernels accept."""
 _MAX_INDEX = 2**31 - 1   # the index tensors are int32
@@ -175,7 +177,7 @@ def build_spec_decode_metadata(
             raise ValueError(f"input_ids has {input_ids.shape[0]} tokens, cu_num_scheduled_tokens "
                              f"needs {int(cu[-1])}")
         device = input_ids.device if device is None else device
-    device = torch.device("cpu") if device is None else torch.device(device)
+    device = torch.device("cpu") if device is None else as_device("device", device)
 
     rows = nd + 1                                   # logits rows kept per request
     cu_rows = np.cumsum(rows)

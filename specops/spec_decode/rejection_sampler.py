@@ -28,7 +28,7 @@ import torch
 from specops.sampling import LogitsRows, Sampler, SamplerOutput, SamplingMetadata
 from specops.sampling.logits_processors.builtin import MinPLogitsProcessor
 from specops.sampling.logits_processors.interface import to_device
-from specops.sampling.topk_topp import resolve_backend, sample_options
+from specops.sampling.topk_topp import check_kernel_option_values, resolve_backend, sample_options
 from specops.sampling.topk_topp import sample as sample_with_thresholds
 from specops.spec_decode.metadata import SpecDecodeMetadata
 from specops._arg_checks import LOGIT_DTYPES, check_1d, check_int
@@ -225,6 +225,10 @@ class RejectionSampler:
         # every input checked here, before the bonus rows' Sampler launches anything
         check_1d("draft_token_ids", draft_token_ids, total, (torch.int32, torch.int64), device)
         check_draft_probs(draft_probs, total, vocab, device)
+        for backend in (self.backend, self.sampler.backend):   # triton on CPU needs the interpreter
+            resolve_backend(backend, device)
+        if resolve_backend(self.sampler.backend, device) == "triton":
+            check_kernel_option_values(self.sampler.kernel_options, vocab)
         md = metadata
         procs = md.logitsprocs
         history_procs = _active(procs, False) + _active(procs, True)
