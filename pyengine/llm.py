@@ -85,7 +85,14 @@ class LLM:
             if len(params) != len(prompts):
                 raise ValueError(f"sampling_params must be one SamplingParams or one per prompt "
                                  f"({len(prompts)}), got {len(params)}")
-        ids = [self.engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+        ids = []
+        try:
+            for p, sp in zip(prompts, params):
+                ids.append(self.engine.add_request(p, sp))
+        except BaseException:   # e.g. a request id already in use: none of this call's requests runs
+            for rid in ids:
+                self.engine.abort_request(rid)
+            raise
         self._waited.update(ids)
         return ids
 

@@ -25,6 +25,14 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
 _CPU_KV_BYTES = 512 << 20
 
 
+def _missing_grammar_package(exc: Exception) -> Exception:
+    """An ImportError (structured output without xgrammar installed) as the request's own
+    ValueError; other errors as they are."""
+    if isinstance(exc, ImportError):
+        return ValueError(f"structured output needs the xgrammar package (pip install 'specops[grammar]'): {exc}")
+    return exc
+
+
 @dataclass
 class _Parent:
     """A request as the user sees it: n samples (child Requests) of one prompt."""
@@ -236,10 +244,11 @@ class LLMEngine:
                 raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
             params.validate(self.vocab_size)
             self.runner.sampler.check_request(params, ids)
-        except (ValueError, TypeError, RecursionError) as exc:
+        except (ValueError, TypeError, RecursionError, ImportError) as exc:
             if isinstance(exc, RecursionError):   # e.g. a JSON schema text thousands of levels deep
                 exc = ValueError("sampling params are nested too deeply to check (e.g. a JSON schema hundreds "
                                  "of levels deep)")
+            exc = _missing_grammar_package(exc)
             parent = _Parent(rid, text, ids, [], [], error=f"{type(exc).__name__}: {exc}",
                              num_rejected_samples=n)   # 1 when n itself is invalid
             self.parents[rid] = parent
@@ -262,7 +271,8 @@ class LLMEngine:
                 so = self.structured_output_manager()
                 for child in children:
                     so.add_request(child.request_id, params.structured_outputs, ids)
-            except (ValueError, TypeError, RecursionError) as exc:
+            except (ValueError, TypeError, RecursionError, ImportError) as exc:
+                exc = _missing_grammar_package(exc)
                 if self.structured is not None:   # None when the manager itself failed to start
                     for child in children:
                         self.structured.remove_request(child.request_id)

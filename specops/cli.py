@@ -148,10 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
     o = g.add_argument_group("structured output (constrain the text; one of these)")
     o.add_argument("--json-schema", default=None, metavar="FILE", help="a JSON Schema file the output must satisfy")
     o.add_argument("--json-object", action="store_true", help="the output is any JSON object")
-    o.add_argument("--regex", default=None, metavar="REGEX", help="the output matches this regular expression")
+    o.add_argument("--regex", default=None, metavar="REGEX",
+                   help="the output matches this regular expression (one starting with -: --regex=-?[0-9]+)")
     o.add_argument("--choice", default=None, action="append", metavar="TEXT",
                    help="the output is one of these strings: repeat the option for each "
-                        "(commas kept), or give one comma-separated list")
+                        "(commas kept), or give one comma-separated list (spaces around the commas dropped)")
     o.add_argument("--grammar", default=None, metavar="FILE", help="an EBNF (GBNF) grammar file, root rule `root`")
     o.add_argument("--reasoning-end", default=None, metavar="TEXT",
                    help='leave the output unconstrained until this marker (e.g. "</think>")')

@@ -391,6 +391,57 @@ def test_failed_grammar_of_an_n_sample_request_gives_one_output_per_step(tiny_ch
     eng.shutdown()
 
 
+def test_structured_output_without_xgrammar_fails_only_that_request(tiny_checkpoint, monkeypatch):  # noqa: F811
+    # an install without the optional xgrammar: a structured request raised ModuleNotFoundError
+    # out of add_request (generate() then left the requests queued before it in the engine); it
+    # now fails alone, named, and the plain request beside it runs
+    import sys
+
+    from specops.engine.structured_output import StructuredOutputOptions
+
+    monkeypatch.setitem(sys.modules, "xgrammar", None)          # what `import xgrammar` sees when absent
+    eng = engine(loaded_model(tiny_checkpoint, "cpu"), max_model_len=64)
+    eng.add_request([5, 6, 7], SamplingParams(temperature=0, max_tokens=3), request_id="plain")
+    for rid, kw in (("regex", dict(regex="a+")), ("json", dict(json_object=True))):   # failing in validate / the manager
+        eng.add_request([5, 6, 7], SamplingParams(max_tokens=3, structured_outputs=StructuredOutputOptions(**kw)),
+                        request_id=rid)
+    finals = {}
+    for _ in range(1000):
+        if not eng.has_unfinished_requests():
+            break
+        finals.update({o.request_id: o for o in eng.step() if o.finished})
+    assert finals["plain"].error is None and len(finals["plain"].outputs[0].token_ids) == 3
+    for rid in ("regex", "json"):
+        assert "structured output needs the xgrammar package" in finals[rid].error
+    eng.shutdown()
+
+
+def test_generate_leaves_nothing_queued_when_a_later_prompt_fails_to_add(tiny_checkpoint, monkeypatch):  # noqa: F811
+    # generate() adds its prompts one by one: when a later add_request raised, the requests added
+    # before it stayed queued, ran in the next call and were never reported
+    llm = LLM(loaded=loaded_model(tiny_checkpoint, "cpu"), max_model_len=64)
+    add, calls = llm.engine.add_request, []
+
+    def failing_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("injected")
+        return add(*args, **kwargs)
+
+    monkeypatch.setattr(llm.engine, "add_request", failing_third)
+    with pytest.raises(RuntimeError, match="injected"):
+        llm.generate([[5, 6], [7, 8], [9, 10]], SamplingParams(temperature=0, max_tokens=2))
+    finals = []
+    for _ in range(100):                       # the two requests added first end aborted, not run
+        if not llm.engine.has_unfinished_requests():
+            break
+        finals += [o for o in llm.engine.step() if o.finished]
+    assert len(finals) == 2 and all(c.finish_reason == "abort" for o in finals for c in o.outputs)
+    monkeypatch.undo()
+    assert len(llm.generate([[5, 6]], SamplingParams(temperature=0, max_tokens=2))) == 1
+    llm.engine.shutdown()
+
+
 def test_bos_adding_tokenizer_gives_one_bos_and_working_bad_words(tiny_checkpoint, tmp_path):  # noqa: F811
     # a Llama-3-style tokenizer.json (its post-processor adds BOS) with a chat template that writes
     # its own BOS: the chat prompt had two BOS, and every bad word was encoded as [BOS, word...],

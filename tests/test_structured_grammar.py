@@ -265,3 +265,27 @@ def test_length_bounded_strings_exclude_control_characters(backend, tok):
         state.fill_bitmask(bm, 0)
         allowed = set(allowed_tokens(bm[0], backend.vocab_size).tolist())
         assert len(allowed) > 100 and not allowed & set(control)
+
+
+def test_tokenizer_ids_past_the_logits_are_left_out(tok):
+    """A tokenizer with added ids past the model's logits (a checkpoint whose tokenizer grew):
+    every structured request failed with "vocab_size must be at least the tokenizer's"; now
+    the grammar works over the ids the model can produce, and an EOS id past them is dropped."""
+    width = tok.vocab_size - 5
+    eos = tok.eos_token_ids[0]
+    assert eos < width
+    backend = XgrammarBackend.from_tokenizer(tok, vocab_size=width)
+    assert backend.vocab_size == width
+    compiled = backend.compile(StructuredOutputOptions(choice=["yes", "no"]))
+    state = GrammarState(backend.new_matcher(compiled))
+    assert state.accept_tokens(tok.encode("yes"))
+    bm = torch.zeros((1, backend.bitmask_width), dtype=torch.int32)
+    state.fill_bitmask(bm, 0)
+    assert allowed_tokens(bm[0], width).tolist() == [eos]
+
+    class Narrow:   # the same tokenizer with only an EOS id past the logits
+        vocab_size, eos_token_ids, special_token_ids = tok.vocab_size, [tok.vocab_size - 1], []
+        id_to_token, backend = tok.id_to_token, getattr(tok, "backend", None)
+
+    with pytest.raises(ValueError, match="no EOS id of the tokenizer is below the logits' width"):
+        XgrammarBackend.from_tokenizer(Narrow(), vocab_size=width)

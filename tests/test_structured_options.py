@@ -42,7 +42,8 @@ def test_malformed_json_schema():
     _bad("not valid JSON: Expecting ':' delimiter at line 1 column 31",
          json_schema='{"type": "object", "required" ["a"]}')
     _bad("malformed at type: 'objekt' is not valid", json_schema={"type": "objekt"})
-    _bad("malformed at properties/a/minimum", json_schema={"type": "object", "properties": {"a": {"minimum": "3"}}})
+    _bad("malformed at properties/a/minimum",
+         json_schema={"type": "object", "properties": {"a": {"type": "number", "minimum": "3"}}})
     _bad("must be a dict or its JSON text", json_schema=["type", "object"])
     _bad("must be a JSON object; for any JSON use json_object", json_schema=True)
     _bad("'not' at #/properties/a", json_schema={"type": "object", "properties": {"a": {"not": {"type": "null"}}}})
@@ -82,6 +83,19 @@ HALF_ENFORCED = [
      {"type": "string", "pattern": "^(?!a)[ab]$"}),
     ("json_schema 'pattern' at #/properties/x has the quantifier \\{4294967296\\}",
      {"type": "object", "properties": {"x": {"type": "string", "pattern": "^a{4294967296}$"}}}),
+    # a subschema without "type" compiled to any JSON value: {"zip": "hello world"} came out
+    # for a 5-digit pattern, {"zip": 123456} for maximum 10 (a review, session 70)
+    ("'pattern' at #/properties/zip without \"type\": .* add \"type\": \"string\"",
+     {"type": "object", "properties": {"zip": {"pattern": "^[0-9]{5}$"}}, "required": ["zip"]}),
+    ("'maxLength' at #/properties/zip without \"type\"", {"type": "object", "properties": {"zip": {"maxLength": 5}}}),
+    ("'maximum' at #/items without \"type\": .* \"number\"", {"type": "array", "items": {"maximum": 10}}),
+    ("'minItems' at # without \"type\"", {"minItems": 3}),
+    ("'maxProperties' at # without \"type\"", {"properties": {"a": {"type": "integer"}}, "maxProperties": 0}),
+    # a $ref to an $anchor, a file or a URL compiled to any JSON value
+    ("'\\$ref': '#num' at #/properties/zip: structured output resolves only JSON pointers",
+     {"$defs": {"n": {"$anchor": "num", "type": "integer"}}, "type": "object",
+      "properties": {"zip": {"$ref": "#num"}}, "required": ["zip"]}),
+    ("'\\$ref': 'other.json' at #", {"$ref": "other.json"}),
 ]
 
 
@@ -204,6 +218,7 @@ def test_from_cli(tmp_path):
     assert StructuredOutputOptions.from_cli() is None
     assert StructuredOutputOptions.from_cli(json_schema_file=str(schema)).kind == "json_schema"
     assert StructuredOutputOptions.from_cli(choice="yes,no").choice == ["yes", "no"]
+    assert StructuredOutputOptions.from_cli(choice="yes, no").choice == ["yes", "no"]   # " no" kept its space
     assert StructuredOutputOptions.from_cli(choice=["a,b", "c"]).choice == ["a,b", "c"]
     g = tmp_path / "g.ebnf"
     g.write_text('root ::= "x"+')

@@ -42,7 +42,8 @@ def make_tokenizer_info(tokenizer, vocab_size: int | None = None, stop_token_ids
     tokenizer : pyengine.model.tokenizer.Tokenizer (or anything with ``vocab_size``,
         ``id_to_token(i)``, ``eos_token_ids`` and optionally ``special_token_ids``, ``backend``)
     vocab_size : int | None
-        The model's logits width (>= the tokenizer's vocabulary); None = the tokenizer's.
+        The model's logits width; None = the tokenizer's. Tokenizer ids at or past it (added
+        tokens the model cannot produce) are left out of the grammar's vocabulary.
     stop_token_ids : list[int] | None
         Tokens that end a grammar's output; None = ``tokenizer.eos_token_ids``.
 
@@ -54,11 +55,16 @@ def make_tokenizer_info(tokenizer, vocab_size: int | None = None, stop_token_ids
 
     n = int(tokenizer.vocab_size)
     vocab_size = n if vocab_size is None else int(vocab_size)
-    if vocab_size < n:
-        raise ValueError(f"vocab_size ({vocab_size}) must be at least the tokenizer's vocabulary size ({n})")
-    stops = list(tokenizer.eos_token_ids if stop_token_ids is None else stop_token_ids)
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be at least 1, got {vocab_size}")
+    n = min(n, vocab_size)   # ids past the logits never come out
+    if stop_token_ids is None:   # the tokenizer's EOS ids the model can produce
+        stops = [s for s in tokenizer.eos_token_ids if int(s) < vocab_size]
+    else:
+        stops = list(stop_token_ids)
     if not stops:
-        raise ValueError("stop_token_ids must not be empty: a grammar needs a token that ends the output")
+        why = "" if stop_token_ids is not None else f" (no EOS id of the tokenizer is below the logits' width {vocab_size})"
+        raise ValueError(f"stop_token_ids must not be empty: a grammar needs a token that ends the output{why}")
     for s in stops:
         if not 0 <= int(s) < vocab_size:
             raise ValueError(f"stop token id {s} is outside the vocabulary [0, {vocab_size})")

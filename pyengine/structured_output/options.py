@@ -43,6 +43,13 @@ _ANNOTATIONS = frozenset((
     "contentEncoding", "contentMediaType", "contentSchema",
 ))
 _COMBINATORS = ("$ref", "allOf", "anyOf", "oneOf")
+# Keywords of one JSON type that xgrammar (0.2) drops from a subschema without "type": it
+# compiles such a subschema to "any JSON value" (the keyword -> the type to add).
+_TYPED_KEYWORDS = {
+    "pattern": "string", "format": "string", "minLength": "string", "maxLength": "string",
+    "minimum": "number", "maximum": "number", "exclusiveMinimum": "number", "exclusiveMaximum": "number",
+    "minItems": "array", "maxItems": "array", "minProperties": "object", "maxProperties": "object",
+}
 
 
 @dataclass
@@ -150,7 +157,7 @@ class StructuredOutputOptions:
         if regex is not None:
             kwargs["regex"] = regex
         if choice is not None:
-            kwargs["choice"] = [c for c in choice.split(",")] if isinstance(choice, str) else list(choice)
+            kwargs["choice"] = [c.strip() for c in choice.split(",")] if isinstance(choice, str) else list(choice)
         if grammar_file is not None:
             kwargs["grammar"] = _read_text("--grammar", grammar_file)
         if json_object:
@@ -243,8 +250,20 @@ def _check_half_enforced(s: dict, path: str) -> None:
     enum / const values that their sibling constraints exclude (the values are produced as
     listed), pattern with minLength / maxLength (only the pattern is kept), multipleOf on
     non-integers (ignored), a required property that ``properties`` does not define (never
-    produced) and minProperties met by extra keys (a repeated key counts twice)."""
+    produced), minProperties met by extra keys (a repeated key counts twice), a type's
+    keywords (pattern, maximum, minItems, ...) in a subschema without "type" (compiled to any
+    value) and a $ref that is not a JSON pointer into the schema (likewise)."""
+    ref = s.get("$ref")
+    if isinstance(ref, str) and not (ref == "#" or ref.startswith("#/")):
+        raise ValueError(f"json_schema has '$ref': {ref!r} at {path}: structured output resolves only JSON "
+                         "pointers into the schema ('#/$defs/name'), not anchors, other files or URLs; "
+                         "point it at the definition")
     combinators = [kw for kw in _COMBINATORS if kw in s]
+    if "type" not in s and not combinators and "enum" not in s and "const" not in s:
+        typed = [kw for kw in _TYPED_KEYWORDS if kw in s]
+        if typed:
+            raise ValueError(f"json_schema has {typed[0]!r} at {path} without \"type\": structured output would "
+                             f"allow any JSON value there; add \"type\": \"{_TYPED_KEYWORDS[typed[0]]}\"")
     if combinators:
         others = [kw for kw in s if kw not in _ANNOTATIONS and kw != combinators[0]]
         if others:
