@@ -5,6 +5,7 @@
 #include <Python.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
 #include <torch/library.h>
 
 // Importing specops._C loads this library, whose static initialisers register the ops.
@@ -39,7 +40,8 @@ TORCH_LIBRARY(specops, m) {
 // is refused, as the Python wrappers refuse it, so that direct torch.ops.specops calls never
 // silently drop a gradient. ADInplaceOrView: the version counter of each (a!) argument is
 // bumped after the op wrote it, as torch's own in-place ops do, so a tensor autograd saved
-// before the op makes backward raise instead of silently using the written values.
+// before the op makes backward raise instead of silently using the written values (an
+// inference tensor outside inference mode, whose version cannot be bumped, is refused first).
 namespace {
 
 constexpr const char* kOpNames[] = {"token_bincount", "token_bincount_update_", "apply_penalties_",
@@ -64,7 +66,13 @@ void bump_written_versions(const c10::OperatorHandle& op, c10::DispatchKeySet ke
   const auto inputs = torch::jit::last(*stack, arguments.size());
   for (size_t i = 0; i < arguments.size(); ++i) {
     const c10::AliasInfo* alias = arguments[i].alias_info();
-    if (alias != nullptr && alias->isWrite() && inputs[i].isTensor()) written.push_back(inputs[i].toTensor());
+    if (alias == nullptr || !alias->isWrite() || !inputs[i].isTensor()) continue;
+    const at::Tensor& t = inputs[i].toTensor();
+    TORCH_CHECK_VALUE(!t.is_inference() || c10::InferenceMode::is_enabled(), op.schema().name(), ": ",
+                      arguments[i].name(), " is an inference tensor (made under torch.inference_mode()), which "
+                      "cannot be written in place outside inference mode; call it under torch.inference_mode() "
+                      "or on a clone");
+    written.push_back(t);
   }
   {
     at::AutoDispatchBelowADInplaceOrView guard;

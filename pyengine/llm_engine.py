@@ -28,7 +28,7 @@ _CPU_KV_BYTES = 512 << 20
 def _missing_grammar_package(exc: Exception) -> Exception:
     """An ImportError (structured output without xgrammar installed) as the request's own
     ValueError; other errors as they are."""
-    if isinstance(exc, ImportError):
+    if isinstance(exc, ImportError) and "xgrammar" in f"{exc.name} {exc}":
         return ValueError(f"structured output needs the xgrammar package (pip install 'specops[grammar]'): {exc}")
     return exc
 

@@ -119,6 +119,24 @@ def test_a_direct_call_refuses_a_tensor_that_requires_grad(device, name):
         op(*bad)
 
 
+@pytest.mark.parametrize("direct", [False, True], ids=["wrapper", "torch.ops"])
+@pytest.mark.parametrize("name", list(IN_PLACE))
+def test_an_inference_tensor_is_refused_outside_inference_mode(device, name, direct):
+    """A tensor made under torch.inference_mode() cannot be written in place outside it (its
+    version cannot be bumped): refused, named and untouched, instead of written and then
+    refused by torch's version bump. Inside inference mode the same call runs."""
+    op, args = cases(device)[name]
+    with torch.inference_mode():
+        written = args[0].clone()
+    before = written.clone()
+    call = op if direct else IN_PLACE[name]
+    with pytest.raises(ValueError, match=f"{name}: (logits|counts) is an inference tensor"):
+        call(written, *args[1:])
+    assert torch.equal(written, before)
+    with torch.inference_mode():
+        call(written, *args[1:])
+
+
 def test_direct_calls_whose_check_names_a_number_raise(device):
     """The C++ checks whose message holds a number (a length, a width, vocab_size) raise a
     ValueError with it on every device. With the GPU machine's torch build they killed the

@@ -199,6 +199,9 @@ def test_inputs_in_the_gaps_between_strided_logits_rows_are_accepted(device):
     with pytest.raises(ValueError, match="presence_penalties shares memory with logits"):
         apply_penalties_(logits, a["prompt_mask"], a["output_counts"] + 1, a["repetition_penalties"], frequency,
                          buf.view(-1)[11:13])                        # the last spare column and logits[1, 0]
+    one_row = buf.view(-1).as_strided((1, 8), (0, 1))                # a row stride of 0: no gaps at all
+    with pytest.raises(ValueError, match="repetition_penalties shares memory with logits"):
+        apply_repetition_penalties_(one_row, a["prompt_mask"][:1], a["prompt_mask"][:1], buf.view(-1)[2:3])
 
 
 def test_direct_op_call_is_checked_too(device):

@@ -554,6 +554,28 @@ def test_a_seeded_min_p_row_ignores_a_neighbours_custom_processor(backend):
         assert tokens([halved], pos)[0] == tokens([halved, (mine, 0.0, None, False)], pos)[0]
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_logits_made_under_inference_mode_are_sampled_outside_it(backend):
+    """Logits from a model run under torch.inference_mode(), sampled outside it with penalties
+    and allowed ids (which the Sampler writes in place): torch refuses to write an inference
+    tensor there, so the Sampler writes a copy; same tokens as for ordinary logits."""
+    device = "cuda" if CUDA else "cpu"
+    V = 64
+    md = SamplingMetadata.from_params([0.0, 0.8], vocab_size=V, device=device, seeds=[None, 5],
+                                      repetition_penalties=[1.3, 1.0], frequency_penalties=[0.0, 0.5],
+                                      prompt_mask=torch.rand(2, V, device=device) < 0.3,
+                                      output_counts=torch.randint(0, 3, (2, V), dtype=torch.int32, device=device),
+                                      allowed_token_ids=[None, list(range(0, V, 2))])
+    opts = {} if CUDA or backend == "torch" else dict(tile=16, cap=64, num_chunks=2)
+    sampler = Sampler(backend=backend, kernel_options=opts)
+    base = torch.randn(2, V, device=device)
+    with torch.inference_mode():
+        logits = base.clone()
+    out = sampler(logits, md).sampled_token_ids
+    assert torch.equal(logits, base)                                   # not written
+    assert torch.equal(out, sampler(base.clone(), md).sampled_token_ids)
+
+
 # ---- processors and the persistent batch ----------------------------------------------------
 
 def test_batch_update_removed_added_moved_in_order():

@@ -90,7 +90,7 @@ HALF_ENFORCED = [
     ("'maxLength' at #/properties/zip without \"type\"", {"type": "object", "properties": {"zip": {"maxLength": 5}}}),
     ("'maximum' at #/items without \"type\": .* \"number\"", {"type": "array", "items": {"maximum": 10}}),
     ("'minItems' at # without \"type\"", {"minItems": 3}),
-    ("'maxProperties' at # without \"type\"", {"properties": {"a": {"type": "integer"}}, "maxProperties": 0}),
+    ("'maxProperties' at # without \"type\"", {"maxProperties": 1}),
     # a $ref to an $anchor, a file or a URL compiled to any JSON value
     ("'\\$ref': '#num' at #/properties/zip: structured output resolves only JSON pointers",
      {"$defs": {"n": {"$anchor": "num", "type": "integer"}}, "type": "object",
@@ -114,7 +114,10 @@ def test_what_is_enforced_stays_accepted(backend):
                    {"$defs": {"c": {"enum": ["red", "blue"]}}, "type": "object",
                     "properties": {"c": {"$ref": "#/$defs/c", "description": "a colour"}}, "required": ["c"]},
                    {"type": "string", "enum": ["a", "bb"], "maxLength": 2},
-                   {"type": "integer", "multipleOf": 7, "minimum": 0, "maximum": 100}):
+                   {"type": "integer", "multipleOf": 7, "minimum": 0, "maximum": 100},
+                   # no "type", but xgrammar infers it from items / properties and enforces the counts
+                   {"items": {"type": "integer"}, "minItems": 2, "maxItems": 3},
+                   {"properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "maxProperties": 1}):
         opts = StructuredOutputOptions(json_schema=schema)
         opts.validate()
         compiled = backend.compile(opts)

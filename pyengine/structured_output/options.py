@@ -259,7 +259,9 @@ def _check_half_enforced(s: dict, path: str) -> None:
                          "pointers into the schema ('#/$defs/name'), not anchors, other files or URLs; "
                          "point it at the definition")
     combinators = [kw for kw in _COMBINATORS if kw in s]
-    if "type" not in s and not combinators and "enum" not in s and "const" not in s:
+    implied = any(kw in s for kw in ("properties", "additionalProperties", "items", "prefixItems"))
+    if "type" not in s and not combinators and "enum" not in s and "const" not in s and not implied:
+        # (xgrammar infers object / array from these, and then enforces the count keywords)
         typed = [kw for kw in _TYPED_KEYWORDS if kw in s]
         if typed:
             raise ValueError(f"json_schema has {typed[0]!r} at {path} without \"type\": structured output would "

@@ -52,14 +52,18 @@ def check_vocab_width(op: str, name: str, t: torch.Tensor) -> None:
 def check_written_in_place(op: str, name: str, t: torch.Tensor) -> None:
     """Raise ValueError unless the op may write `t` in place: no two of its elements share
     memory (a stride of 0 on a dimension of size > 1, as `expand` makes, or rows closer than
-    their length: the rows would add their writes up, and race) and autograd does not track it (the op has no
-    backward and would not bump the tensor's version: gradients would silently use the
-    written values)."""
+    their length: the rows would add their writes up, and race), autograd does not track it
+    (the op has no backward) and it is not an inference tensor outside inference mode (its
+    version cannot be bumped there: torch refuses such writes)."""
     rows_overlap = t.dim() == 2 and t.shape[0] > 1 and t.shape[1] > 1 and t.stride(0) < t.shape[1]
     if rows_overlap or any(s == 0 and n > 1 for s, n in zip(t.stride(), t.shape)):
         raise ValueError(f"{op}: {name} is written in place, so its elements must not share memory; "
                          f"got strides {tuple(t.stride())} for shape {tuple(t.shape)} (from expand or as_strided?): "
                          f"pass .clone()")
+    if not torch.compiler.is_compiling() and t.is_inference() and not torch.is_inference_mode_enabled():
+        raise ValueError(f"{op}: {name} is an inference tensor (made under torch.inference_mode()), which "
+                         f"cannot be written in place outside inference mode; call it under "
+                         f"torch.inference_mode() or on {name}.clone()")
     if t.requires_grad and torch.is_grad_enabled():
         raise ValueError(f"{op}: {name} is written in place without a backward, so it must not require "
                          f"grad; call it under torch.no_grad() or on {name}.detach()")
@@ -75,8 +79,8 @@ def _byte_range(t: torch.Tensor) -> tuple[int, int]:
 def _within_one_row_gap(t: torch.Tensor, lo: int, hi: int) -> bool:
     """Whether bytes [lo, hi) lie in the gap after one row of the 2-D, row-strided `t` (last
     dimension contiguous): past that row's last element and before the next row."""
-    if t.dim() != 2 or t.stride(-1) != 1 or lo < t.data_ptr():
-        return False
+    if t.dim() != 2 or t.shape[0] <= 1 or t.stride(-1) != 1 or t.stride(0) <= t.shape[1] or lo < t.data_ptr():
+        return False   # no gaps between rows
     row_bytes, used_bytes = t.stride(0) * t.element_size(), t.shape[1] * t.element_size()
     row, offset = divmod(lo - t.data_ptr(), row_bytes)
     return offset >= used_bytes and hi - t.data_ptr() <= (row + 1) * row_bytes

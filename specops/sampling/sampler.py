@@ -207,6 +207,8 @@ class Sampler:
         if writes:
             if logits.dtype == torch.float32:
                 raw = logits.clone() if want_raw else None
+                if logits.is_inference() and not torch.is_inference_mode_enabled():
+                    x = logits.clone()   # made under inference_mode: torch refuses to write it outside
             else:
                 raw = logits if want_raw else None
                 x = logits.float()
