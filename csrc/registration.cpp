@@ -50,11 +50,13 @@ constexpr const char* kOpNames[] = {"token_bincount", "token_bincount_update_", 
 void refuse_grad(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const auto& arguments = op.schema().arguments();
   const auto inputs = torch::jit::last(*stack, arguments.size());
-  for (size_t i = 0; i < arguments.size() && c10::GradMode::is_enabled(); ++i) {
-    const std::string& name = arguments[i].name();
-    TORCH_CHECK_VALUE(!(inputs[i].isTensor() && inputs[i].toTensor().requires_grad()), op.schema().name(),
-                      ": ", name, " requires grad, but the op has no backward; call it under torch.no_grad() or on ",
-                      name, ".detach()");
+  if (c10::GradMode::is_enabled()) {
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      const std::string& name = arguments[i].name();
+      TORCH_CHECK_VALUE(!(inputs[i].isTensor() && inputs[i].toTensor().requires_grad()), op.schema().name(),
+                        ": ", name, " requires grad, but the op has no backward; call it under torch.no_grad() "
+                        "or on ", name, ".detach()");
+    }
   }
   at::AutoDispatchBelowAutograd guard;
   op.redispatchBoxed(keys & c10::after_autograd_keyset, stack);

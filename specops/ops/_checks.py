@@ -91,8 +91,8 @@ def check_no_overlap(op: str, name: str, t: torch.Tensor, **inputs: object) -> N
     tensors in `inputs` (read while `t` is written: a row written first would be read back
     penalised, and CPU threads would race). Same storage and intersecting byte ranges, as
     torch's own in-place ops refuse, unless the input lies in the gap between two rows of
-    `t` (a staging buffer packing per-row data beside a strided view). Skipped while torch.compile traces (fake tensors have no
-    memory) and for tensors without storage."""
+    `t` (a staging buffer packing per-row data beside a strided view). Skipped while
+    torch.compile traces (fake tensors have no memory) and for tensors without storage."""
     if torch.compiler.is_compiling() or t.numel() == 0 or t.device.type == "meta":
         return
     try:

@@ -225,8 +225,7 @@ class RejectionSampler:
         # every input checked here, before the bonus rows' Sampler launches anything
         check_1d("draft_token_ids", draft_token_ids, total, (torch.int32, torch.int64), device)
         check_draft_probs(draft_probs, total, vocab, device)
-        for backend in (self.backend, self.sampler.backend):   # triton on CPU needs the interpreter
-            resolve_backend(backend, device)
+        resolve_backend(self.backend, device)   # before any launch: triton on CPU needs the interpreter
         if resolve_backend(self.sampler.backend, device) == "triton":
             check_kernel_option_values(self.sampler.kernel_options, vocab)
         md = metadata
