@@ -186,6 +186,20 @@ def test_sampler_checks_stream_and_kernel_options_when_built():
     Sampler(backend="triton", kernel_options=dict(tile=16, cap=64, num_chunks=2, pivot=False))
 
 
+def test_kernel_option_names_survive_a_wrapper_patched_over_the_launcher(monkeypatch):
+    """The names come from the launcher's own signature, not from whatever is bound to its name
+    when first asked: a recorder patched over it (*args, **kwargs) once made them [] for the
+    rest of the process (a cached read), and every later kernel option was refused."""
+    from specops.sampling.sampler import kernel_option_names
+    from specops.triton_kernels import sampling_topk_topp as tk
+    launch = tk.sample_top_k_top_p_triton
+    monkeypatch.setattr(tk, "sample_top_k_top_p_triton", lambda *args, **kwargs: launch(*args, **kwargs))
+    assert {"cap", "tile", "pivot", "search"} <= kernel_option_names()
+    Sampler(backend="triton", kernel_options=dict(tile=16, cap=64))
+    monkeypatch.undo()
+    assert {"cap", "tile", "pivot", "search"} <= kernel_option_names()
+
+
 def test_sampler_checks_kernel_option_values_and_backend_before_writing_the_logits(monkeypatch):
     """A kernel option's bad value is refused when the Sampler is built, and one that depends
     on the vocabulary (tile wider than the draw's sub-chunk) or a Triton backend on CPU
@@ -196,11 +210,17 @@ def test_sampler_checks_kernel_option_values_and_backend_before_writing_the_logi
                         ({"direct_in": "side"}, "direct_in must be")):
         with pytest.raises(ValueError, match=f"kernel_options: {words}"):
             Sampler(backend="triton", kernel_options=opts)
+    for device in ["cuda"] if torch.cuda.is_available() else ["cpu"]:   # CPU: under the interpreter (conftest)
+        md = SamplingMetadata.from_params([0.0, 1.0], vocab_size=V, seeds=[None, 1], device=device,
+                                          allowed_token_ids=[[1, 2], None])
+        logits = torch.randn(2, V, device=device)
+        before = logits.clone()
+        with pytest.raises(ValueError, match=r"kernel_options: tile must be at most the draw's sub-chunk"):
+            Sampler(backend="triton", kernel_options={"tile": 2**20})(logits, md)
+        assert torch.equal(logits, before)
     md = SamplingMetadata.from_params([0.0, 1.0], vocab_size=V, seeds=[None, 1], allowed_token_ids=[[1, 2], None])
     logits = torch.randn(2, V)
     before = logits.clone()
-    with pytest.raises(ValueError, match=r"kernel_options: tile must be at most the draw's sub-chunk"):
-        Sampler(backend="triton", kernel_options={"tile": 2**20})(logits, md)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match=r"backend='triton' on CPU needs TRITON_INTERPRET=1"):
         Sampler(backend="triton")(logits, md)

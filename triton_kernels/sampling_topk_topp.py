@@ -55,6 +55,8 @@ This file holds the launcher and its defaults; the single-program paths read row
 tile (sampling_tiles.py).
 """
 
+import inspect
+
 import torch
 
 from .sampling_common import pdl_kwargs
@@ -650,3 +652,10 @@ def sample_top_k_top_p_triton(
     if paths is not None:
         paths["mode"] = st_i[:, 0]
     return tokens, thr, rmax, lnorm
+
+
+# The keys sample(**kernel_options) and Sampler(kernel_options=...) take: the launcher's
+# keyword-only options, read once here so that a wrapper patched over the launcher (a test's
+# recorder) cannot change them.
+KERNEL_OPTION_NAMES = frozenset(p.name for p in inspect.signature(sample_top_k_top_p_triton).parameters.values()
+                                if p.kind is inspect.Parameter.KEYWORD_ONLY)

@@ -11,8 +11,6 @@ no host sync, CUDA-graph capturable), "torch" (the sort-based reference), "auto"
 
 from __future__ import annotations
 
-import functools
-import inspect
 import os
 
 import torch
@@ -64,15 +62,13 @@ def check_backend_name(backend: str) -> None:
         raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
 
 
-@functools.cache
 def kernel_option_names() -> frozenset[str]:
     """The keys `sample(**kernel_options)` and `Sampler(kernel_options=...)` take: the
     keyword-only options of the Triton draw,
     `specops.triton_kernels.sampling_topk_topp.sample_top_k_top_p_triton` ("pivot" included),
-    read from its signature so that the list lives in one place."""
-    from specops.triton_kernels.sampling_topk_topp import sample_top_k_top_p_triton
-    params = inspect.signature(sample_top_k_top_p_triton).parameters.values()
-    return frozenset(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
+    read from its signature when that module is imported, so that the list lives in one place."""
+    from specops.triton_kernels.sampling_topk_topp import KERNEL_OPTION_NAMES
+    return KERNEL_OPTION_NAMES
 
 
 def unknown_kernel_options(options: dict) -> list:
