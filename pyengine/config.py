@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specops._arg_checks import check_int, check_real
+from specops._arg_checks import check_int, check_real, check_seed
 from specops.spec_decode.metadata import MAX_SPEC_LEN
 
 MAX_NUM_SEQS = 1 << 16
@@ -131,7 +131,7 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be None or a positive int, got {value!r}")
-        check_int("seed", self.seed, -2**63, 2**63 - 1)   # the engine seed of unseeded requests: an int64
+        check_seed("seed", self.seed)   # the engine seed of unseeded requests, as torch.manual_seed takes it
         check_real("gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, lo_open=True)
         if not isinstance(self.enable_prefix_caching, bool):
             raise ValueError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from specops import rng
+from specops._arg_checks import check_seed
 from specops.ops import token_bincount_update_
 from specops.sampling.logits_processors import LogitsRows, build_logits_processors
 from specops.sampling.logits_processors.interface import to_device
@@ -89,7 +90,7 @@ class BatchSampler:
         self.max_num_reqs = max_num_reqs
         self.vocab_size = vocab_size
         self.device = torch.device(device)
-        self.seed = seed
+        self.seed = check_seed("seed", seed)   # int64 bits, as the metadata keys it
         self.procs = build_logits_processors(max_num_reqs, vocab_size, self.device, custom=logits_processors,
                                              eos_token_ids=eos_token_ids)
         self.sampler = Sampler()  # raw logprobs, fused Triton draw on CUDA, torch reference on CPU

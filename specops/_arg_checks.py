@@ -70,6 +70,16 @@ def check_int(name: str, v, lo: int | None = None, hi: int | None = None) -> int
     return v
 
 
+def check_seed(name: str, v) -> int:
+    """`v`, an engine seed in [-2^63, 2^64) as torch.manual_seed takes it, as the signed int64
+    with the same 64 bits (2^64 - 1 and -1 key the same noise); TypeError / ValueError naming
+    `name` otherwise."""
+    v = check_int(name, v)
+    if not -(1 << 63) <= v < (1 << 64):
+        raise ValueError(f"{name} must be an int in [-2^63, 2^64), got {v}")
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
 def as_device(name: str, device) -> torch.device:
     """torch.device(device), or a ValueError naming the argument (torch's own error names neither)."""
     try:

@@ -579,6 +579,17 @@ def test_seeded_sampling_is_batch_invariant(tiny_checkpoint):  # noqa: F811
     assert other_seed != alone
 
 
+def test_engine_seed_takes_torch_manual_seeds_range(tiny_checkpoint):  # noqa: F811
+    # the engine seed of unseeded requests is taken in [-2^63, 2^64) as torch.manual_seed takes it
+    # (rejection_sample did, the config refused >= 2^63): 2^64 - 3 keys the noise as -3 does
+    lm = loaded_model(tiny_checkpoint, "cpu")
+    prompts = mixed_prompts(3, seed=12, shared=False)
+    sp = SamplingParams(temperature=10.0, max_tokens=12, ignore_eos=True)
+    wide = [o.token_ids for o in run_all(engine(lm, seed=2**64 - 3), prompts, [sp] * 3)]
+    assert wide == [o.token_ids for o in run_all(engine(lm, seed=-3), prompts, [sp] * 3)]
+    assert wide != [o.token_ids for o in run_all(engine(lm, seed=5), prompts, [sp] * 3)]
+
+
 def test_n_samples_and_logprobs(tiny_checkpoint):  # noqa: F811
     lm = loaded_model(tiny_checkpoint, "cpu")
     prompt = mixed_prompts(1, seed=10, shared=False)[0]

@@ -235,6 +235,10 @@ def test_keys_follow_the_rng_convention():
                               torch.tensor([10, 11, 12]), 99, torch.tensor(4))
     assert torch.equal(md.seeds, seeds) and torch.equal(md.positions, pos)
     assert md.seeds.tolist() == [7, 99, -5] and md.positions[0] == 10 and md.positions[1] == (2 << 32) | 4
+    # the engine seed in [-2^63, 2^64), as torch.manual_seed and rejection_sample take it
+    assert build(3, seeds=[7, None, -5], engine_seed=2**64 - 99).seeds.tolist() == [7, -99, -5]
+    with pytest.raises(ValueError, match=r"engine_seed must be an int in \[-2\^63, 2\^64\), got 18446744073709551616"):
+        build(1, engine_seed=2**64)
 
 
 def test_penalty_state_and_allowed_mask():

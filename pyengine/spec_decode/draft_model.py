@@ -34,6 +34,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from specops._arg_checks import check_seed
 from specops.sampling.topk_topp import sample as sample_draw
 
 from .proposer import (DraftBatch, DraftRequest, ProposeContext, Proposer, check_num_spec_tokens,
@@ -110,7 +111,7 @@ class DraftModelProposer(Proposer):
         self.device = model.device
         self.block_size = block_size
         self.num_blocks = num_blocks
-        self.seed = int(seed)
+        self.seed = check_seed("seed", seed)   # int64 bits, as the target's sampler keys it
         self.kv_caches = model.make_kv_caches(num_blocks, block_size)
         self.free_blocks: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() gives 0, 1, ...
         self.states: OrderedDict[str, _ReqState] = OrderedDict()  # least recently used first

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import torch
 
 from specops import rng
-from specops._arg_checks import as_device, check_int, check_real
+from specops._arg_checks import as_device, check_int, check_real, check_seed
 
 from .logits_processors.interface import LogitsRows, to_device
 from .logits_processors.loader import LogitsProcessors
@@ -436,7 +436,7 @@ class SamplingMetadata:
                      for i, s in enumerate(seed_list)]
         pos_vals = [check_int(f"positions[{i}]", p, 0, 2**32 - 1)
                     for i, p in enumerate(_as_list("positions", positions, n, 0))]
-        engine_seed = check_int("engine_seed", engine_seed, _INT64_MIN, _INT64_MAX)
+        engine_seed = check_seed("engine_seed", engine_seed)
 
         rep = freq = pres = None
         if any(x is not None for x in (repetition_penalties, frequency_penalties, presence_penalties)):
@@ -500,7 +500,7 @@ class SamplingMetadata:
                for i, r in enumerate(params) if r.num_logprobs is not None]
         seeds = [0 if r.seed is None else r.seed for r in params]
         has = [r.seed is not None for r in params]
-        engine_seed = check_int("engine_seed", engine_seed, _INT64_MIN, _INT64_MAX)
+        engine_seed = check_seed("engine_seed", engine_seed)
         return cls._build(
             V, device, temps, ks if any(ks) else None, None if all(p >= 1.0 for p in ps) else ps,
             mps if any(mps) else None, seeds, has, [0] * n, engine_seed, step, rep, freq, pres, prompt_mask,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from specops._arg_checks import LOGIT_DTYPES, check_1d
+from specops._arg_checks import LOGIT_DTYPES, check_1d, check_seed
 from specops.spec_decode.metadata import MAX_SPEC_LEN
 
 _INT_DTYPES = (torch.int32, torch.int64)
@@ -103,11 +103,7 @@ def check_rejection_args(
             raise ValueError("step must be an int64 tensor with one element")
         if step.device != device:
             raise ValueError(f"step must be on {device}, got {step.device}")
-    if isinstance(engine_seed, bool) or not isinstance(engine_seed, int) or not -(1 << 63) <= engine_seed < (1 << 64):
-        raise ValueError(f"engine_seed must be an int in [-2^63, 2^64), got {engine_seed!r}")
-    if engine_seed >= 1 << 63:
-        engine_seed -= 1 << 64   # the same 64 bits as a signed int64, as torch holds seeds
-    return engine_seed
+    return check_seed("engine_seed", engine_seed)
 
 
 def check_rejection_values(
