@@ -75,6 +75,8 @@ def make_case(num_drafts, vocab, *, device, dtype=torch.float32, draft_probs=Fal
         kw["has_seed"] = (torch.rand(num_reqs, **dev) < 0.5 if seeded == "mixed"
                           else torch.ones(num_reqs, dtype=torch.bool, device=device))
         kw["positions"] = torch.randint(0, 2**31, (num_reqs,), **dev)
+        kw["positions"][0::3] = 2**32 - 2          # draft i >= 2 keys position (p + i) mod 2**32
+        kw["positions"][1::3] += 2**35             # a high word: keyed modulo 2**32 too (rng.row_keys)
     kw["step"] = torch.randint(0, 2**40, (1,), **dev)
     kw["engine_seed"] = 2**63 + 12345
     args = (logits.to(dtype), drafts, torch.cumsum(counts, 0), max(num_drafts) if num_reqs else 0,

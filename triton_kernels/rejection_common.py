@@ -25,7 +25,8 @@ def _row_key(seeded, seed, position, engine_seed, step, i, j):
     """Seed and position of target row j (draft i of its request), as specops.rng.row_keys."""
     seed_r = tl.where(seeded, seed, engine_seed)
     lane = (j + 1).to(tl.int64) << 32
-    pos_r = tl.where(seeded, position + i, lane | (step & 0xFFFFFFFF))
+    # a seeded row's position modulo 2**32, as row_keys: its high word stays 0, never a lane
+    pos_r = tl.where(seeded, (position + i) & 0xFFFFFFFF, lane | (step & 0xFFFFFFFF))
     return seed_r, pos_r
 
 
