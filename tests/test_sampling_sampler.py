@@ -839,3 +839,17 @@ def test_logprobs_mode_is_checked():
             compute_logprobs("processed_logprobs", 2, tok, **args)
     good = compute_logprobs("processed_logprobs", 2, tok, processed_logits=x, inv_temperature=inv_t, result=res)
     assert torch.equal(good.logprobs, out.logprobs.logprobs)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_top_p_that_is_zero_in_fp32_keeps_the_max_beside_a_top_k(backend):
+    # top_p = 1e-46 is in (0, 1] but 0 in fp32, where the Triton kernels' top_p <= 0 beside a
+    # top-k keeps the whole top-k set (10 tokens over 32 seeds); the metadata stores FP32_TINY,
+    # which keeps the max alone, as any top_p <= 1/V does and as the torch reference did
+    device = "cuda" if CUDA else "cpu"
+    V, n = 300, 12
+    row = torch.randn(1, V, generator=fresh_gen()).to(device)
+    md = SamplingMetadata.from_params([1.0] * n, vocab_size=V, top_p=[1e-46] * 6 + [1e-300] * 6, top_k=[10] * n,
+                                      seeds=list(range(n)), device=device)
+    tokens = Sampler(backend=backend)(row.expand(n, V).contiguous(), md).sampled_token_ids
+    assert tokens.flatten().tolist() == [row.argmax().item()] * n

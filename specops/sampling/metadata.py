@@ -172,7 +172,8 @@ class RowParams:
         seed = g("seed", None)
         allowed = g("allowed_token_ids", None)
         return cls(
-            temperature=0.0 if t < GREEDY_EPS else t, top_k=0 if (k <= 0 or k >= V) else k, top_p=top_p,
+            temperature=0.0 if t < GREEDY_EPS else t, top_k=0 if (k <= 0 or k >= V) else k,
+            top_p=max(top_p, FP32_TINY),   # see from_params: a top_p that is 0 in fp32 is not off
             min_p=check_real("min_p", g("min_p", 0.0), lo=0.0, hi=1.0),
             seed=None if seed is None else check_int("seed", seed, _INT64_MIN, _INT64_MAX),
             repetition_penalty=check_real("repetition_penalty", g("repetition_penalty", 1.0), lo=FP32_TINY,
@@ -421,7 +422,9 @@ class SamplingMetadata:
                 p = check_real(f"top_p[{i}]", p)
                 if not 0.0 < p <= 1.0:
                     raise ValueError(f"top_p[{i}] must be in (0, 1], got {p}")
-                ps.append(p)
+                # under FP32_TINY, p is 0 in fp32, where the kernels' top_p <= 0 beside a top-k
+                # keeps the top-k set; any p <= 1/V keeps the max's ties alone, as FP32_TINY does
+                ps.append(max(p, FP32_TINY))
             if all(p >= 1.0 for p in ps):
                 ps = None
         mps = None
