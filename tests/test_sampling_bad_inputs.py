@@ -249,6 +249,18 @@ def test_sampler_and_metadata_check_their_argument_types():
     assert SamplingMetadata.from_params([1.0], vocab_size=V, logitsprocs=procs).logitsprocs is procs
 
 
+def test_logits_processors_built_for_another_vocabulary_are_refused():
+    # a logit bias on token V + 2 of processors built for V + 4 tokens was added, by flat index,
+    # to token 2 of the next row; now the metadata refuses them before anything is written
+    from types import SimpleNamespace
+    procs = build_logits_processors(2, V + 4, use_entry_points=False)
+    procs.update_state(BatchUpdate(batch_size=2, added=[(0, SimpleNamespace(logit_bias={V + 2: 50.0}), [], []),
+                                                         (1, SimpleNamespace(), [], [])]))
+    with pytest.raises(ValueError, match=rf"logitsprocs: \w+ was built for vocab_size {V + 4}, the metadata's "
+                                         rf"vocab_size is {V}"):
+        SamplingMetadata.from_params([0.0, 0.0], vocab_size=V, logitsprocs=procs)
+
+
 def test_logits_that_are_no_tensor_are_a_type_error_naming_the_type():
     # a nested list was a ValueError ("must be a 2-D tensor"); a 1-D tensor stays a ValueError with its shape
     md = SamplingMetadata.from_params([1.0], vocab_size=V)

@@ -555,7 +555,7 @@ def test_a_seeded_min_p_row_ignores_a_neighbours_custom_processor(backend):
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_logits_made_under_inference_mode_are_sampled_outside_it(backend):
+def test_logits_made_under_inference_mode_or_requiring_grad_are_sampled_unwritten(backend):
     """Logits from a model run under torch.inference_mode(), sampled outside it with penalties
     and allowed ids (which the Sampler writes in place): torch refuses to write an inference
     tensor there, so the Sampler writes a copy; same tokens as for ordinary logits."""
@@ -574,6 +574,14 @@ def test_logits_made_under_inference_mode_are_sampled_outside_it(backend):
     out = sampler(logits, md).sampled_token_ids
     assert torch.equal(logits, base)                                   # not written
     assert torch.equal(out, sampler(base.clone(), md).sampled_token_ids)
+    # logits that require grad (a model run outside no_grad), fp32 and bf16: the compiled penalty
+    # op refuses to write them, once after the allowed mask had written the caller's tensor
+    for dtype in (torch.float32, torch.bfloat16):
+        weight = base.to(dtype).requires_grad_()
+        logits = weight * 1
+        out = sampler(logits, md).sampled_token_ids
+        assert torch.equal(logits.detach(), base.to(dtype))           # not written
+        assert torch.equal(out, sampler(base.to(dtype), md).sampled_token_ids)
 
 
 # ---- processors and the persistent batch ----------------------------------------------------

@@ -123,10 +123,17 @@ def _check_history(history, bad: dict, n: int, rows: str = "row") -> None:
             check_int(f"output_token_ids[{row}][{k}]", hist[k])
 
 
-def _check_logitsprocs(logitsprocs) -> None:
+def _check_logitsprocs(logitsprocs, V: int) -> None:
+    """A LogitsProcessors or None, whose processors (those that say) were built for V tokens: a
+    logit bias built for a wider vocabulary wrote another row's logits (flat index)."""
     if logitsprocs is not None and not isinstance(logitsprocs, LogitsProcessors):
         raise TypeError(f"logitsprocs must be a LogitsProcessors (build_logits_processors) or None, "
                         f"got {type(logitsprocs).__name__}")
+    for proc in [] if logitsprocs is None else logitsprocs.all:
+        built_for = getattr(proc, "vocab_size", None)
+        if isinstance(built_for, int) and not isinstance(built_for, bool) and built_for != V:
+            raise ValueError(f"logitsprocs: {type(proc).__name__} was built for vocab_size {built_for}, "
+                             f"the metadata's vocab_size is {V}")
 
 
 def _allowed_mask(allowed: list, n: int, V: int, dev: torch.device) -> torch.Tensor:
@@ -526,7 +533,7 @@ class SamplingMetadata:
                     raise ValueError(f"{name} must be on {dev} (the metadata's device), got {t.device}")
         bad = {} if bad_words_token_ids is None else _check_bad_words(bad_words_token_ids, n, V)
         _check_history(output_token_ids, bad, n)
-        _check_logitsprocs(logitsprocs)
+        _check_logitsprocs(logitsprocs, V)
         if rows is not None and len(rows) != n:
             raise ValueError(f"rows must describe {n} rows, got {len(rows)}")
         if isinstance(step, torch.Tensor) and (step.numel() != 1 or step.dim() > 1 or step.is_floating_point()

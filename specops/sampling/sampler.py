@@ -209,9 +209,11 @@ class Sampler:
                 raw = logits.clone() if want_raw else None
                 if logits.is_inference() and not torch.is_inference_mode_enabled():
                     x = logits.clone()   # made under inference_mode: torch refuses to write it outside
+                if logits.requires_grad:
+                    x = logits.detach().clone()   # the compiled ops refuse (and autograd) a written grad tensor
             else:
                 raw = logits if want_raw else None
-                x = logits.float()
+                x = logits.detach().float()
             if (V > 1 and x.stride(1) != 1) or (R > 1 and x.stride(0) < V):
                 # the compiled penalty ops need a contiguous last dimension, and rows that share
                 # memory (an expanded [1, V] row: stride 0) would take each other's writes: copy
