@@ -33,6 +33,7 @@ def build(n=3, **kw):
     (dict(top_p=[0.5, 0.5]), ValueError, r"top_p must have one value per row \(3\)"),
     (dict(seeds=[None, 2**63, None]), ValueError, r"seeds\[1\] must be <="),
     (dict(positions=[0, 2**32, 1]), ValueError, r"positions\[1\] must be <="),
+    (dict(step=2**63), ValueError, r"step must be <= 9223372036854775807"),   # was torch's bare overflow
     (dict(repetition_penalties=[1.0, 0.0, 1.0]), ValueError, r"repetition_penalties\[1\] must be >= 1.17"),
     (dict(repetition_penalties=[1.0, 1e-40, 1.0]), ValueError, r"repetition_penalties\[1\] must be >= 1.17"),
     (dict(temperature=[1.0, 10**400, 1.0]), ValueError, r"temperature\[1\] must be a finite float, got an int"),

@@ -98,6 +98,11 @@ def test_bad_types():
         build_spec_decode_metadata([1], [4], input_ids=[1, 2, 3, 4])
     with pytest.raises(TypeError, match="input_ids must be int32 or int64 token ids, got torch.float32"):
         build_spec_decode_metadata([1], [4], input_ids=torch.zeros(4))
+    # input_ids on another device than `device`: a gather with meta indices returned garbage drafts
+    with pytest.raises(ValueError, match="input_ids must be on device meta, got cpu"):
+        build_spec_decode_metadata([1, 0], [2, 3], input_ids=torch.tensor([5, 6, 7]), device="meta")
+    assert build_spec_decode_metadata([1, 0], [2, 3], input_ids=torch.tensor([5, 6, 7]),
+                                      device="cpu").draft_token_ids.tolist() == [6]
 
 
 def test_parse_output():

@@ -542,7 +542,7 @@ class SamplingMetadata:
                              f"{step.dtype} of shape {tuple(step.shape)}")
         step_t = step.to(dev, torch.int64).reshape(()) if isinstance(step, torch.Tensor) else None
         if step_t is None:
-            step = check_int("step", step, 0)
+            step = check_int("step", step, 0, _INT64_MAX)   # an int64 counter; its low 32 bits key the noise
 
         # rows padded to a multiple of 4 values: every row view starts 16-byte aligned whatever
         # the batch, so the Triton kernels that read them are compiled for one alignment only

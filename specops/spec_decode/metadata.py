@@ -176,8 +176,11 @@ def build_spec_decode_metadata(
         if cu.size and input_ids.shape[0] < cu[-1]:
             raise ValueError(f"input_ids has {input_ids.shape[0]} tokens, cu_num_scheduled_tokens "
                              f"needs {int(cu[-1])}")
-        device = input_ids.device if device is None else device
-    device = torch.device("cpu") if device is None else as_device("device", device)
+    device = (torch.device("cpu") if input_ids is None else input_ids.device) if device is None else \
+        as_device("device", device)
+    if input_ids is not None and input_ids.device != device and not (
+            device.type == "cuda" and device.index is None and input_ids.device.type == "cuda"):
+        raise ValueError(f"input_ids must be on device {device}, got {input_ids.device}")
 
     rows = nd + 1                                   # logits rows kept per request
     cu_rows = np.cumsum(rows)
