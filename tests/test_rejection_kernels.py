@@ -468,6 +468,23 @@ def test_int64_draft_ids_past_int32_are_rejected(device):
                 assert out.tolist() == [[2, -1], [2, -1], [2, -1], [2, 4]], (greedy, probs is None, backend)
 
 
+def test_bonus_ids_outside_the_vocabulary_append_nothing(device):
+    # int64 bonus ids were narrowed to int32: 2**32 + 3 and -(2**32) + 4 were emitted as tokens
+    # 3 and 4; now an id outside [0, V) appends -1, on a request without drafts too
+    logits = torch.full((3, 5), -20.0, device=device)
+    logits[:, 2] = 20.0
+    drafts = torch.tensor([2, 2, 2], device=device)
+    bonus = torch.tensor([2**32 + 3, -(2**32) + 4, 5, 1, -1], device=device)
+    cu = torch.tensor([1, 2, 3, 3, 3], device=device)      # the last two requests have no drafts
+    for greedy in (True, False):
+        for backend in ("triton", "torch"):
+            out = rejection_sample(logits, drafts, cu, 1, bonus, is_greedy=greedy, backend=backend)
+            assert out.tolist() == [[2, -1], [2, -1], [2, -1], [1, -1], [-1, -1]], (greedy, backend)
+    no_drafts = rejection_sample(logits[:0], drafts[:0], torch.zeros(2, dtype=torch.int64, device=device), 0,
+                                 bonus[:2], is_greedy=True, backend="torch")
+    assert no_drafts.tolist() == [[-1], [-1]]
+
+
 def test_int64_draft_ids_match_reference(device):
     # ids past 2**31 among ordinary ones, on the sub-chunk race paths (fused, pass 2, draft probs)
     for draft_probs, fuse in [(False, False), (False, True), (True, False)]:

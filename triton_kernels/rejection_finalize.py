@@ -224,7 +224,7 @@ def _rejection_finalize_kernel(
     u = _accept_uniforms(rr, jj, seeded, seed, position, engine_seed64, step)
     rows, inv_t, thr = _draft_rows(target_rows_ptr, temp_ptr, threshold_ptr, req, jj, rmask, greedy, TEMP_MODE,
                                    HAS_THRESHOLD, HAS_TARGET_ROWS)
-    bonus = tl.load(bonus_ptr + req).to(tl.int32)
+    bonus = _valid_draft(tl.load(bonus_ptr + req), vocab_size)   # -1 outside [0, V), before narrowing
     q_x = tl.full(x.shape, 1.0, tl.float32)
     if HAS_DRAFT_PROBS:
         q_rows = draft_probs_ptr + jj.to(tl.int64) * draft_probs_stride

@@ -281,7 +281,7 @@ def _rejection_sample_kernel(
         if (i == 0) & (split == 0):
             # a request without drafts: its output is the bonus token
             rr = tl.arange(0, OUT_BLOCK)
-            bonus = tl.load(bonus_ptr + req).to(tl.int32)
+            bonus = _valid_draft(tl.load(bonus_ptr + req), vocab_size)   # -1 outside [0, V), before narrowing
             tl.store(out_ptr + req.to(tl.int64) * out_stride + rr, tl.where(rr == 0, bonus, -1),
                      mask=rr < MAX_K + 1)
             if WRITE_REC:

@@ -68,7 +68,8 @@ def rejection_sample(
       likewise an ``inv_temperature`` that is not finite and > 0) is a caller's bug, and every
       one of its rows is invalid: its output is all -1 (greedy requests ignore their
       temperature);
-    - when every draft is accepted, ``bonus_token_ids[r]`` is appended.
+    - when every draft is accepted, ``bonus_token_ids[r]`` is appended; an id outside [0, V)
+      appends nothing (-1 there), tested before any narrowing, as a draft id is.
 
     The output row is the emitted tokens followed by -1. Uniforms come from
     (seed, position + i, STREAM_ACCEPT), recovered noise from STREAM_RECOVER_CHUNK

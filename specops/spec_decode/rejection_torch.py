@@ -90,8 +90,10 @@ def rejection_sample_torch(
         return out
     cu = cu_num_draft_tokens.long()
     counts = torch.diff(cu, prepend=torch.zeros(1, dtype=torch.long, device=device))
+    # a bonus id outside [0, V) is -1 (no token), tested before narrowing as draft ids are
+    bonus = torch.where((bonus_token_ids >= 0) & (bonus_token_ids < vocab), bonus_token_ids, -1).to(torch.int32)
     if int(cu[-1]) == 0:    # no drafts at all: every request emits its bonus token
-        out[:, 0] = bonus_token_ids.to(torch.int32)
+        out[:, 0] = bonus
         return out
     req = torch.repeat_interleave(torch.arange(num_reqs, device=device), counts)       # [T]
     within = torch.arange(req.shape[0], device=device) - (cu - counts)[req]           # [T]
@@ -169,5 +171,5 @@ def rejection_sample_torch(
     num_rejected = torch.zeros_like(counts).index_add_(0, req, rejected)
     all_accepted = num_rejected == 0
     ids = torch.arange(num_reqs, device=device)
-    out[ids[all_accepted], counts[all_accepted]] = bonus_token_ids.to(torch.int32)[all_accepted]
+    out[ids[all_accepted], counts[all_accepted]] = bonus[all_accepted]
     return out
