@@ -70,8 +70,12 @@ class LLM:
 
     @staticmethod
     def _prompt_list(prompts) -> list:
-        """The prompts as a list: one prompt (a string or a list of ids) becomes a list of one."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts
+        """The prompts as a list: one prompt (a string, or a list, tuple or 1-D array of ids)
+        becomes a list of one; a 2-D array, a list of its rows."""
+        if getattr(prompts, "ndim", None) in (1, 2) and hasattr(prompts, "tolist"):   # numpy / torch ids
+            prompts = prompts.tolist()
+            return [prompts] if prompts and isinstance(prompts[0], int) else prompts
+        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
                                         and isinstance(prompts[0], numbers.Integral)):   # one prompt of ids
             return [prompts]
         return list(prompts)

@@ -30,15 +30,25 @@ def _token_ids(text: str) -> list[int]:
 
 
 def _logit_bias(text: str) -> dict[int, float]:
-    """'{"3": -1.5}' -> {3: -1.5}."""
+    """'{"3": -1.5}' -> {3: -1.5}: the values JSON numbers (true or "1.5" are refused, as
+    SamplingParams refuses them), their range left to SamplingParams."""
+    usage = f'expected a JSON object of token id -> bias, e.g. {{"3": -1.5}}, got {text!r}'
     try:
         obj = json.loads(text)
-        if not isinstance(obj, dict):
-            raise ValueError
-        return {int(k): float(v) for k, v in obj.items()}
-    except (ValueError, TypeError):
-        raise argparse.ArgumentTypeError(
-            f'expected a JSON object of token id -> bias, e.g. {{"3": -1.5}}, got {text!r}') from None
+    except ValueError:
+        raise argparse.ArgumentTypeError(usage) from None
+    if not isinstance(obj, dict):
+        raise argparse.ArgumentTypeError(usage)
+    out = {}
+    for k, v in obj.items():
+        try:
+            tok = int(k)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"token ids must be integers, got key {k!r}: {usage}") from None
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise argparse.ArgumentTypeError(f"the bias of token {k} must be a JSON number, got {v!r}")
+        out[tok] = v
+    return out
 
 
 def _int_keys(bias):

@@ -138,6 +138,9 @@ def test_clear_errors(tmp_path):
     assert r.returncode == 2 and "give a prompt" in r.stderr
     # each refused before any model is loaded, with the option named and no traceback
     cases = [(["--logit-bias", "[1, 2]"], "--logit-bias"),
+             (["--logit-bias", '{"5": true}'], "the bias of token 5 must be a JSON number, got True"),   # was 1.0
+             (["--logit-bias", '{"5": "1.5"}'], "the bias of token 5 must be a JSON number, got '1.5'"),
+             (["--logit-bias", '{"x": 1}'], "token ids must be integers, got key 'x'"),
              (["--stop-token-ids", "5,x"], "--stop-token-ids"),
              (["--device", "foo"], "--device"),
              (["--num-spec-tokens", "3"], "--num-spec-tokens needs --spec"),

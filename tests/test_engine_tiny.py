@@ -283,7 +283,7 @@ def test_engine_sizes_past_memory_are_refused_before_allocating(tiny_checkpoint)
     assert eng.block_manager.num_blocks == 8
 
 
-def test_numpy_token_ids_are_a_prompt(tiny_checkpoint):  # noqa: F811
+def test_numpy_tuple_and_tensor_token_ids_are_a_prompt(tiny_checkpoint):  # noqa: F811
     """A prompt of numpy ints is one prompt of token ids, as a list of ints (it was a batch of bad prompts)."""
     import numpy as np
 
@@ -292,6 +292,13 @@ def test_numpy_token_ids_are_a_prompt(tiny_checkpoint):  # noqa: F811
     a = llm.generate(ids, GREEDY)
     b = llm.generate(list(np.array(ids, dtype=np.int64)), GREEDY)
     assert len(a) == len(b) == 1 and b[0].error is None and b[0].token_ids == a[0].token_ids
+    # a tuple, a 1-D numpy array or tensor of ids is one prompt too (each id was a bad prompt of
+    # its own); a 2-D array is a batch of its rows
+    for one in (tuple(ids), np.array(ids), torch.tensor(ids)):
+        c = llm.generate(one, GREEDY)
+        assert len(c) == 1 and c[0].error is None and c[0].token_ids == a[0].token_ids, type(one)
+    rows = llm.generate(np.array([ids, ids[::-1]]), GREEDY)
+    assert [r.token_ids for r in rows] == [a[0].token_ids, llm.generate(ids[::-1], GREEDY)[0].token_ids]
 
 
 def test_request_ids_never_clash(tiny_checkpoint):  # noqa: F811
