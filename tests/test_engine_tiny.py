@@ -697,8 +697,8 @@ def test_as_completed_yields_each_prompt_once_and_a_break_aborts_the_rest(tiny_c
     stream.close()                                                       # the caller stops here
     assert not llm.engine.scheduler.has_unfinished_requests()            # "b" aborted (reported next step)
     assert llm.generate("again", GREEDY)[0].error is None and not llm.engine.has_unfinished_requests()
-    # a tuple of ints is three (bad) prompts for both, as before: generate normalises the prompts once
-    assert len(llm.generate((5, 6, 7), GREEDY)) == 3 == len(list(llm.as_completed((5, 6, 7), GREEDY)))
+    # a tuple of ints is one prompt for both (it was three bad ones): generate normalises the prompts once
+    assert len(llm.generate((5, 6, 7), GREEDY)) == 1 == len(list(llm.as_completed((5, 6, 7), GREEDY)))
 
 
 def test_samples_of_one_prompt_compute_it_once(tiny_checkpoint):  # noqa: F811
