@@ -96,6 +96,25 @@ HALF_ENFORCED = [
      {"$defs": {"n": {"$anchor": "num", "type": "integer"}}, "type": "object",
       "properties": {"zip": {"$ref": "#num"}}, "required": ["zip"]}),
     ("'\\$ref': 'other.json' at #", {"$ref": "other.json"}),
+    # a review, session 71: each gave output that breaks the schema, or is not JSON
+    # a pattern of literals is written raw into the string: {"q": "say "hi""}, "C:\temp" (a tab)
+    ("'pattern' at #/properties/q writes a double quote",
+     {"type": "object", "properties": {"q": {"type": "string", "pattern": '^say "hi"$'}}, "required": ["q"]}),
+    ("'pattern' at # writes a backslash", {"type": "string", "pattern": "^C:\\\\temp$"}),
+    ("'pattern' at # writes the character U\\+0022", {"type": "string", "pattern": "^\\x22$"}),
+    ("'pattern' at # writes the control character", {"type": "string", "pattern": "^a\\nb$"}),
+    # a property's own subschema was enforced, the matching patternProperties one not: {"id": -640}
+    ("property 'id' at # also matches 'patternProperties' '\\^\\[a-z\\]\\+\\$'",
+     {"type": "object", "properties": {"id": {"type": "integer"}},
+      "patternProperties": {"^[a-z]+$": {"type": "string"}}, "required": ["id"]}),
+    # only the format was enforced: "2022-01-01" for maxLength 5
+    ("'format' with 'maxLength' at #", {"type": "string", "format": "date", "maxLength": 5}),
+    ("'format' with 'pattern' at #", {"type": "string", "format": "date", "pattern": "^2024-"}),
+    # a $ref into a container the walk did not follow (OpenAPI's components) skipped every check
+    ("'uniqueItems' at #/components/P",
+     {"components": {"P": {"type": "array", "items": {"const": 1}, "minItems": 2, "maxItems": 2,
+                           "uniqueItems": True}},
+      "type": "object", "properties": {"v": {"$ref": "#/components/P"}}, "required": ["v"]}),
 ]
 
 
@@ -199,6 +218,11 @@ def test_empty_language_fails_at_compile(backend):
     with pytest.raises(ValueError, match="cannot compile: .*Cannot find field"):
         backend.compile(StructuredOutputOptions(json_schema={"type": "object", "properties": {
             "a": {"$ref": "#/$defs/missing"}}}))
+    # a range with no value of at most 6 decimals compiled to an empty value: {"x": } came out
+    for bounds in ({"minimum": 1.123456789, "maximum": 1.12345679}, {"exclusiveMinimum": 1, "exclusiveMaximum": 1.0000001}):
+        with pytest.raises(ValueError, match="json_schema: cannot compile: the number range .* holds no value"):
+            backend.compile(StructuredOutputOptions(json_schema={"type": "object", "properties": {
+                "x": {"type": "number", **bounds}}, "required": ["x"]}))
     # xgrammar raises RuntimeError('') on a bound past the float range: the reason is never empty
     with pytest.raises(ValueError, match="json_schema: cannot compile: RuntimeError without a message"):
         backend.compile(StructuredOutputOptions(json_schema={"type": "integer", "minimum": 10**400}))

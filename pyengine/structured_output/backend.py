@@ -10,6 +10,7 @@ logits width as the vocabulary size (ids past the tokenizer's are never allowed)
 from __future__ import annotations
 
 import json
+import re
 
 from .options import StructuredOutputOptions, check_json_schema_meta, clean_xgrammar_error, parse_json_schema
 
@@ -148,6 +149,9 @@ def without_surrogates(ebnf: str) -> str:
     return "".join(out)
 
 
+_NUMBER_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
 class XgrammarBackend:
     """Compiles StructuredOutputOptions into xgrammar CompiledGrammars for one vocabulary.
 
@@ -213,7 +217,29 @@ class XgrammarBackend:
         # [^"\\\r\n], which lets raw control characters into a JSON string (invalid JSON).
         # Rewrite that class to exclude U+0000-U+001F, as its unbounded strings do.
         ebnf = str(self._xgr.Grammar.from_json_schema(schema, any_whitespace=any_whitespace, strict_mode=True))
+        self._check_number_ranges(json.loads(schema))
         return ebnf.replace(_BOUNDED_STRING_CLASS, _JSON_STRING_CHAR_CLASS)
+
+    def _check_number_ranges(self, schema) -> None:
+        """A number range holding no value of at most 6 decimals (e.g. minimum 1.123456789 with
+        maximum 1.12345679) compiles to a rule for the empty string, and the output had no value
+        there ({"x": }): compile each bounded number subschema alone and refuse such a range."""
+        stack = [schema]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, list):
+                stack.extend(node)
+                continue
+            if not isinstance(node, dict):
+                continue
+            stack.extend(node.values())
+            bounds = {k: v for k, v in node.items() if k in _NUMBER_BOUNDS}
+            if node.get("type") != "number" or not bounds:
+                continue
+            alone = str(self._xgr.Grammar.from_json_schema(json.dumps({"type": "number", **bounds}), strict_mode=True))
+            if re.search(r'^\S+ ::= \(""\)$', alone, flags=re.MULTILINE):
+                raise ValueError(f"the number range {json.dumps(bounds)} holds no value that structured output "
+                                 "can write (it writes at most 6 decimals); widen the range")
 
     def new_matcher(self, compiled):
         """A fresh ``xgrammar.GrammarMatcher`` at the start of ``compiled``."""

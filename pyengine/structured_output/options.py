@@ -188,10 +188,46 @@ def parse_json_schema(schema) -> dict:
 
 
 def check_json_schema(schema: dict, meta: bool = True) -> None:
-    """Check ``schema`` for keywords xgrammar cannot enforce and (``meta``) against its meta-schema."""
+    """Check ``schema`` for keywords xgrammar cannot enforce and (``meta``) against its meta-schema.
+    The subschemas a ``$ref`` points at are checked too, wherever they are kept (an OpenAPI
+    ``#/components/...`` holds them outside the keywords the walk follows)."""
     _walk_schema(schema, "#")
+    for pointer, target in _ref_targets(schema):
+        _walk_schema(target, pointer)
     if meta:
         check_json_schema_meta(schema)
+
+
+def _ref_targets(schema: dict) -> list[tuple[str, dict]]:
+    """(pointer, subschema) of every '#/...' $ref in ``schema`` that resolves to a dict."""
+    refs, stack, seen = {}, [schema], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/"):
+                refs[ref] = None
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    out = []
+    for ref in refs:
+        node = schema
+        for part in ref[2:].split("/"):
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                node = None
+                break
+        if isinstance(node, dict):
+            out.append((ref, node))
+    return out
 
 
 def check_json_schema_meta(schema: dict) -> None:
@@ -284,6 +320,27 @@ def _check_half_enforced(s: dict, path: str) -> None:
     if isinstance(s.get("pattern"), str):
         # xgrammar's schema compiler drops what its regex parser cannot read (e.g. lookaround)
         _check_xgrammar_regex(s["pattern"], f"json_schema 'pattern' at {path}")
+    if isinstance(s.get("pattern"), str):
+        written = _json_special_in_pattern(s["pattern"])
+        if written:
+            raise ValueError(f"json_schema 'pattern' at {path} writes {written}: structured output may put it in "
+                             "the JSON string unescaped (invalid JSON); match it with a class such as [^a-z] or "
+                             "leave it out")
+    if "format" in s and any(kw in s for kw in ("minLength", "maxLength", "pattern")):
+        beside = next(kw for kw in ("minLength", "maxLength", "pattern") if kw in s)
+        raise ValueError(f"json_schema has 'format' with {beside!r} at {path}: structured output enforces only the "
+                         "format; keep one of them")
+    pattern_props = s.get("patternProperties")
+    if isinstance(pattern_props, dict) and isinstance(s.get("properties"), dict):
+        for regex in pattern_props:
+            try:
+                clash = next((name for name in s["properties"] if re.search(regex, name)), None)
+            except re.error:
+                continue
+            if clash is not None:
+                raise ValueError(f"json_schema property {clash!r} at {path} also matches 'patternProperties' "
+                                 f"{regex!r}: structured output enforces only its 'properties' subschema; merge "
+                                 "the two subschemas or change the pattern")
     if "pattern" in s and ("minLength" in s or "maxLength" in s):
         raise ValueError(f"json_schema has 'pattern' with 'minLength'/'maxLength' at {path}: structured output "
                          "enforces only the pattern; put the length in the pattern (e.g. ^a{2,5}$)")
@@ -302,6 +359,40 @@ def _check_half_enforced(s: dict, path: str) -> None:
         if missing:
             raise ValueError(f"json_schema requires {missing[0]!r} at {path} but 'properties' does not define it: "
                              "structured output would never produce it; add it to 'properties'")
+
+
+def _json_special_in_pattern(regex: str) -> str | None:
+    """How ``regex`` writes a double quote, a backslash or a control character (U+0000-U+001F)
+    explicitly (raw, escaped or as a code), or None. xgrammar turns a pattern of literals and
+    listed characters into grammar rules that emit such a character raw inside the JSON string."""
+    i, n = 0, len(regex)
+    while i < n:
+        ch = regex[i]
+        if ch == '"':
+            return "a double quote"
+        if ord(ch) < 0x20:
+            return f"the control character U+{ord(ch):04X}"
+        if ch == "\\" and i + 1 < n:
+            e = regex[i + 1]
+            if e in '"\\':
+                return "a double quote" if e == '"' else "a backslash"
+            if e in "nrtfv0c":
+                return f"the control character \\{e}"
+            digits = {"x": 2, "u": 4}.get(e)
+            if digits:
+                code = regex[i + 2:i + 2 + digits]
+                if e == "u" and code.startswith("{"):
+                    code = regex[i + 3:regex.find("}", i)] if "}" in regex[i:] else ""
+                try:
+                    value = int(code, 16)
+                except ValueError:
+                    value = None
+                if value is not None and (value < 0x20 or value in (0x22, 0x5C)):
+                    return f"the character U+{value:04X} (\\{e}{code})"
+            i += 2
+            continue
+        i += 1
+    return None
 
 
 def _values_outside(values: list, siblings: dict) -> list:
