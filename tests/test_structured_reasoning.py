@@ -78,6 +78,48 @@ def test_prompt_with_closed_reasoning_block():
     assert not ReasoningGate(ReasoningConfig((9,)), [9]).ended  # no start marker: the prompt is not read
 
 
+def test_variants_of_the_end_marker_end_it_too():
+    # the marker's text cut into other pieces (" </" "think" ">" beside "</" "think" ">"): a
+    # variant completes the marker as the marker does, across steps and in a draft window
+    cfg = ReasoningConfig(MARK, end_variants=((6, 8, 9), (5, 4, 8, 9), MARK))
+    assert cfg.end_variants == ((6, 8, 9), (5, 4, 8, 9))   # the marker itself is no variant
+    g = ReasoningGate(cfg)
+    assert g.split([1, 5, 4]) == [] and g.split([8]) == [] and not g.ended
+    assert g.first_constrained([9, 2, 3]) == 1
+    assert g.split([9, 2, 3]) == [2, 3] and g.ended
+    g = ReasoningGate(cfg)
+    assert g.split([6, 8, 9, 7]) == [7]
+    assert ReasoningGate(ReasoningConfig((9,), start_marker=(1,), end_variants=((3, 4),)), [1, 2, 3, 4, 5]).ended
+    assert not ReasoningGate(ReasoningConfig((9,), start_marker=(1,), end_variants=((3, 4),)), [3, 4, 1, 2]).ended
+    rng = random.Random(1)
+    for _ in range(300):   # against the reference: the first of the marker's or a variant's completions
+        stream = [rng.choice([5, 4, 6, 7, 8, 9, 1]) for _ in range(rng.randrange(0, 14))]
+        g = ReasoningGate(cfg)
+        got, pos = [], 0
+        while pos < len(stream):
+            chunk = stream[pos: pos + rng.randrange(1, 4)]
+            got += g.split(chunk)
+            pos += len(chunk)
+        ends = [len(stream) - len(a) for m in cfg.end_markers if (a := _ref_after(stream, m)) is not None]
+        assert got == (stream[min(ends):] if ends else []) and g.ended == bool(ends), stream
+
+
+def test_from_text_finds_the_marker_written_after_a_space():
+    # SmolLM2 cuts "</think>" into "</" "think" ">" alone, but " </think>" into " </" "think" ">":
+    # the marker after a space was missed, and the answer stayed unconstrained
+    from specops.engine.structured_output.testing import default_tokenizer
+    try:
+        tok = default_tokenizer()
+    except FileNotFoundError:
+        pytest.skip("the default model package is not installed")
+    cfg = ReasoningConfig.from_text(tok)
+    for text in ("I see </think>", "Done.</think>", "ok\n</think>", "</think>"):
+        g = ReasoningGate(cfg)
+        assert g.split(tok.encode(text, add_special_tokens=False)) == [] and g.ended, text
+    g = ReasoningGate(cfg)
+    assert g.split(tok.encode("I think so, <think> is not </thin", add_special_tokens=False)) == [] and not g.ended
+
+
 def test_config_checks():
     with pytest.raises(ValueError, match="end_marker must be a non-empty"):
         ReasoningConfig(())

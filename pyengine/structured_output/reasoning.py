@@ -25,25 +25,56 @@ class ReasoningConfig:
         Tokens that open it. Only used to read the prompt: when the prompt already has an
         end marker after its last start marker (a chat template that closes an empty
         reasoning block), the output is constrained from its first token.
+    end_variants : tuple[tuple[int, ...], ...]
+        Other token sequences that also end it: the marker's text cut into other pieces, as
+        a tokenizer that splits it writes it after some characters (`from_text` finds them).
     """
 
     end_marker: tuple[int, ...]
     start_marker: tuple[int, ...] | None = None
+    end_variants: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self):
         for name in ("end_marker", "start_marker"):
             m = getattr(self, name)
             if m is None and name == "start_marker":
                 continue
-            if not isinstance(m, (list, tuple)) or not m or not all(isinstance(t, int) and t >= 0 for t in m):
-                raise ValueError(f"{name} must be a non-empty sequence of token ids, got {m!r}")
-            object.__setattr__(self, name, tuple(m))
+            object.__setattr__(self, name, _token_ids(name, m))
+        if not isinstance(self.end_variants, (list, tuple)):
+            raise ValueError(f"end_variants must be a sequence of token id sequences, got {self.end_variants!r}")
+        variants = [_token_ids(f"end_variants[{i}]", v) for i, v in enumerate(self.end_variants)]
+        object.__setattr__(self, "end_variants", tuple(v for v in dict.fromkeys(variants) if v != self.end_marker))
+
+    @property
+    def end_markers(self) -> tuple[tuple[int, ...], ...]:
+        """The end marker and its variants."""
+        return (self.end_marker,) + self.end_variants
 
     @classmethod
     def from_text(cls, tokenizer, end: str = "</think>", start: str | None = "<think>") -> "ReasoningConfig":
-        """Markers from their text, tokenized without special-token additions."""
-        enc = (lambda s: tokenizer.encode(s, add_special_tokens=False))
-        return cls(tuple(enc(end)), None if start is None else tuple(enc(start)))
+        """Markers from their text, tokenized without special-token additions. A marker that
+        the tokenizer splits into pieces can be written with other pieces after some
+        characters (SmolLM2: "</think>" is "</" "think" ">", but " </think>" is " </" "think"
+        ">"): each such writing after a space, newline or punctuation is a variant, cut to
+        the shortest run of tokens that still holds the whole marker."""
+        enc = (lambda s: list(tokenizer.encode(s, add_special_tokens=False)))
+        variants = []
+        for before in _MARKER_CONTEXTS:
+            ids = enc(before + end)
+            cut = next((k for k in range(len(ids) - 1, -1, -1) if end in tokenizer.decode(ids[k:])), None)
+            if cut is not None:
+                variants.append(tuple(ids[cut:]))
+        return cls(tuple(enc(end)), None if start is None else tuple(enc(start)), tuple(variants))
+
+
+# Characters a model may write just before an end marker (see ReasoningConfig.from_text).
+_MARKER_CONTEXTS = (" ", "\n", "\n\n", ".", ",", ":", ";", "!", "?", ")", "]", "}", ">", "\"", "'", "*", "`", "-")
+
+
+def _token_ids(name: str, m) -> tuple[int, ...]:
+    if not isinstance(m, (list, tuple)) or not m or not all(isinstance(t, int) and t >= 0 for t in m):
+        raise ValueError(f"{name} must be a non-empty sequence of token ids, got {m!r}")
+    return tuple(m)
 
 
 def _find_last(seq: list[int], marker: tuple[int, ...]) -> int:
@@ -68,21 +99,24 @@ class ReasoningGate:
     def __init__(self, config: ReasoningConfig, prompt_token_ids: list[int] = ()):
         self.config = config
         self.ended = False
-        self._tail: list[int] = []  # last len(end_marker) - 1 reasoning tokens
+        self._markers = config.end_markers
+        self._keep = max(len(m) for m in self._markers) - 1
+        self._tail: list[int] = []  # the last reasoning tokens, as many as a marker may still need
         if config.start_marker is not None and prompt_token_ids:
             prompt = list(prompt_token_ids)
-            end = _find_last(prompt, config.end_marker)
             start = _find_last(prompt, config.start_marker)
-            self.ended = end >= 0 and end - len(config.end_marker) >= start
+            # the latest end marker (any variant) and where it starts
+            ends = [(e, e - len(m)) for m in self._markers if (e := _find_last(prompt, m)) >= 0]
+            end, end_start = max(ends) if ends else (-1, -1)
+            self.ended = end >= 0 and end_start >= start
 
     def _end_in(self, tokens: list[int]) -> int:
-        """Number of leading ``tokens`` up to and including the first completed end marker, or -1."""
-        marker = self.config.end_marker
-        m = len(marker)
+        """Number of leading ``tokens`` up to and including the first completed end marker
+        (or variant), or -1."""
         seq = self._tail + list(tokens)
         off = len(self._tail)
-        for i in range(max(m, off + 1), len(seq) + 1):  # marker must end inside ``tokens``
-            if tuple(seq[i - m: i]) == marker:
+        for i in range(off + 1, len(seq) + 1):  # a marker must end inside ``tokens``
+            if any(i >= len(m) and tuple(seq[i - len(m): i]) == m for m in self._markers):
                 return i - off
         return -1
 
@@ -96,8 +130,7 @@ class ReasoningGate:
             return list(tokens)
         n = self._end_in(tokens)
         if n < 0:
-            keep = len(self.config.end_marker) - 1
-            self._tail = (self._tail + list(tokens))[-keep:] if keep else []
+            self._tail = (self._tail + list(tokens))[-self._keep:] if self._keep else []
             return []
         self.ended = True
         self._tail = []
