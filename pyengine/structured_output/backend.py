@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import re
 
-from .options import StructuredOutputOptions, check_json_schema_meta, clean_xgrammar_error, parse_json_schema
+from .options import (StructuredOutputOptions, check_json_schema_meta, clean_xgrammar_error, parse_json_schema,
+                      schema_dicts)
 
 
 def bitmask_width(vocab_size: int) -> int:
@@ -224,15 +225,7 @@ class XgrammarBackend:
         """A number range holding no value of at most 6 decimals (e.g. minimum 1.123456789 with
         maximum 1.12345679) compiles to a rule for the empty string, and the output had no value
         there ({"x": }): compile each bounded number subschema alone and refuse such a range."""
-        stack = [schema]
-        while stack:
-            node = stack.pop()
-            if isinstance(node, list):
-                stack.extend(node)
-                continue
-            if not isinstance(node, dict):
-                continue
-            stack.extend(node.values())
+        for node in schema_dicts(schema):
             bounds = {k: v for k, v in node.items() if k in _NUMBER_BOUNDS}
             if node.get("type") != "number" or not bounds:
                 continue

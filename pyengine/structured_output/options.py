@@ -198,21 +198,22 @@ def check_json_schema(schema: dict, meta: bool = True) -> None:
         check_json_schema_meta(schema)
 
 
-def _ref_targets(schema: dict) -> list[tuple[str, dict]]:
-    """(pointer, subschema) of every '#/...' $ref in ``schema`` that resolves to a dict."""
-    refs, stack, seen = {}, [schema], set()
+def schema_dicts(schema):
+    """Every dict in the parsed JSON ``schema`` (itself included), at any depth, in no order."""
+    stack = [schema]
     while stack:
         node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
         if isinstance(node, dict):
-            ref = node.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#/"):
-                refs[ref] = None
+            yield node
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)
+
+
+def _ref_targets(schema: dict) -> list[tuple[str, dict]]:
+    """(pointer, subschema) of every '#/...' $ref in ``schema`` that resolves to a dict."""
+    refs = dict.fromkeys(node["$ref"] for node in schema_dicts(schema)
+                         if isinstance(node.get("$ref"), str) and node["$ref"].startswith("#/"))
     out = []
     for ref in refs:
         node = schema

@@ -207,10 +207,10 @@ class Sampler:
         if writes:
             if logits.dtype == torch.float32:
                 raw = logits.clone() if want_raw else None
-                if logits.is_inference() and not torch.is_inference_mode_enabled():
-                    x = logits.clone()   # made under inference_mode: torch refuses to write it outside
-                if logits.requires_grad:
-                    x = logits.detach().clone()   # the compiled ops refuse (and autograd) a written grad tensor
+                if logits.requires_grad or (logits.is_inference() and not torch.is_inference_mode_enabled()):
+                    # the compiled ops refuse to write a tensor that requires grad, and torch one made
+                    # under inference_mode outside it: the Sampler writes a copy
+                    x = logits.detach().clone()
             else:
                 raw = logits if want_raw else None
                 x = logits.detach().float()
