@@ -187,6 +187,19 @@ def test_bad_regex():
         _bad(f"regex has the quantifier \\{q}: a repetition count must be at most 2147483647", regex="a" + q)
 
 
+def test_escapes_xgrammar_would_misread_are_refused():
+    # xgrammar takes an unknown letter escape as the letter (\A...\Z, Python's anchors, made the
+    # output "AfooZ") and \0 as nothing ("x\0y" matched "xy"), with only a warning on stderr
+    _bad(r"has the anchor \\A: a regex here always matches the whole output", regex=r"\Afoo\Z")
+    _bad(r"has the anchor \\Z", regex=r"foo\Z")
+    _bad(r"has the escape \\0: xgrammar would match nothing there", regex=r"[\0-\x1f]")
+    _bad(r"has the escape \\q: xgrammar would match the letter q itself", regex=r"a\q")
+    _bad(r"json_schema 'pattern' at .* has the anchor \\A",
+         json_schema={"type": "string", "pattern": r"\A[a-z]+\Z"})
+    for ok in (r"\d+\.\w\s\S\D\W", r"\\A", r"[\t\n\r\f\v]", r"\x41\u00e9", r"a\\0"):
+        StructuredOutputOptions(regex=ok).validate()
+
+
 def test_bad_choice():
     _bad("choice must not be an empty list", choice=[])
     _bad("choice must be a list of strings, got str", choice="yes")

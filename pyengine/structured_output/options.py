@@ -427,10 +427,39 @@ def _check_repeat_counts(text: str, what: str) -> None:
                                  f"{MAX_REPEAT} (xgrammar holds counts in 32 bits)")
 
 
+_XGRAMMAR_LETTER_ESCAPES = frozenset("adefnrstvwDSW")
+"""Letters xgrammar's regex parser reads after a backslash (\\d, \\n, ...); it refuses \\b \\B
+\\k \\p \\P \\c and reads \\x / \\u as codes, but any other letter it takes as itself, with
+only a warning on stderr: \\A...\\Z, Python's anchors, would have the output begin with "A"."""
+
+
+def _misread_escape(regex: str) -> str | None:
+    """Why an escape of ``regex`` would not mean what Python's ``re`` makes of it under
+    xgrammar (which would match something else, silently), or None."""
+    i, n = 0, len(regex)
+    while i < n - 1:
+        if regex[i] != "\\":
+            i += 1
+            continue
+        e = regex[i + 1]
+        if e in "AZz":
+            return (f"the anchor \\{e}: a regex here always matches the whole output, so drop it "
+                    f"(xgrammar would match the letter {e})")
+        if e == "0":
+            return "the escape \\0: xgrammar would match nothing there; write \\u0000 for the NUL character"
+        if e.isascii() and e.isalpha() and e not in _XGRAMMAR_LETTER_ESCAPES and e not in "bBkpPcxu":
+            return f"the escape \\{e}: xgrammar would match the letter {e} itself; write {e} without the backslash"
+        i += 2
+    return None
+
+
 def _check_xgrammar_regex(regex: str, what: str) -> None:
-    """Refuse a regex that xgrammar's regex parser does not accept (e.g. lookaround), or a
-    count it cannot hold."""
+    """Refuse a regex that xgrammar's regex parser does not accept (e.g. lookaround), reads
+    otherwise than Python's ``re`` (an unknown letter escape), or with a count it cannot hold."""
     _check_repeat_counts(regex, what)
+    misread = _misread_escape(regex)
+    if misread:
+        raise ValueError(f"{what} {_short(regex)} has {misread}")
     import xgrammar as xgr
 
     try:
