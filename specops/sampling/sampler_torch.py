@@ -22,6 +22,7 @@ from typing import Sequence
 import torch
 
 from specops import rng
+from specops.ops.penalties import apply_penalties_torch  # noqa: F401  (the penalties' reference, one for both packages)
 from specops.sampling.logits_processors.interface import to_device
 
 _NOISE_CHUNK = 1 << 22  # elements of noise generated at once (bounds the reference's memory)
@@ -88,23 +89,6 @@ def apply_bad_words_(logits: torch.Tensor, bad_words: dict[int, list[list[int]]]
         if rows:
             idx = to_device([rows, toks], torch.int64, logits.device)    # [2, n]: no wait on the GPU
             logits[idx[0], idx[1]] = float("-inf")
-    return logits
-
-
-def apply_penalties_torch(
-    logits: torch.Tensor,          # [R, V] fp32, modified in place
-    prompt_mask: torch.Tensor,     # [R, V] bool
-    output_counts: torch.Tensor,   # [R, V] int32
-    repetition: torch.Tensor,      # [R] fp32, 1 = off
-    frequency: torch.Tensor,       # [R] fp32, 0 = off
-    presence: torch.Tensor,        # [R] fp32, 0 = off
-) -> torch.Tensor:
-    """vLLM's penalties: repetition on tokens seen in prompt or output (divide positive,
-    multiply non-positive logits), then - frequency * count - presence on tokens with
-    count > 0 (unseen tokens untouched, an infinite presence penalty too). The reference of
-    the compiled op, `specops.ops.apply_penalties_torch`, returning `logits`."""
-    from specops.ops.penalties import apply_penalties_torch as op_reference
-    op_reference(logits, prompt_mask, output_counts, repetition, frequency, presence)
     return logits
 
 
