@@ -31,6 +31,15 @@ def dense(t):
     return t if t is None or not isinstance(t, torch.Tensor) else t.contiguous()
 
 
+def unit_stride_rows(t: torch.Tensor) -> torch.Tensor:
+    """The 2-D `t` with stride 1 over its last dimension, as the kernels read rows: `t` itself,
+    a contiguous copy, or, when `t` holds nothing, a fresh empty tensor (torch calls every empty
+    tensor contiguous, so .contiguous() keeps strides such as (1, 0) of ``randn(V, 0).t()``)."""
+    if t.stride(1) == 1:
+        return t
+    return t.contiguous() if t.numel() else torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
 def check_real(name: str, v, lo: float | None = None, hi: float | None = None,
                lo_open: bool = False) -> float:
     """`v` as a finite float, raising TypeError / ValueError naming `name` unless it is a real

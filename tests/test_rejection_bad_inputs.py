@@ -213,3 +213,31 @@ def test_engine_seed_must_be_an_int_not_a_bool(backend):
     with pytest.raises(TypeError, match=r"engine_seed must be an int, got bool"):
         rejection_sample(*args, engine_seed=True, **kw)
     assert rejection_sample(*args, engine_seed=1, **kw).shape == (2, 2)
+
+
+# ---- item: empty inputs whose last stride is not 1 ----------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_empty_inputs_with_any_strides_give_the_empty_result(backend):
+    # torch calls every empty tensor contiguous, so .contiguous() kept strides (1, 0) and the
+    # Triton launchers' unit-stride asserts failed bare; the compiled ops advised .contiguous()
+    from specops.sampling import compute_logprobs
+    V = 8
+    empty = (torch.randn(V, 0, device=DEVICE).t() * 3)          # [0, V], strides (1, 0)
+    assert empty.shape == (0, V) and empty.stride(1) != 1
+    none = torch.zeros(0, dtype=torch.long, device=DEVICE)
+    out = rejection_sample(empty, none, torch.tensor([0, 0], device=DEVICE), 2, torch.tensor([3, 5], device=DEVICE),
+                           backend=backend)
+    assert out.tolist() == [[3, -1, -1], [5, -1, -1]]
+    out = rejection_sample(torch.zeros(0, V, device=DEVICE), none, torch.tensor([0], device=DEVICE), 1,
+                           torch.tensor([3], device=DEVICE), draft_probs=empty, backend=backend)
+    assert out.tolist() == [[3, -1]]
+    lp = compute_logprobs("raw_logprobs", 2, none, raw_logits=empty, backend=backend)
+    assert tuple(lp.token_ids.shape) == (0, 3)
+    md = SamplingMetadata.from_params([], vocab_size=V, max_num_logprobs=2, device=DEVICE)
+    res = Sampler(backend=backend, logprobs_mode="processed_logprobs")(empty, md)
+    assert tuple(res.sampled_token_ids.shape) == (0,)
+    ids = torch.zeros(0, 6, dtype=torch.long, device=DEVICE)[:, ::2]
+    assert specops.token_bincount(ids, V).shape == (0, V)
+    assert specops.token_bincount(ids.contiguous(), V).shape == (0, V)
+    assert torch.ops.specops.token_bincount(ids, V).shape == (0, V)     # the C++ check, called directly

@@ -36,9 +36,10 @@ inline void check_dim(const char* op, const char* name, const at::Tensor& t, int
   TORCH_CHECK_VALUE(t.dim() == dim, op, ": ", name, " must be ", num(dim), "-D, got shape ", shape_str(t.sizes()));
 }
 
-// The last dimension must be contiguous; rows may be strided (a slice of a wider buffer).
+// The last dimension must be contiguous; rows may be strided (a slice of a wider buffer). An
+// empty tensor reads nothing, whatever its strides (torch's .contiguous() keeps them: (1, 0)).
 inline void check_rows(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK_VALUE(t.size(-1) <= 1 || t.stride(-1) == 1, op, ": ", name,
+  TORCH_CHECK_VALUE(t.size(-1) <= 1 || t.numel() == 0 || t.stride(-1) == 1, op, ": ", name,
                     " must have a contiguous last dimension (stride 1), got strides ", shape_str(t.strides()));
 }
 

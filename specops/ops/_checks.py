@@ -38,7 +38,7 @@ def check_tensor(op: str, name: str, t: object, dtypes: Sequence[torch.dtype], n
         raise ValueError(f"{op}: {name} must have shape {tuple(shape)}{shape_desc}, got {tuple(t.shape)}")
     if like is not None and t.device != like.device:
         raise ValueError(f"{op}: {name} must be on {like.device} (the device of logits), got {t.device}")
-    if t.dim() >= 1 and t.shape[-1] > 1 and t.stride(-1) != 1:
+    if t.dim() >= 1 and t.shape[-1] > 1 and t.numel() > 0 and t.stride(-1) != 1:   # an empty t reads nothing
         raise ValueError(f"{op}: {name} must have a contiguous last dimension (stride 1), "
                          f"got strides {tuple(t.stride())}; call .contiguous() first")
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specops._arg_checks import LOGIT_DTYPES, check_1d
+from specops._arg_checks import LOGIT_DTYPES, check_1d, unit_stride_rows
 
 from .metadata import LOGPROBS_MODES
 from .sampler_torch import SampleResult, keep_drawn_tokens, need_distribution, scale_logits
@@ -125,8 +125,7 @@ def gather_logprobs_triton(
 
     R, V = scores.shape
     n = max(0, min(int(num_logprobs), V))
-    if scores.stride(1) != 1:
-        scores = scores.contiguous()
+    scores = unit_stride_rows(scores)
     dev = scores.device
     ids = torch.empty(R, n + 1, dtype=torch.int64, device=dev)
     vals = torch.empty(R, n + 1, dtype=torch.float32, device=dev)
@@ -230,7 +229,7 @@ def compute_processed_logprobs(
     from specops.triton_kernels.logprob_stats import MAX_TOP_N, processed_logprob_stats
 
     R, V = processed_logits.shape
-    scores = processed_logits if processed_logits.stride(1) == 1 else processed_logits.contiguous()
+    scores = unit_stride_rows(processed_logits)
     dev = scores.device
     tokens = tokens.to(torch.int64).contiguous()
     inv_t = inv_temperature.contiguous()

@@ -68,7 +68,7 @@ def _check_penalty_state(on: bool, prompt_mask, output_counts, n: int, V: int) -
             raise ValueError(f"{name} ([{n}, {V}] {dt}) is required when a row has penalties")
         if tuple(t.shape) != (n, V) or t.dtype != dt:
             raise ValueError(f"{name} must be [{n}, {V}] {dt}, got {tuple(t.shape)} {t.dtype}")
-        if V > 1 and t.stride(1) != 1:   # the penalty ops read rows in place (counts are updated there)
+        if V > 1 and n > 0 and t.stride(1) != 1:   # the penalty ops read rows in place (counts are updated there)
             raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {t.stride()}")
 
 

@@ -16,7 +16,7 @@ import os
 import torch
 
 from specops import rng
-from specops._arg_checks import LOGIT_DTYPES, check_1d, dense
+from specops._arg_checks import LOGIT_DTYPES, check_1d, dense, unit_stride_rows
 
 from .sampler_torch import SampleResult, sample_torch
 
@@ -169,8 +169,7 @@ def sample(
                             empty, empty if distribution else None)
     if backend == "torch" or resolve_backend(backend, logits.device) == "torch":
         return sample_torch(logits, inv_temperature, top_k, top_p, min_p, seeds, positions, stream, distribution)
-    if logits.stride(1) != 1:
-        logits = logits.contiguous()
+    logits = unit_stride_rows(logits)
     from specops.triton_kernels.sampling_topk_topp import sample_top_k_top_p_triton
 
     # pivot rounds only for a tokens-only draw, and only when a row may have top-p or min-p

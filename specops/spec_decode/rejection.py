@@ -18,7 +18,7 @@ import torch
 
 from specops.spec_decode.rejection_args import check_rejection_args
 from specops.spec_decode.rejection_torch import rejection_sample_torch
-from specops._arg_checks import dense
+from specops._arg_checks import dense, unit_stride_rows
 from specops.sampling.topk_topp import resolve_backend
 from specops.triton_kernels.rejection_recover import rejection_recover_pass
 from specops.triton_kernels.rejection_sample import (check_sub_chunk, chunk_size, rejection_sample_pass,
@@ -180,10 +180,9 @@ def rejection_sample(
     out = torch.empty((num_reqs, max_spec_len + 1), dtype=torch.int32, device=device)
     if num_reqs == 0:
         return out
-    if logits.stride(1) != 1:
-        logits = logits.contiguous()
-    if draft_probs is not None and draft_probs.stride(1) != 1:
-        draft_probs = draft_probs.contiguous()
+    logits = unit_stride_rows(logits)
+    if draft_probs is not None:
+        draft_probs = unit_stride_rows(draft_probs)
     if step is None:
         step = torch.zeros(1, dtype=torch.int64, device=device)
     step = step.reshape(1)
