@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 
 from specops._arg_checks import check_int, check_real, check_seed
@@ -133,15 +134,15 @@ class EngineConfig:
                 raise ValueError(f"{name} must be None or a positive int, got {value!r}")
         check_seed("seed", self.seed)   # the engine seed of unseeded requests, as torch.manual_seed takes it
         check_real("gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, lo_open=True)
-        if not isinstance(self.enable_prefix_caching, bool):
-            raise ValueError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
-        if not isinstance(self.sampler_cuda_graphs, bool):
-            raise ValueError(f"sampler_cuda_graphs must be a bool, got {self.sampler_cuda_graphs!r}")
+        for name in ("enable_chunked_prefill", "enable_prefix_caching", "sampler_cuda_graphs"):
+            if not isinstance(getattr(self, name), bool):   # a truthy "false" would turn the feature on
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.dtype not in (None, "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         self._validate_spec()
-        if not (isinstance(self.structured_compile_timeout_s, (int, float)) and self.structured_compile_timeout_s > 0):
-            raise ValueError(f"structured_compile_timeout_s must be > 0, got {self.structured_compile_timeout_s!r}")
+        t = self.structured_compile_timeout_s
+        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not t > 0:   # inf: no limit
+            raise ValueError(f"structured_compile_timeout_s must be > 0 (seconds), got {t!r}")
         w = self.structured_compile_workers
         if isinstance(w, bool) or not isinstance(w, int) or w < 1:
             raise ValueError(f"structured_compile_workers must be a positive int, got {w!r}")

@@ -351,8 +351,23 @@ def test_a_request_a_custom_processor_refuses_fails_alone_on_arrival():
     ("seed", None, "seed must be an int"),
     ("gpu_memory_utilization", "0.5", "gpu_memory_utilization must be a real number"),
     ("enable_prefix_caching", "no", "enable_prefix_caching must be a bool"),
+    ("enable_chunked_prefill", "false", "enable_chunked_prefill must be a bool, got 'false'"),   # was on
+    ("structured_compile_timeout_s", True, r"structured_compile_timeout_s must be > 0 \(seconds\), got True"),
     ("spec_log_interval_s", "5", "spec_log_interval_s must be a real number")])
 def test_engine_config_refuses_bad_fields_by_name(field, value, words):
     # a bad seed was taken, then every step failed with "engine_seed must be ..."
     with pytest.raises((TypeError, ValueError), match=words):
         EngineConfig(**{field: value}).validate()
+
+
+@pytest.mark.parametrize("rates, words", [
+    ("1", "must be a probability or a list of them, got '1'"),    # was a list of the string's characters
+    ("0.5", "must be a probability or a list of them, got '0.5'"),
+    (True, "must be a probability or a list of them, got True"),  # was a rate of 1.0
+    ([0.5, "0.9"], r"must be probabilities in \[0, 1\], got \[0.5, '0.9'\]"),
+    ([[0.5]], r"must be probabilities in \[0, 1\]")])
+def test_synthetic_acceptance_rates_are_refused_by_name(rates, words):
+    with pytest.raises(ValueError, match="spec_synthetic_acceptance rates " + words):
+        EngineConfig(spec_method="ngram", spec_synthetic_acceptance=rates).validate()
+    import numpy as np
+    assert EngineConfig(spec_method="ngram", spec_synthetic_acceptance=np.float32(0.5)).validate() is None

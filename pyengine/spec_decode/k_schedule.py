@@ -143,9 +143,12 @@ class SyntheticAcceptance:
     """
 
     def __init__(self, rates: float | Sequence[float], seed: int = 0):
-        r = [float(rates)] if isinstance(rates, (int, float)) else [float(x) for x in rates]
-        if not r or any(not 0.0 <= x <= 1.0 for x in r):
-            raise ValueError(f"rates must be probabilities in [0, 1], got {rates!r}")
+        if isinstance(rates, (bool, str, bytes)) or not isinstance(rates, (numbers.Real, Sequence, np.ndarray)):
+            raise ValueError(f"spec_synthetic_acceptance rates must be a probability or a list of them, got {rates!r}")
+        r = [rates] if isinstance(rates, numbers.Real) else (rates.tolist() if isinstance(rates, np.ndarray) else list(rates))
+        if not r or any(isinstance(x, bool) or not isinstance(x, numbers.Real) or not 0.0 <= x <= 1.0 for x in r):
+            raise ValueError(f"spec_synthetic_acceptance rates must be probabilities in [0, 1], got {rates!r}")
+        r = [float(x) for x in r]
         self.rates = r
         self.seed = int(seed)
 
