@@ -90,9 +90,20 @@ def check_seed(name: str, v) -> int:
 
 
 def as_device(name: str, device) -> torch.device:
-    """torch.device(device), or a ValueError naming the argument (torch's own error names neither)."""
+    """torch.device(device), or a ValueError naming the argument (torch's own error names neither;
+    the meta device, which holds no data, is refused too)."""
     try:
-        return torch.device(device)
+        dev = torch.device(device)
     except (RuntimeError, TypeError):
         raise ValueError(f"{name} must be a torch.device or a device string such as 'cpu' or 'cuda:0', "
                          f"got {device!r}") from None
+    if dev.type == "meta":
+        raise ValueError(f"{name} must be a device that holds data (such as 'cpu' or 'cuda:0'), got 'meta'")
+    return dev
+
+
+def check_not_meta(name: str, t: torch.Tensor) -> None:
+    """ValueError naming `name` when the tensor `t` is on the meta device (shapes, no data: the
+    ops compute values; torch.compile's fake tensors report their real device and pass)."""
+    if t.device.type == "meta":
+        raise ValueError(f"{name} is on the meta device, which holds no data: give a tensor on cpu or cuda")

@@ -76,7 +76,10 @@ def vocab_noise(seeds: torch.Tensor, positions: torch.Tensor, stream: int, vocab
     """Noise for every (row, token): [rows, vocab_size] float32.
 
     seeds, positions: [rows] int64. Token t uses word t % 4 of the call with index t // 4.
+    ``kind``: "exponential" (Exp(1) draws) or "uniform" (on (0, 1)).
     """
+    if kind not in ("exponential", "uniform"):
+        raise ValueError(f"kind must be 'exponential' or 'uniform', got {kind!r}")
     rows = seeds.shape[0]
     index = torch.arange((vocab_size + 3) // 4, device=seeds.device)
     words = random_words(seeds.view(-1, 1), positions.view(-1, 1), stream, index.view(1, -1))

@@ -385,7 +385,7 @@ def test_custom_processor_and_allowed_tokens_see_every_row(temperature):
     logits = torch.zeros(8, vocab, device=DEVICE)
     logits[:, 3] = 5.0                       # the favourite token, unless banned
     spec = build_spec_decode_metadata([3, 0, 2], [4, 5, 8], device=DEVICE)
-    procs = LogitsProcessors([HistoryBan(3, vocab, DEVICE)])
+    procs = LogitsProcessors([HistoryBan(13, vocab, DEVICE)])
     md = SamplingMetadata.from_params([temperature] * 3, vocab_size=vocab, device=DEVICE, seeds=[1, 2, 3],
                                       positions=[5, 6, 7], allowed_token_ids=[None, None, [3, 4, 9]],
                                       logitsprocs=procs, rows=LogitsRows([10, 11, 12], [1, 3, 0]))

@@ -105,6 +105,39 @@ def test_logprobs_refuse_integer_logits_and_a_bool_count():
             compute_processed_logprobs("processed_logprobs", False, tok, x, inv_t, res, backend=backend)
 
 
+def test_arguments_the_public_helpers_used_to_pass_on_unchecked():
+    # each failed later, deep inside torch or a kernel, with an error that named nothing
+    from specops import parse_output, rng, sample
+    from specops.triton_kernels.expand import expand_to_draft_rows
+    tok = torch.zeros(2, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"raw_logits must have at least one column .* got shape \(2, 0\)"):
+        compute_logprobs("raw_logprobs", 0, tok, raw_logits=torch.zeros(2, 0), backend="torch")
+    with pytest.raises(TypeError, match=r"allowed_token_ids\[1\] must be a list of token ids \(or None\), got int"):
+        SamplingMetadata.from_params([1.0, 1.0], vocab_size=V, allowed_token_ids=[[1], 5])
+    with pytest.raises(ValueError, match="max_num_reqs must be >= 0, got -1"):
+        build_logits_processors(-1, V, use_entry_points=False)
+    with pytest.raises(ValueError, match="device must be a torch.device or a device string"):
+        build_logits_processors(2, V, device="gpu0", use_entry_points=False)
+    cu = torch.tensor([2, 5])
+    with pytest.raises(TypeError, match="num_tokens must be an int, got Tensor"):
+        expand_to_draft_rows(torch.tensor([1, 2]), cu, torch.tensor(5), 3)
+    with pytest.raises(TypeError, match="max_spec_len must be an int, got NoneType"):
+        expand_to_draft_rows(torch.tensor([1, 2]), cu, 5, None)
+    with pytest.raises(TypeError, match=r"values must be a torch.Tensor \[num_reqs\], got list"):
+        expand_to_draft_rows([1, 2], cu, 5, 3)
+    with pytest.raises(ValueError, match="kind must be 'exponential' or 'uniform', got 'exp'"):
+        rng.vocab_noise(torch.tensor([1]), torch.tensor([0]), 0, 6, kind="exp")
+    meta = lambda t: t.to("meta")  # noqa: E731
+    with pytest.raises(ValueError, match="logits is on the meta device"):
+        sample(meta(torch.zeros(2, V)), meta(torch.ones(2)), seeds=meta(tok), positions=meta(tok), backend="torch")
+    with pytest.raises(ValueError, match="output_token_ids is on the meta device"):
+        parse_output(torch.zeros(1, 2, dtype=torch.int32, device="meta"))
+    with pytest.raises(ValueError, match="step is on the meta device"):
+        SamplingMetadata.from_params([1.0], vocab_size=V, step=torch.tensor(3, device="meta"))
+    with pytest.raises(ValueError, match="device must be a device that holds data .* got 'meta'"):
+        SamplingMetadata.from_params([1.0], vocab_size=V, device="meta")
+
+
 # ---- BatchUpdate ------------------------------------------------------------------------------
 
 def states(procs):
@@ -259,6 +292,35 @@ def test_logits_processors_built_for_another_vocabulary_are_refused():
     with pytest.raises(ValueError, match=rf"logitsprocs: \w+ was built for vocab_size {V + 4}, the metadata's "
                                          rf"vocab_size is {V}"):
         SamplingMetadata.from_params([0.0, 0.0], vocab_size=V, logitsprocs=procs)
+
+
+def test_logits_rows_are_checked_when_the_metadata_is_built():
+    # a request index past the processors' max_num_reqs failed inside the Sampler, after the
+    # logit bias of another row had been added to the caller's logits
+    from specops.sampling import LogitsRows
+    procs = build_logits_processors(4, V, use_entry_points=False)
+    procs.update_state(BatchUpdate(batch_size=2, added=[(0, P(logit_bias={3: 100.0}), None, []),
+                                                         (1, P(min_p=0.2), None, [])]))
+    build = lambda rows: SamplingMetadata.from_params([1.0, 1.0], vocab_size=V, logitsprocs=procs,  # noqa: E731
+                                                      rows=rows)
+    with pytest.raises(ValueError, match=r"rows.req_indices\[1\] must be <= 3, got 9"):
+        build(LogitsRows([0, 9], [0, 0]))
+    with pytest.raises(ValueError, match=r"rows.req_indices\[0\] must be >= 0, got -1"):
+        build(LogitsRows([-1, 1], [0, 0]))
+    with pytest.raises(TypeError, match=r"rows.num_output_tokens\[1\] must be an int, got float"):
+        build(LogitsRows([0, 1], [0, 1.5]))
+    with pytest.raises(ValueError, match=r"rows must describe 2 rows, got 1 in rows.num_output_tokens"):
+        build(LogitsRows([0, 1], [0]))
+    with pytest.raises(ValueError, match=r"must describe 2 rows, got 3 in rows.preceding_token_ids"):
+        build(LogitsRows([0, 1], [0, 0], [[], [], []]))
+    with pytest.raises(TypeError, match="rows must be a LogitsRows"):
+        build([0, 1])
+    md = build(LogitsRows([0, 1], [0, 0]))
+    with pytest.raises(ValueError, match=r"rows.req_indices\[0\] must be <= 3, got 4"):
+        md.expand([0], rows=LogitsRows([4], [0]))
+    logits = torch.zeros(2, V)
+    Sampler(backend="torch")(logits, md)
+    assert logits[0, 3] == 100.0   # the bias reached its row
 
 
 def test_logits_that_are_no_tensor_are_a_type_error_naming_the_type():

@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specops._arg_checks import check_int
+
 
 @triton.jit(do_not_specialize=["num_reqs", "num_tokens", "replace_from", "replace_to"])
 def _expand_kernel(
@@ -73,6 +75,11 @@ def expand_to_draft_rows(
     torch.Tensor
         [num_tokens] with ``values.dtype``.
     """
+    for name, t in (("values", values), ("cu_num_draft_tokens", cu_num_draft_tokens)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor [num_reqs], got {type(t).__name__}")
+    num_tokens = check_int("num_tokens", num_tokens, 0)
+    max_spec_len = check_int("max_spec_len", max_spec_len, 0)
     if values.dim() != 1 or cu_num_draft_tokens.dim() != 1 or values.shape != cu_num_draft_tokens.shape:
         raise ValueError(f"values and cu_num_draft_tokens must be [num_reqs], got {tuple(values.shape)} "
                          f"and {tuple(cu_num_draft_tokens.shape)}")
@@ -82,8 +89,6 @@ def expand_to_draft_rows(
         raise TypeError(f"cu_num_draft_tokens must be int32 or int64, got {cu_num_draft_tokens.dtype}")
     if (replace_from is None) != (replace_to is None):
         raise ValueError("replace_from and replace_to must be given together")
-    if num_tokens < 0 or max_spec_len < 0:
-        raise ValueError(f"num_tokens and max_spec_len must be >= 0, got {num_tokens}, {max_spec_len}")
     out = torch.empty(num_tokens, dtype=values.dtype, device=values.device)
     num_reqs = values.shape[0]
     if num_reqs == 0 or num_tokens == 0:

@@ -49,6 +49,13 @@ from .topk_topp import resolve_backend
 
 
 
+def _check_has_columns(name: str, logits: torch.Tensor) -> None:
+    """A [rows, vocab] tensor with a vocabulary: no column is no distribution (as `sample` says)."""
+    if logits.dim() == 2 and logits.shape[1] == 0:
+        raise ValueError(f"{name} must have at least one column (one per vocabulary token), got shape "
+                         f"{tuple(logits.shape)}")
+
+
 def _check_logits_dtype(name: str, logits) -> None:
     if not isinstance(logits, torch.Tensor) or logits.dtype not in LOGIT_DTYPES:
         got = logits.dtype if isinstance(logits, torch.Tensor) else type(logits).__name__
@@ -172,6 +179,7 @@ def compute_logprobs(
     if logits.dim() != 2:
         raise ValueError(f"{name} must be a [rows, vocab] tensor, got {tuple(logits.shape)}")
     _check_logits_dtype(name, logits)
+    _check_has_columns(name, logits)
     check_1d("tokens", tokens, logits.shape[0], (torch.int32, torch.int64), logits.device)
     _check_num_logprobs(num_logprobs, logits.shape[1])
     if mode.startswith("raw"):
@@ -216,6 +224,7 @@ def compute_processed_logprobs(
     if mode not in ("processed_logprobs", "processed_logits"):
         raise ValueError(f"mode must be 'processed_logprobs' or 'processed_logits', got {mode!r}")
     _check_logits_dtype("processed_logits", processed_logits)
+    _check_has_columns("processed_logits", processed_logits)
     _check_num_logprobs(num_logprobs, processed_logits.shape[1])
     n = num_logprobs
     logprobs_mode = mode == "processed_logprobs"

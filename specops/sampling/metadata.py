@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import torch
 
 from specops import rng
-from specops._arg_checks import as_device, check_int, check_real, check_seed
+from specops._arg_checks import as_device, check_int, check_not_meta, check_real, check_seed
 
 from .logits_processors.interface import LogitsRows, to_device
 from .logits_processors.loader import LogitsProcessors
@@ -73,6 +73,8 @@ def _check_penalty_state(on: bool, prompt_mask, output_counts, n: int, V: int) -
 
 
 def _check_allowed(name: str, ids, V: int) -> list[int]:
+    if isinstance(ids, (str, bytes, Mapping)) or not hasattr(ids, "__iter__"):
+        raise TypeError(f"{name} must be a list of token ids (or None), got {type(ids).__name__}")
     ids = [check_int(name, t, 0, V - 1) for t in ids]
     if not ids:
         raise ValueError(f"{name} must not be empty")
@@ -134,6 +136,32 @@ def _check_logitsprocs(logitsprocs, V: int) -> None:
         if isinstance(built_for, int) and not isinstance(built_for, bool) and built_for != V:
             raise ValueError(f"logitsprocs: {type(proc).__name__} was built for vocab_size {built_for}, "
                              f"the metadata's vocab_size is {V}")
+
+
+def _check_rows(rows, n: int, logitsprocs, unit: str = "rows") -> None:
+    """None, or a LogitsRows of `n` rows whose request indices lie in [0, max_num_reqs) of every
+    processor (the processors index their per-request state by them: a bad one failed inside
+    the Sampler after a logit bias was added to the caller's logits) and whose counts are >= 0."""
+    if rows is None:
+        return
+    if not isinstance(rows, LogitsRows):
+        raise TypeError(f"rows must be a LogitsRows (or None), got {type(rows).__name__}")
+    fields = [("req_indices", rows.req_indices), ("num_output_tokens", rows.num_output_tokens)]
+    if rows.preceding_token_ids is not None:
+        fields.append(("preceding_token_ids", rows.preceding_token_ids))
+    for name, values in fields:
+        if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+            raise TypeError(f"rows.{name} must be a list, got {type(values).__name__}")
+        if len(values) != n:
+            raise ValueError(f"rows must describe {n} {unit}, got {len(values)} in rows.{name}")
+    limits = [p.max_num_reqs for p in ([] if logitsprocs is None else logitsprocs.all)
+              if isinstance(getattr(p, "max_num_reqs", None), int)]
+    hi = min(limits) - 1 if limits else None
+    for name, values, top in (("req_indices", rows.req_indices, hi), ("num_output_tokens", rows.num_output_tokens, None)):
+        if all(type(v) is int for v in values) and (not values or (min(values) >= 0 and (top is None or max(values) <= top))):
+            continue   # the engine's case, checked at C speed; else find the first bad one and name it
+        for j, v in enumerate(values):
+            check_int(f"rows.{name}[{j}]", v, 0, top)
 
 
 def _allowed_mask(allowed: list, n: int, V: int, dev: torch.device) -> torch.Tensor:
@@ -534,12 +562,13 @@ class SamplingMetadata:
         bad = {} if bad_words_token_ids is None else _check_bad_words(bad_words_token_ids, n, V)
         _check_history(output_token_ids, bad, n)
         _check_logitsprocs(logitsprocs, V)
-        if rows is not None and len(rows) != n:
-            raise ValueError(f"rows must describe {n} rows, got {len(rows)}")
+        _check_rows(rows, n, logitsprocs)
         if isinstance(step, torch.Tensor) and (step.numel() != 1 or step.dim() > 1 or step.is_floating_point()
                                                or step.is_complex() or step.dtype == torch.bool):
             raise ValueError(f"step must be an int or an integer tensor with one element ([] or [1]), got "
                              f"{step.dtype} of shape {tuple(step.shape)}")
+        if isinstance(step, torch.Tensor):
+            check_not_meta("step", step)
         step_t = step.to(dev, torch.int64).reshape(()) if isinstance(step, torch.Tensor) else None
         if step_t is None:
             step = check_int("step", step, 0, _INT64_MAX)   # an int64 counter; its low 32 bits key the noise
@@ -647,8 +676,7 @@ class SamplingMetadata:
                 raise ValueError("expanding rows with bad_words needs a host row_req_index and output_token_ids")
             bad = {j: self.bad_words_token_ids[i] for j, i in enumerate(host_idx) if i in self.bad_words_token_ids}
         _check_history(output_token_ids, bad, m, "new row")
-        if rows is not None and len(rows) != m:
-            raise ValueError(f"rows must describe {m} new rows, got {len(rows)}")
+        _check_rows(rows, m, self.logitsprocs, "new rows")
         if position_offsets is None:
             offs = torch.zeros(m, dtype=torch.int64, device=dev)
         elif isinstance(position_offsets, torch.Tensor):

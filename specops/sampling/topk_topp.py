@@ -16,7 +16,7 @@ import os
 import torch
 
 from specops import rng
-from specops._arg_checks import LOGIT_DTYPES, check_1d, dense, unit_stride_rows
+from specops._arg_checks import LOGIT_DTYPES, check_1d, check_not_meta, dense, unit_stride_rows
 
 from .sampler_torch import SampleResult, sample_torch
 
@@ -41,6 +41,7 @@ def check_sample_args(logits, inv_temperature, top_k, top_p, min_p, seeds, posit
     R, V = logits.shape
     if V < 1:
         raise ValueError("logits must have at least one column")
+    check_not_meta("logits", logits)
     dev = logits.device
     _check_rows("inv_temperature", inv_temperature, R, (torch.float32,), dev)
     _check_rows("top_k", top_k, R, (torch.int32,), dev, optional=True)

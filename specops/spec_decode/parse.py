@@ -6,6 +6,8 @@ import numbers
 
 import torch
 
+from specops._arg_checks import check_not_meta
+
 PLACEHOLDER_TOKEN_ID = -1
 """Fills the output after each request's last emitted token."""
 
@@ -50,6 +52,7 @@ def parse_output(
     if output_token_ids.dim() != 2:
         raise ValueError(f"output_token_ids must be [num_reqs, max_spec_len + 1], got shape "
                          f"{tuple(output_token_ids.shape)}")
+    check_not_meta("output_token_ids", output_token_ids)
     if vocab_size is not None and (not isinstance(vocab_size, numbers.Integral) or isinstance(vocab_size, bool)
                                    or vocab_size < 1):
         raise ValueError(f"vocab_size must be None or an int >= 1, got {vocab_size!r}")

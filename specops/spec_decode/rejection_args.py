@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from specops._arg_checks import LOGIT_DTYPES, check_1d, check_seed
+from specops._arg_checks import LOGIT_DTYPES, check_1d, check_not_meta, check_seed
 from specops.spec_decode.metadata import MAX_SPEC_LEN
 
 _INT_DTYPES = (torch.int32, torch.int64)
@@ -50,6 +50,7 @@ def check_rejection_args(
         raise ValueError(f"logits must be a [num_logits, vocab] tensor, got {tuple(logits.shape)}")
     if logits.dtype not in LOGIT_DTYPES:
         raise TypeError(f"logits must be float32, float16 or bfloat16, got {logits.dtype}")
+    check_not_meta("logits", logits)
     device = logits.device
     num_logits, vocab = logits.shape
     if vocab == 0:

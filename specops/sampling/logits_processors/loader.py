@@ -15,6 +15,8 @@ from typing import Iterable, Sequence
 
 import torch
 
+from specops._arg_checks import as_device, check_int
+
 from .builtin import LogitBiasLogitsProcessor, MinPLogitsProcessor, MinTokensLogitsProcessor
 from .interface import BatchUpdate, LogitsProcessor, LogitsRows
 
@@ -121,6 +123,9 @@ def build_logits_processors(
     (it would add a request's logit_bias twice), is not built again. A subclass of a built-in
     is another class: it runs beside the built-in (pass builtin=False to replace them).
     """
+    max_num_reqs = check_int("max_num_reqs", max_num_reqs, 0)
+    vocab_size = check_int("vocab_size", vocab_size, 1)
+    as_device("device", device)   # checked; passed on as given
     procs: list[LogitsProcessor] = []
     seen = set()
     if builtin:
