@@ -193,9 +193,9 @@ def build_spec_decode_metadata(
     target_logits_indices = np.nonzero(is_target)[0]
     bonus_logits_indices = cu_rows - 1
 
-    def dev(a: np.ndarray) -> torch.Tensor:
+    def dev(a: np.ndarray) -> torch.Tensor:   # through pinned memory: a pageable copy may wait on the stream
         t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32))
-        return t.to(device, non_blocking=True) if device.type != "cpu" else t
+        return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
 
     target_t = dev(target_logits_indices)
     logits_t = dev(logits_indices)
