@@ -79,6 +79,7 @@ names, package_dir = packages()
 setup(
     packages=names,
     package_dir=package_dir,
+    py_modules=["_specops_main"],   # the console script (catches a Ctrl-C while specops imports)
     ext_modules=[CMakeExtension("specops._C", ROOT)],
     cmdclass={"build_ext": CMakeBuild},
     zip_safe=False,

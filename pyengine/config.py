@@ -132,6 +132,7 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be None or a positive int, got {value!r}")
+        self._validate_device()
         check_seed("seed", self.seed)   # the engine seed of unseeded requests, as torch.manual_seed takes it
         check_real("gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, lo_open=True)
         for name in ("enable_chunked_prefill", "enable_prefix_caching", "sampler_cuda_graphs"):
@@ -151,6 +152,24 @@ class EngineConfig:
         if self.reasoning_start is not None and (not isinstance(self.reasoning_start, str) or not self.reasoning_start):
             raise ValueError(f"reasoning_start must be None or a non-empty string, got {self.reasoning_start!r}")
 
+    def _validate_device(self) -> None:
+        """None (automatic), or cpu / cuda / cuda:N that this torch can use: checked before the
+        model loads (a CPU-only torch failed inside the model's first CUDA allocation)."""
+        if self.device is None:
+            return
+        import torch
+
+        try:
+            dev = torch.device(self.device)
+        except (RuntimeError, TypeError):
+            dev = None
+        if dev is None or dev.type not in ("cpu", "cuda"):
+            raise ValueError(f"device must be None, 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device!r}: this torch has no CUDA device (torch {torch.__version__})")
+        if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {self.device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+
     def _validate_spec(self) -> None:
         if self.spec_method not in (None, "ngram", "draft"):
             raise ValueError(f"spec_method must be None, 'ngram' or 'draft', got {self.spec_method!r}")
@@ -169,6 +188,9 @@ class EngineConfig:
             return
         from .spec_decode import SyntheticAcceptance, parse_batch_schedule
 
-        parse_batch_schedule(self.spec_batch_schedule)
+        try:
+            parse_batch_schedule(self.spec_batch_schedule)
+        except ValueError as exc:
+            raise ValueError(f"spec_batch_schedule: {exc}") from None
         if self.spec_synthetic_acceptance is not None:
             SyntheticAcceptance(self.spec_synthetic_acceptance)

@@ -140,10 +140,16 @@ class LLMEngine:
             self.proposer = DraftModelProposer(draft_loaded.model, pool, bs, seed=cfg.seed,
                                                target_vocab_size=self.vocab_size)
         else:
-            self.proposer = make_proposer(cfg.spec_method, draft_model=cfg.draft_model, num_blocks=pool,
-                                          block_size=bs, device=self.device, dtype=self.model.dtype, seed=cfg.seed,
-                                          target_vocab_size=self.vocab_size, min_n=cfg.ngram_min_n,
-                                          max_n=cfg.ngram_max_n)
+            try:
+                self.proposer = make_proposer(cfg.spec_method, draft_model=cfg.draft_model, num_blocks=pool,
+                                              block_size=bs, device=self.device, dtype=self.model.dtype,
+                                              seed=cfg.seed, target_vocab_size=self.vocab_size,
+                                              min_n=cfg.ngram_min_n, max_n=cfg.ngram_max_n)
+            except (FileNotFoundError, ValueError) as exc:   # the draft model's path or files: say so
+                if cfg.spec_method != "draft" or str(exc).startswith("draft_model"):
+                    raise
+                raise (FileNotFoundError if isinstance(exc, FileNotFoundError) else ValueError)(
+                    f"draft_model: {exc}") from None
         self.k_schedule = KSchedule(k, cfg.spec_batch_schedule)
         self.spec_metrics = SpecDecodingMetrics(cfg.spec_log_interval_s)
         if cfg.spec_synthetic_acceptance is not None:
@@ -191,6 +197,18 @@ class LLMEngine:
 
     # ---- requests -----------------------------------------------------------------------
 
+    def check_request(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
+        """Raise the error that would fail `prompt` with `params` on arrival (an empty or too long
+        prompt, a parameter outside its range or the vocabulary); return the prompt's token ids.
+        `add_request` runs it and reports the error as the request's; a caller that wants it
+        raised (e.g. a command line, to name the option) runs it first."""
+        ids = self._prompt_ids(prompt)
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        params.validate(self.vocab_size)
+        self.runner.sampler.check_request(params, ids)
+        return ids
+
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:
         """Queue a request; returns its id.
@@ -237,13 +255,10 @@ class LLMEngine:
         text = prompt if isinstance(prompt, str) else None
         ids: list[int] = []
         try:
-            ids = self._prompt_ids(prompt)
             if copy_error is not None:
+                ids = self._prompt_ids(prompt)
                 raise copy_error
-            if not isinstance(params, SamplingParams):
-                raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
-            params.validate(self.vocab_size)
-            self.runner.sampler.check_request(params, ids)
+            ids = self.check_request(prompt, params)
         except (ValueError, TypeError, RecursionError, ImportError) as exc:
             if isinstance(exc, RecursionError):   # e.g. a JSON schema text thousands of levels deep
                 exc = ValueError("sampling params are nested too deeply to check (e.g. a JSON schema hundreds "

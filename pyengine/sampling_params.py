@@ -50,6 +50,8 @@ class SamplingParams:
         Keep going past end-of-sequence tokens.
     seed : int or None
         Per-request seed: the request's draws depend only on it, its inputs and the position.
+        None: the request draws from the engine's seed (`EngineConfig.seed`, 0 by default, as
+        vLLM's) and step counter, so the same run repeats in a new process.
         With n > 1, sample i uses seed + i (so seed + n - 1 must fit an int64).
     logprobs : int or None
         Return the log-probabilities of this many most likely tokens (and of the sampled one),

@@ -103,7 +103,9 @@ _HELP = {
     "stop": "stop when the text contains this (repeatable)",
     "stop_token_ids": "stop after any of these token ids (comma-separated; repeatable)",
     "ignore_eos": "keep going past end-of-sequence tokens",
-    "seed": "per-request seed (reproducible sampling)",
+    "seed": "per-request seed (reproducible sampling). Without one, sampling draws from the engine's "
+            "fixed seed (0, as vLLM's) and step, so the same command samples the same text again: "
+            "give a seed to vary it",
     "logprobs": "print the log-probabilities of this many top tokens per step (stderr; with "
                 "--prompts-file, a 'logprobs' list per sample in each output line)",
     "skip_special_tokens": "leave special tokens out of the text",
@@ -142,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--num-kv-blocks", type=int, default=None, metavar="N",
                    help="KV-cache blocks (default: room for max-num-seqs full contexts, capped by the KV memory "
                         "budget: 512 MiB on CPU, half the free GPU memory on CUDA)")
+    e.add_argument("--kv-cache-memory", type=int, default=None, metavar="BYTES",
+                   help="the KV memory budget that sizes the default --num-kv-blocks")
     e.add_argument("--no-prefix-caching", action="store_true", help="do not reuse the KV blocks of shared prefixes")
     e.add_argument("--attn-backend", default=None, choices=["torch", "flashinfer"],
                    help="attention kernels (default: flashinfer on CUDA when installed, else torch)")
@@ -209,7 +213,8 @@ def _structured_options(args):
 
 def _engine_kwargs(args) -> dict:
     kw = {"device": args.device, "dtype": args.dtype, "attn_backend": args.attn_backend}
-    for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks"):
+    for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks",
+                 "kv_cache_memory"):
         if getattr(args, name) is not None:
             kw[name] = getattr(args, name)
     if args.no_prefix_caching:
@@ -262,6 +267,11 @@ def _generate_one(llm, args) -> int:
         print(f"error: --chat: {exc}", file=sys.stderr)
         return 2
     sp = _sampling_params(args)
+    try:   # what needs the model (its vocabulary, its context) fails here, naming the option
+        llm.engine.check_request(prompt, sp)
+    except (ValueError, TypeError) as exc:
+        print(f"error: {_with_flag(str(exc))}", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     t_first = None
     last = None
@@ -299,7 +309,7 @@ def _generate_one(llm, args) -> int:
     decoded = n - len(last.outputs)   # each sample's first token comes with the prefill
     rate = f"{decoded / decode_s:.1f} tokens/s" if decoded > 0 and decode_s > 0 else "- (no token after the first)"
     print(f"[{n} tokens, {len(last.prompt_token_ids)} prompt tokens; prefill {ttft * 1e3:.0f} ms; "
-          f"decode {rate}; finish: {last.outputs[0].finish_reason}]", file=sys.stderr)
+          f"decode {rate}; finish: {', '.join(c.finish_reason for c in last.outputs)}]", file=sys.stderr)
     short = [c for c in last.outputs if c.finish_reason == "length" and sp.max_tokens is not None
              and len(c.token_ids) < sp.max_tokens]
     if short:   # the engine caps max_model_len at what the KV cache holds
@@ -484,19 +494,8 @@ _SPEC_OPTIONS = ("num_spec_tokens", "draft_model", "spec_batch_schedule", "spec_
 
 def _check_device(device: str | None) -> None:
     """Raise ValueError unless `device` (None: automatic) names a device this torch can use."""
-    if device is None:
-        return
-    import torch
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        dev = None
-    if dev is None or dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {device!r}")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: this torch has no CUDA device (torch {torch.__version__})")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ValueError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s)")
+    from specops.engine.config import EngineConfig
+    EngineConfig(device=device)._validate_device()
 
 
 def _unused_option(args) -> str | None:
@@ -516,6 +515,9 @@ def _unused_option(args) -> str | None:
         if given:
             return (f"{', '.join(given)} {'have' if len(given) > 1 else 'has'} no effect at temperature 0 "
                     f"(greedy, the default here): give --temperature > 0")
+        if args.sp_n is not None and args.sp_n > 1:
+            return (f"--n {args.sp_n} at temperature 0 (greedy, the default here) gives {args.sp_n} identical "
+                    "samples: give --temperature > 0")
     if args.prompts_file is None:   # (lines of a prompts file may set "structured_outputs": checked once read)
         return _unused_structured_option(args)
     return None
@@ -586,6 +588,8 @@ def generate(args) -> int:
     if items is not None:
         try:
             return _generate_batch(llm, args, items)
+        except BrokenPipeError:   # the reader went (`| head`): run() ends quietly
+            raise
         except (OSError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

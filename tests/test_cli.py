@@ -303,7 +303,7 @@ def test_a_line_the_chat_template_refuses_fails_alone(capsys, tmp_path):
     from specops.engine.outputs import CompletionOutput, RequestOutput
 
     class FakeLLM:
-        engine = SimpleNamespace(spec_metrics=None)
+        engine = SimpleNamespace(spec_metrics=None, check_request=lambda prompt, params: [])
 
         def chat_prompt(self, messages):
             if messages[0]["role"] == "assistant":
@@ -341,7 +341,7 @@ def test_batch_lines_go_out_in_order_as_they_finish_and_ctrl_c_keeps_them(tmp_pa
     seen = []
 
     class FakeLLM:
-        engine = SimpleNamespace(spec_metrics=None)
+        engine = SimpleNamespace(spec_metrics=None, check_request=lambda prompt, params: [])
 
         def as_completed(self, prompts, params):
             for i in (1, 0, 3):   # line 2 never finishes: Ctrl-C comes first
@@ -385,7 +385,7 @@ def test_single_prompt_logprobs_of_several_samples_are_headed(capsys):
     from specops.engine.request import Logprob
 
     class FakeLLM:
-        engine = SimpleNamespace(spec_metrics=None, max_model_len=64)
+        engine = SimpleNamespace(spec_metrics=None, max_model_len=64, check_request=lambda prompt, params: [])
         tokenizer = SimpleNamespace(id_to_token=lambda t: f"t{t}")
 
         def stream(self, prompt, params):
@@ -492,6 +492,56 @@ def test_a_closed_output_pipe_ends_without_a_traceback(tiny_checkpoint):  # noqa
     err = p.stderr.read().decode()
     assert p.wait(timeout=300) == 1 and "Traceback" not in err and "BrokenPipe" not in err, err
 
+
+
+def test_a_closed_output_pipe_in_batch_mode_ends_without_an_error(tiny_checkpoint, tmp_path):  # noqa: F811
+    # batch mode writes its lines to stdout: the BrokenPipeError was caught as an OSError of the
+    # batch and reported as "error: [Errno 32] Broken pipe" with exit 2
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"prompt": "hello world"}) + "\n" for _ in range(200)))
+    cmd = [sys.executable, "-m", "specops.cli", "generate", "--model", tiny_checkpoint, "--prompts-file", str(src),
+           "--max-tokens", "8", "--ignore-eos", "--device", "cpu", "--max-num-seqs", "2"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert p.stdout.read(1)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=300) == 1 and "Traceback" not in err and "Broken pipe" not in err, err
+
+
+def test_ctrl_c_while_specops_imports_is_quiet():
+    """The console script's module catches a Ctrl-C during `import specops` (torch and the ops: a
+    second or more here), which specops.cli.run, not yet imported, could not."""
+    import signal
+    import time
+    p = subprocess.Popen([sys.executable, "-c", "import _specops_main; _specops_main.main()", "generate", "hi"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(0.3)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and "interrupted" in err.decode() and "Traceback" not in err.decode(), err.decode()
+
+
+def test_what_needs_the_model_is_refused_naming_the_option(tiny_checkpoint):  # noqa: F811
+    """Checks that need the loaded model (its vocabulary, its context) ran as the request's own
+    failure: "error: ValueError: top_k must be ..." and exit 1; now the option and exit 2."""
+    base = ("hello world", "--model", tiny_checkpoint, "--device", "cpu", "--max-tokens", "2")
+    for argv, words in [(["--temperature", "0.5", "--top-k", "100000"], "error: --top-k: top_k must be -1, 0 (off) or "
+                                                                        "at most the vocabulary size"),
+                        (["--logit-bias", '{"99999999": 1}'], "error: --logit-bias: logit_bias: token id 99999999 is "
+                                                             "outside the vocabulary"),
+                        (["--stop-token-ids", "99999999"], "error: --stop-token-ids: stop_token_ids: token id"),
+                        (["--spec", "draft", "--draft-model", "/nonexistent"],
+                         "error: --draft-model: draft_model: model path '/nonexistent' does not exist"),
+                        (["--spec", "ngram", "--spec-batch-schedule", "bad"],
+                         "error: --spec-batch-schedule: spec_batch_schedule: batch schedule must look like"),
+                        (["--n", "3"], "error: --n 3 at temperature 0 (greedy, the default here) gives 3 identical")]:
+        r = run_cli(*base, *argv)
+        assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, (argv, r.stderr)
+    r = run_cli("", "--model", tiny_checkpoint, "--device", "cpu")
+    assert r.returncode == 2 and "error: prompt is empty" in r.stderr, r.stderr
+    r = run_cli(*base, "--n", "2", "--temperature", "1", "--seed", "5")
+    assert r.returncode == 0 and "finish: length, length]" in r.stderr, r.stderr   # every sample's reason
 
 
 def test_ctrl_c_in_batch_mode_keeps_the_lines_written(tiny_checkpoint, tmp_path):  # noqa: F811

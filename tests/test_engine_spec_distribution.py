@@ -352,6 +352,9 @@ def test_a_request_a_custom_processor_refuses_fails_alone_on_arrival():
     ("gpu_memory_utilization", "0.5", "gpu_memory_utilization must be a real number"),
     ("enable_prefix_caching", "no", "enable_prefix_caching must be a bool"),
     ("enable_chunked_prefill", "false", "enable_chunked_prefill must be a bool, got 'false'"),   # was on
+    ("device", "tpu", r"device must be None, 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
+    # LLM(device="cuda") on a CPU-only torch loaded the model, then failed inside torch
+    ("device", "cuda:99", r"device 'cuda:99': this (torch has no CUDA device|machine has \d CUDA device)"),
     ("structured_compile_timeout_s", True, r"structured_compile_timeout_s must be > 0 \(seconds\), got True"),
     ("spec_log_interval_s", "5", "spec_log_interval_s must be a real number")])
 def test_engine_config_refuses_bad_fields_by_name(field, value, words):

@@ -45,7 +45,7 @@ def test_malformed_json_schema():
     _bad("malformed at properties/a/minimum",
          json_schema={"type": "object", "properties": {"a": {"type": "number", "minimum": "3"}}})
     _bad("must be a dict or its JSON text", json_schema=["type", "object"])
-    _bad("must be a JSON object; for any JSON use json_object", json_schema=True)
+    _bad("must be a JSON object; for any JSON object use json_object=True \\(--json-object\\)", json_schema=True)
     _bad("'not' at #/properties/a", json_schema={"type": "object", "properties": {"a": {"not": {"type": "null"}}}})
     _bad("'uniqueItems' at #/prefixItems/0",
          json_schema={"type": "array", "prefixItems": [{"type": "array", "uniqueItems": True}]})

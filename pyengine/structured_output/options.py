@@ -181,7 +181,7 @@ def parse_json_schema(schema) -> dict:
         except json.JSONDecodeError as e:
             raise ValueError(f"json_schema is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     if isinstance(schema, bool):
-        raise ValueError("json_schema must be a JSON object; for any JSON use json_object=True")
+        raise ValueError("json_schema must be a JSON object; for any JSON object use json_object=True (--json-object)")
     if not isinstance(schema, dict):
         raise TypeError(f"json_schema must be a dict or its JSON text, got {type(schema).__name__}")
     return schema

@@ -26,7 +26,8 @@ def _check_rows(name: str, t, R: int, dtypes, device, optional: bool = False) ->
     if t is None:
         if optional:
             return
-        raise TypeError(f"{name} must be a tensor of shape [{R}]")
+        raise TypeError(f"{name} must be a tensor of shape [{R}], got None" + (" (required: every draw is keyed)"
+                                                                             if name in ("seeds", "positions") else ""))
     check_1d(name, t, R, dtypes, device)
 
 
@@ -106,8 +107,8 @@ def sample(
     top_k: torch.Tensor | None = None,     # [R] int32, 0 = off
     top_p: torch.Tensor | None = None,     # [R] fp32, 1 = off
     min_p: torch.Tensor | None = None,     # [R] fp32, 0 = off
-    seeds: torch.Tensor | None = None,     # [R] int64
-    positions: torch.Tensor | None = None,  # [R] int64
+    seeds: torch.Tensor | None = None,     # [R] int64, required (None only to keep the order of the arguments)
+    positions: torch.Tensor | None = None,  # [R] int64, required
     stream: int = rng.STREAM_SAMPLE,
     backend: str = "auto",
     distribution: bool = True,
@@ -115,7 +116,9 @@ def sample(
 ) -> SampleResult:
     """Temperature, min-p, top-k, top-p and the exponential-noise draw in one call.
 
-    Parameter values follow specops.sampling.metadata (validated there, once, on the host).
+    `seeds` and `positions` are required ([R] int64, the keys of every row's noise: e.g.
+    SamplingMetadata's `seeds` / `positions`). Parameter values follow
+    specops.sampling.metadata (validated there, once, on the host).
     Here they are device values and not checked (no host sync); both backends read values
     outside those ranges alike: top_k <= 0 or >= V, top_p >= 1 or NaN and min_p <= 0 or NaN
     are off; min_p > 1 acts as 1 (only the max's ties are kept); a NaN or non-positive 1/T
@@ -155,8 +158,6 @@ def sample(
     torch.Size([4])
     """
     R = logits.shape[0] if isinstance(logits, torch.Tensor) and logits.dim() == 2 else 0
-    if seeds is None or positions is None:
-        raise TypeError("seeds and positions ([rows] int64) are required: every draw is keyed")
     check_sample_args(logits, inv_temperature, top_k, top_p, min_p, seeds, positions, stream)
     if not isinstance(distribution, bool):
         raise TypeError(f"distribution must be a bool, got {type(distribution).__name__}")
