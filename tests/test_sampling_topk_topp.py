@@ -768,8 +768,12 @@ def test_argument_checks():
         sample(x, torch.ones(4), None, None, None, s, s)
     with pytest.raises(TypeError, match="logits"):
         sample(x.long(), inv, None, None, None, s, s)
-    with pytest.raises(TypeError, match="seeds and positions"):
+    with pytest.raises(TypeError, match=r"seeds must be a tensor of shape \[3\], got None \(required"):
         sample(x, inv)
+    with pytest.raises(TypeError, match=r"positions must be a tensor of shape \[3\], got None \(required"):
+        sample(x, inv, seeds=s)
+    with pytest.raises(TypeError, match="inv_temperature must have dtype"):   # checked before the missing keys
+        sample(x, inv.double())
     with pytest.raises(ValueError, match="backend"):
         sample(x, inv, None, None, None, s, s, backend="cuda")
     for backend in ("torch", "triton"):  # an empty batch
