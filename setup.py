@@ -6,7 +6,8 @@ where it has none, only the CPU implementations are built. Set
 SPECOPS_FORCE_CPU=1 to build the CPU-only extension on a CUDA machine.
 
 The source folders triton_kernels/ and pyengine/ are installed as
-specops.triton_kernels and specops.engine: no other top-level name is installed.
+specops.triton_kernels and specops.engine. Besides specops, one small top-level module is
+installed: _specops_main, the `specops` console script (it must import nothing heavy).
 """
 
 import os

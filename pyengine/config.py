@@ -164,7 +164,7 @@ class EngineConfig:
         except (RuntimeError, TypeError):
             dev = None
         if dev is None or dev.type not in ("cpu", "cuda"):
-            raise ValueError(f"device must be None, 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+            raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N' (None: automatic), got {self.device!r}")
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {self.device!r}: this torch has no CUDA device (torch {torch.__version__})")
         if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():

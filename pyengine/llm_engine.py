@@ -203,11 +203,15 @@ class LLMEngine:
         `add_request` runs it and reports the error as the request's; a caller that wants it
         raised (e.g. a command line, to name the option) runs it first."""
         ids = self._prompt_ids(prompt)
+        self._check_params(params, ids)
+        return ids
+
+    def _check_params(self, params: SamplingParams, prompt_ids: list[int]) -> None:
+        """check_request's half that reads the parameters (the prompt's ids already made)."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         params.validate(self.vocab_size)
-        self.runner.sampler.check_request(params, ids)
-        return ids
+        self.runner.sampler.check_request(params, prompt_ids)
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:
@@ -255,10 +259,10 @@ class LLMEngine:
         text = prompt if isinstance(prompt, str) else None
         ids: list[int] = []
         try:
+            ids = self._prompt_ids(prompt)   # first: a request refused for its parameters keeps its prompt ids
             if copy_error is not None:
-                ids = self._prompt_ids(prompt)
                 raise copy_error
-            ids = self.check_request(prompt, params)
+            self._check_params(params, ids)
         except (ValueError, TypeError, RecursionError, ImportError) as exc:
             if isinstance(exc, RecursionError):   # e.g. a JSON schema text thousands of levels deep
                 exc = ValueError("sampling params are nested too deeply to check (e.g. a JSON schema hundreds "

@@ -352,7 +352,7 @@ def test_a_request_a_custom_processor_refuses_fails_alone_on_arrival():
     ("gpu_memory_utilization", "0.5", "gpu_memory_utilization must be a real number"),
     ("enable_prefix_caching", "no", "enable_prefix_caching must be a bool"),
     ("enable_chunked_prefill", "false", "enable_chunked_prefill must be a bool, got 'false'"),   # was on
-    ("device", "tpu", r"device must be None, 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
+    ("device", "tpu", r"device must be 'cpu', 'cuda' or 'cuda:N' \(None: automatic\), got 'tpu'"),
     # LLM(device="cuda") on a CPU-only torch loaded the model, then failed inside torch
     ("device", "cuda:99", r"device 'cuda:99': this (torch has no CUDA device|machine has \d CUDA device)"),
     ("structured_compile_timeout_s", True, r"structured_compile_timeout_s must be > 0 \(seconds\), got True"),
@@ -373,4 +373,5 @@ def test_synthetic_acceptance_rates_are_refused_by_name(rates, words):
     with pytest.raises(ValueError, match="spec_synthetic_acceptance rates " + words):
         EngineConfig(spec_method="ngram", spec_synthetic_acceptance=rates).validate()
     import numpy as np
-    assert EngineConfig(spec_method="ngram", spec_synthetic_acceptance=np.float32(0.5)).validate() is None
+    for ok in (np.float32(0.5), torch.tensor([0.5, 0.7]), [torch.tensor(0.5)], np.array([0.2, 0.3])):
+        assert EngineConfig(spec_method="ngram", spec_synthetic_acceptance=ok).validate() is None

@@ -237,6 +237,8 @@ def test_bad_requests_fail_alone(tiny_checkpoint):  # noqa: F811
         n = params.n if isinstance(params, SamplingParams) else 1
         assert [(c.index, c.text, c.token_ids, c.finish_reason) for c in out.outputs] == \
             [(i, "", [], "error") for i in range(n)]
+    top_k_out = outs[1 + [b[2] for b in bad].index("top_k")]
+    assert top_k_out.prompt_token_ids and top_k_out.prompt == "hello"   # refused for its params: ids kept
     ref = run_all(engine(lm, max_model_len=64), good, [GREEDY] * 2)
     assert [outs[0].token_ids, outs[-1].token_ids] == [r.token_ids for r in ref]
     assert outs[0].error is None and outs[-1].error is None

@@ -99,8 +99,10 @@ def test_bad_types():
     with pytest.raises(TypeError, match="input_ids must be int32 or int64 token ids, got torch.float32"):
         build_spec_decode_metadata([1], [4], input_ids=torch.zeros(4))
     # input_ids on another device than `device`: a gather with meta indices returned garbage drafts
-    with pytest.raises(ValueError, match="input_ids must be on device cpu, got meta"):
+    with pytest.raises(ValueError, match="input_ids is on the meta device"):
         build_spec_decode_metadata([1, 0], [2, 3], input_ids=torch.tensor([5, 6, 7], device="meta"), device="cpu")
+    with pytest.raises(ValueError, match="input_ids is on the meta device"):   # it returned meta tensors
+        build_spec_decode_metadata([1, 0], [2, 3], input_ids=torch.tensor([5, 6, 7], device="meta"))
     with pytest.raises(ValueError, match="device must be a device that holds data .* got 'meta'"):
         build_spec_decode_metadata([1, 0], [2, 3], device="meta")
     assert build_spec_decode_metadata([1, 0], [2, 3], input_ids=torch.tensor([5, 6, 7]),

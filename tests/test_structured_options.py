@@ -193,10 +193,12 @@ def test_escapes_xgrammar_would_misread_are_refused():
     _bad(r"has the anchor \\A: a regex here always matches the whole output", regex=r"\Afoo\Z")
     _bad(r"has the anchor \\Z", regex=r"foo\Z")
     _bad(r"has the escape \\0: xgrammar would match nothing there", regex=r"[\0-\x1f]")
-    _bad(r"has the escape \\q: xgrammar would match the letter q itself", regex=r"a\q")
+    _bad(r"has the escape \\q: xgrammar does not know it and would match the letter q there", regex=r"a\q")
+    _bad(r"has the escape \\U: xgrammar does not know it", regex=r"a\Ub")   # \U needs 8 hex digits
     _bad(r"json_schema 'pattern' at .* has the anchor \\A",
          json_schema={"type": "string", "pattern": r"\A[a-z]+\Z"})
-    for ok in (r"\d+\.\w\s\S\D\W", r"\\A", r"[\t\n\r\f\v]", r"\x41\u00e9", r"a\\0"):
+    for ok in (r"\d+\.\w\s\S\D\W", r"\\A", r"[\t\n\r\f\v]", r"\x41\u00e9", r"a\\0", r"\U0001F600",
+               r"[\U0001F600-\U0001F64F]", r"\cA"):
         StructuredOutputOptions(regex=ok).validate()
 
 

@@ -124,6 +124,15 @@ class KSchedule:
         return np.maximum(out, 0)
 
 
+def _plain_number(x):
+    """A one-element tensor or array as its number; anything else as it is."""
+    if isinstance(x, torch.Tensor) and x.numel() == 1:
+        return x.item()
+    if isinstance(x, (np.ndarray, np.generic)) and x.size == 1:
+        return x.item()
+    return x
+
+
 class SyntheticAcceptance:
     """Accept each draft with a given probability, deterministically by seed (benchmarks only).
 
@@ -143,9 +152,11 @@ class SyntheticAcceptance:
     """
 
     def __init__(self, rates: float | Sequence[float], seed: int = 0):
-        if isinstance(rates, (bool, str, bytes)) or not isinstance(rates, (numbers.Real, Sequence, np.ndarray)):
+        if isinstance(rates, (np.ndarray, torch.Tensor)):
+            rates = rates.tolist()   # a 0-d one gives its number
+        if isinstance(rates, (bool, str, bytes)) or not isinstance(rates, (numbers.Real, Sequence)):
             raise ValueError(f"spec_synthetic_acceptance rates must be a probability or a list of them, got {rates!r}")
-        r = [rates] if isinstance(rates, numbers.Real) else (rates.tolist() if isinstance(rates, np.ndarray) else list(rates))
+        r = [rates] if isinstance(rates, numbers.Real) else [_plain_number(x) for x in rates]
         if not r or any(isinstance(x, bool) or not isinstance(x, numbers.Real) or not 0.0 <= x <= 1.0 for x in r):
             raise ValueError(f"spec_synthetic_acceptance rates must be probabilities in [0, 1], got {rates!r}")
         r = [float(x) for x in r]

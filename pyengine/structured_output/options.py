@@ -427,10 +427,11 @@ def _check_repeat_counts(text: str, what: str) -> None:
                                  f"{MAX_REPEAT} (xgrammar holds counts in 32 bits)")
 
 
-_XGRAMMAR_LETTER_ESCAPES = frozenset("adefnrstvwDSW")
-"""Letters xgrammar's regex parser reads after a backslash (\\d, \\n, ...); it refuses \\b \\B
-\\k \\p \\P \\c and reads \\x / \\u as codes, but any other letter it takes as itself, with
-only a warning on stderr: \\A...\\Z, Python's anchors, would have the output begin with "A"."""
+_XGRAMMAR_LETTER_ESCAPES = frozenset("acdefnrstvwDSW")
+"""Letters xgrammar's regex parser reads after a backslash (\\d, \\n, \\cX ...); it refuses \\b \\B
+\\k \\p \\P and reads \\x / \\u / \\U (8 hex digits) as codes, but any other letter it takes as
+itself, with only a warning on stderr: \\A...\\Z, Python's anchors, would have the output begin
+with "A"."""
 
 
 def _misread_escape(regex: str) -> str | None:
@@ -447,8 +448,11 @@ def _misread_escape(regex: str) -> str | None:
                     f"(xgrammar would match the letter {e})")
         if e == "0":
             return "the escape \\0: xgrammar would match nothing there; write \\u0000 for the NUL character"
-        if e.isascii() and e.isalpha() and e not in _XGRAMMAR_LETTER_ESCAPES and e not in "bBkpPcxu":
-            return f"the escape \\{e}: xgrammar would match the letter {e} itself; write {e} without the backslash"
+        if e == "U" and re.fullmatch(r"[0-9a-fA-F]{8}", regex[i + 2:i + 10]):
+            i += 10   # \UXXXXXXXX, a code point (a bare \U is the letter)
+            continue
+        if e.isascii() and e.isalpha() and e not in _XGRAMMAR_LETTER_ESCAPES and e not in "bBkpPxu":
+            return f"the escape \\{e}: xgrammar does not know it and would match the letter {e} there"
         i += 2
     return None
 

@@ -112,14 +112,15 @@ def apply_penalties_torch(
     repetition_penalties: torch.Tensor,  # [num_rows] fp32
     frequency_penalties: torch.Tensor,  # [num_rows] fp32
     presence_penalties: torch.Tensor,  # [num_rows] fp32
-) -> None:
-    """In-place reference for :func:`apply_penalties_`: plain torch in float32, vLLM's formulas."""
+) -> torch.Tensor:
+    """In-place reference for :func:`apply_penalties_`: plain torch in float32, vLLM's formulas.
+    Returns `logits` (also `specops.sampling.apply_penalties_torch`, the Sampler's torch path)."""
     x = logits.float()
     seen_out = output_counts > 0
     x = _repetition(x, prompt_mask | seen_out, repetition_penalties)
     x = x - frequency_penalties.unsqueeze(1) * output_counts.float()
     x = x - torch.where(seen_out, presence_penalties.unsqueeze(1), 0.0)   # unseen: untouched (an inf penalty too)
-    logits.copy_(x)
+    return logits.copy_(x)
 
 
 def apply_repetition_penalties_torch(

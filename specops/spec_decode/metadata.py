@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from specops._arg_checks import as_device
+from specops._arg_checks import as_device, check_not_meta
 
 MAX_SPEC_LEN = 128
 """Largest number of drafts per request (K) that the builder and the rejection kernels accept."""
@@ -173,6 +173,7 @@ def build_spec_decode_metadata(
             raise TypeError(f"input_ids must be int32 or int64 token ids, got {input_ids.dtype}")
         if input_ids.dim() != 1:
             raise ValueError(f"input_ids must be one-dimensional, got shape {tuple(input_ids.shape)}")
+        check_not_meta("input_ids", input_ids)
         if cu.size and input_ids.shape[0] < cu[-1]:
             raise ValueError(f"input_ids has {input_ids.shape[0]} tokens, cu_num_scheduled_tokens "
                              f"needs {int(cu[-1])}")
