@@ -310,13 +310,17 @@ def _generate_one(llm, args) -> int:
     rate = f"{decoded / decode_s:.1f} tokens/s" if decoded > 0 and decode_s > 0 else "- (no token after the first)"
     print(f"[{n} tokens, {len(last.prompt_token_ids)} prompt tokens; prefill {ttft * 1e3:.0f} ms; "
           f"decode {rate}; finish: {', '.join(c.finish_reason for c in last.outputs)}]", file=sys.stderr)
-    short = [c for c in last.outputs if c.finish_reason == "length" and sp.max_tokens is not None
-             and len(c.token_ids) < sp.max_tokens]
-    if short:   # the engine caps max_model_len at what the KV cache holds
+    if _cut_by_context(last, sp):   # the engine caps max_model_len at what the KV cache holds
         print(f"note: stopped at the context limit (max_model_len={llm.engine.max_model_len} tokens, prompt "
               f"included) before --max-tokens {sp.max_tokens}", file=sys.stderr)
     _print_spec_summary(llm)
     return 0
+
+
+def _cut_by_context(out, sp) -> int:
+    """How many samples of `out` the context limit ended before their max_tokens."""
+    return sum(c.finish_reason == "length" and sp.max_tokens is not None and len(c.token_ids) < sp.max_tokens
+               for c in out.outputs)
 
 
 def _refuse_json_constant(name: str):
@@ -464,7 +468,7 @@ def _generate_batch(llm, args, items: list[dict]) -> int:
     rows = {i: {"id": items[i].get("id", i), "prompt": None, "text": "", "token_ids": [], "finish_reason": "error",
                 "num_prompt_tokens": 0, "num_output_tokens": 0, "error": chat_errors[i]} for i in chat_errors}
     sink = open(args.output, "w") if args.output else sys.stdout
-    n_tokens = errors = written = 0
+    n_tokens = errors = written = cut = 0
     t0 = time.perf_counter()
     try:
         from tqdm import tqdm
@@ -475,6 +479,7 @@ def _generate_batch(llm, args, items: list[dict]) -> int:
                 bar.update(1)
                 errors += out.error is not None
                 n_tokens += sum(len(c.token_ids) for c in out.outputs)
+                cut += _cut_by_context(out, params[run[k]])
                 rows[run[k]] = _batch_row(items[run[k]], run[k], prompts[run[k]], out)
                 written = _write_ready(sink, rows, written)
         _write_ready(sink, rows, written)   # lines after the last request (their chat template refused them)
@@ -485,6 +490,9 @@ def _generate_batch(llm, args, items: list[dict]) -> int:
     errors += len(chat_errors)
     print(f"[{len(items)} prompts, {n_tokens} tokens in {dt:.2f} s: {n_tokens / dt:.1f} tokens/s; "
           f"{errors} errors]", file=sys.stderr)
+    if cut:
+        print(f"note: {cut} answer(s) stopped at the context limit (max_model_len={llm.engine.max_model_len} "
+              "tokens, prompt included) before their max_tokens", file=sys.stderr)
     _print_spec_summary(llm)
     return 1 if errors else 0
 

@@ -478,6 +478,16 @@ def test_one_token_and_a_context_cut_are_reported_as_such(tiny_checkpoint):  # n
     assert "finish: length" in r.stderr and "note: stopped at the context limit (max_model_len=16" in r.stderr
 
 
+def test_batch_mode_notes_the_answers_the_context_cut(tiny_checkpoint, tmp_path):  # noqa: F811
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"prompt": "hello world", "max_tokens": 50}) + "\n"
+                   + json.dumps({"prompt": "hello world", "max_tokens": 2}) + "\n")
+    r = run_cli("--model", tiny_checkpoint, "--prompts-file", str(src), "--ignore-eos", "--device", "cpu",
+                "--num-kv-blocks", "1", "--block-size", "16")
+    assert r.returncode == 0, r.stderr
+    assert "note: 1 answer(s) stopped at the context limit (max_model_len=16" in r.stderr, r.stderr
+
+
 def _long_generation(tiny_checkpoint):  # noqa: F811
     return [sys.executable, "-m", "specops.cli", "generate", "hello world", "--model", tiny_checkpoint,
             "--max-tokens", "200", "--ignore-eos", "--device", "cpu"]
