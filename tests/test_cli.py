@@ -303,7 +303,7 @@ def test_a_line_the_chat_template_refuses_fails_alone(capsys, tmp_path):
     from specops.engine.outputs import CompletionOutput, RequestOutput
 
     class FakeLLM:
-        engine = SimpleNamespace(spec_metrics=None, check_request=lambda prompt, params: [])
+        engine = SimpleNamespace(spec_metrics=None, max_model_len=64, check_request=lambda prompt, params: [])
 
         def chat_prompt(self, messages):
             if messages[0]["role"] == "assistant":
@@ -341,7 +341,7 @@ def test_batch_lines_go_out_in_order_as_they_finish_and_ctrl_c_keeps_them(tmp_pa
     seen = []
 
     class FakeLLM:
-        engine = SimpleNamespace(spec_metrics=None, check_request=lambda prompt, params: [])
+        engine = SimpleNamespace(spec_metrics=None, max_model_len=64, check_request=lambda prompt, params: [])
 
         def as_completed(self, prompts, params):
             for i in (1, 0, 3):   # line 2 never finishes: Ctrl-C comes first
