@@ -12,6 +12,26 @@ MAX_NUM_SEQS = 1 << 16
 """Largest max_num_seqs: the persistent batch's tables are allocated for every row up front."""
 
 
+def check_device(device) -> None:
+    """None (automatic), or cpu / cuda / cuda:N that this torch can use; ValueError otherwise.
+    EngineConfig checks it before the model loads (a CPU-only torch failed inside the model's
+    first CUDA allocation), the command line before anything else."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N' (None: automatic), got {device!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: this torch has no CUDA device (torch {torch.__version__})")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+
+
 @dataclass
 class EngineConfig:
     """Engine settings.
@@ -132,7 +152,7 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be None or a positive int, got {value!r}")
-        self._validate_device()
+        check_device(self.device)
         check_seed("seed", self.seed)   # the engine seed of unseeded requests, as torch.manual_seed takes it
         check_real("gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, lo_open=True)
         for name in ("enable_chunked_prefill", "enable_prefix_caching", "sampler_cuda_graphs"):
@@ -151,24 +171,6 @@ class EngineConfig:
             raise ValueError(f"reasoning_end must be None or a non-empty string, got {self.reasoning_end!r}")
         if self.reasoning_start is not None and (not isinstance(self.reasoning_start, str) or not self.reasoning_start):
             raise ValueError(f"reasoning_start must be None or a non-empty string, got {self.reasoning_start!r}")
-
-    def _validate_device(self) -> None:
-        """None (automatic), or cpu / cuda / cuda:N that this torch can use: checked before the
-        model loads (a CPU-only torch failed inside the model's first CUDA allocation)."""
-        if self.device is None:
-            return
-        import torch
-
-        try:
-            dev = torch.device(self.device)
-        except (RuntimeError, TypeError):
-            dev = None
-        if dev is None or dev.type not in ("cpu", "cuda"):
-            raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N' (None: automatic), got {self.device!r}")
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device {self.device!r}: this torch has no CUDA device (torch {torch.__version__})")
-        if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"device {self.device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
 
     def _validate_spec(self) -> None:
         if self.spec_method not in (None, "ngram", "draft"):

@@ -500,12 +500,6 @@ def _generate_batch(llm, args, items: list[dict]) -> int:
 _SPEC_OPTIONS = ("num_spec_tokens", "draft_model", "spec_batch_schedule", "spec_synthetic_acceptance")
 
 
-def _check_device(device: str | None) -> None:
-    """Raise ValueError unless `device` (None: automatic) names a device this torch can use."""
-    from specops.engine.config import EngineConfig
-    EngineConfig(device=device)._validate_device()
-
-
 def _unused_option(args) -> str | None:
     """The error for an option given where nothing would use it (None when there is none)."""
     if args.output is not None and args.prompts_file is None:
@@ -575,7 +569,8 @@ def generate(args) -> int:
             print(f"error: {unused}", file=sys.stderr)
             return 2
     try:
-        _check_device(args.device)
+        from specops.engine.config import check_device
+        check_device(args.device)
         sp = _sampling_params(args)
         sp.validate()
         args.structured = sp.structured_outputs
