@@ -78,7 +78,11 @@ class LLM:
         if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
                                         and isinstance(prompts[0], numbers.Integral)):   # one prompt of ids
             return [prompts]
-        return list(prompts)
+        try:
+            return list(prompts)
+        except TypeError:   # e.g. a bare int or None: say what a prompt is
+            raise TypeError(f"prompts must be a prompt (a string or a list of token ids) or a list of prompts, "
+                            f"got {type(prompts).__name__}") from None
 
     def _add(self, prompts: list, sampling_params) -> list[str]:
         """Queue `prompts` (a list, as _prompt_list makes it); their request ids in order."""

@@ -98,11 +98,15 @@ class LLMEngine:
             raise ValueError(f"max_model_len ({max_len}) exceeds the model's max_position_embeddings "
                              f"({mc.max_position_embeddings})")
         num_blocks = self._num_kv_blocks(max_len)
+        # what sets the context's length, for the error of a prompt that fills it
+        self._context_limit = ("max_model_len" if config.max_model_len is not None else
+                               "the model's max_position_embeddings")
         if num_blocks * config.block_size < max_len:
             if config.max_model_len is not None:
                 raise ValueError(f"the KV cache holds {num_blocks * config.block_size} tokens, fewer than "
                                  f"max_model_len={max_len}: raise num_kv_blocks/kv_cache_memory or lower max_model_len")
             max_len = num_blocks * config.block_size
+            self._context_limit = "what the KV cache holds: num_kv_blocks x block_size"
         self.max_model_len = max_len
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self._init_spec(num_blocks, draft_loaded)
@@ -176,9 +180,12 @@ class LLMEngine:
             budget, where = int(free * cfg.gpu_memory_utilization), "gpu_memory_utilization of the free GPU memory"
         else:
             budget, where = _CPU_KV_BYTES, "the CPU KV cache budget (set kv_cache_memory)"
-        if budget < per_block:
-            raise ValueError(f"block_size={cfg.block_size}: one KV block takes {per_block} bytes, more than "
-                             f"{where} ({budget} bytes)")
+        if budget < per_block:   # named after what the caller set: kv_cache_memory when given
+            head = (f"kv_cache_memory={budget} bytes is less than one KV block takes ({per_block} bytes at "
+                    f"block_size={cfg.block_size})" if cfg.kv_cache_memory is not None else
+                    f"block_size={cfg.block_size}: one KV block takes {per_block} bytes, more than {where} "
+                    f"({budget} bytes)")
+            raise ValueError(head)
         per_seq = -(-max_len // cfg.block_size)
         return max(1, min(budget // per_block, per_seq * cfg.max_num_seqs + 1))
 
@@ -384,6 +391,8 @@ class LLMEngine:
             req.status = RequestStatus.FINISHED_STOPPED  # the grammar ended on the last allowed token
 
     def _prompt_ids(self, prompt) -> list[int]:
+        if getattr(prompt, "ndim", None) == 1 and hasattr(prompt, "tolist"):   # a numpy / torch row of ids
+            prompt = prompt.tolist()
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt is empty")
@@ -405,8 +414,8 @@ class LLMEngine:
         if not ids:
             raise ValueError("prompt is empty (no tokens)")
         if len(ids) >= self.max_model_len:
-            raise ValueError(f"prompt has {len(ids)} tokens but the context holds max_model_len="
-                             f"{self.max_model_len}, leaving no room for output")
+            raise ValueError(f"prompt has {len(ids)} tokens but the context holds {self.max_model_len} "
+                             f"({self._context_limit}), leaving no room for output")
         if not self.config.enable_chunked_prefill and len(ids) > self.config.max_num_batched_tokens:
             raise ValueError(f"prompt has {len(ids)} tokens, more than max_num_batched_tokens="
                              f"{self.config.max_num_batched_tokens}, and chunked prefill is off")

@@ -102,6 +102,22 @@ def as_device(name: str, device) -> torch.device:
     return dev
 
 
+def as_data_device(name: str, device) -> torch.device:
+    """`as_device`, refusing also a device that specops cannot put data on here: a type other
+    than cpu or cuda (torch's own error, a RuntimeError or an AssertionError, names neither
+    the argument nor the device), cuda on a torch without a CUDA device, and a cuda index past
+    the last device."""
+    dev = as_device(name, device)
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name} must be a cpu or cuda device (the devices specops runs on), got {device!r}")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{name} {device!r}: this torch has no CUDA device")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"{name} {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return dev
+
+
 def check_not_meta(name: str, t: torch.Tensor) -> None:
     """ValueError naming `name` when the tensor `t` is on the meta device (shapes, no data: the
     ops compute values; torch.compile's fake tensors report their real device and pass)."""

@@ -425,13 +425,16 @@ def _logprob_rows(logprobs) -> list[dict]:
 
 
 def _batch_row(item: dict, i: int, prompt, out) -> dict:
-    """The output line of prompts-file line i (`item`) from its request's final output."""
+    """The output line of prompts-file line i (`item`) from its request's final output: sample 0's
+    text, tokens and finish reason, and with n > 1 every sample's under "samples"."""
     row = {"id": item.get("id", i), "prompt": prompt, "text": out.text, "token_ids": out.token_ids,
            "finish_reason": out.outputs[0].finish_reason if out.outputs else "error",
            "num_prompt_tokens": len(out.prompt_token_ids), "num_output_tokens": len(out.token_ids),
            "error": out.error}
     if len(out.outputs) > 1:
         row["texts"] = [c.text for c in out.outputs]
+        row["samples"] = [{"text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason}
+                          for c in out.outputs]
     if any(c.logprobs is not None for c in out.outputs):   # per sample, per output token
         row["logprobs"] = [_logprob_rows(c.logprobs) for c in out.outputs]
     return row
@@ -596,7 +599,13 @@ def generate(args) -> int:
         except (OSError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    return _generate_one(llm, args)
+    try:
+        return _generate_one(llm, args)
+    except BrokenPipeError:   # the reader went (`| head`): run() ends quietly
+        raise
+    except OSError as exc:   # stdout cannot be written (a full disk, /dev/full): as batch mode says it
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 def _unwritable(path: str) -> str | None:

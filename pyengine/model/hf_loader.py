@@ -124,7 +124,7 @@ def load_hf_dir(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokeni
     try:
         with open(cfg_path, encoding="utf-8") as f:
             raw = json.load(f)
-    except json.JSONDecodeError as e:
+    except ValueError as e:   # json.JSONDecodeError, or UnicodeDecodeError (not UTF-8)
         raise ValueError(f"{cfg_path}: invalid JSON ({e})") from e
     if not isinstance(raw, dict):
         raise ValueError(f"{cfg_path}: expected a JSON object")

@@ -112,13 +112,23 @@ class Tokenizer:
         tj = os.path.join(path, "tokenizer.json")
         if not os.path.isfile(tj):
             raise ValueError(f"{path}: no tokenizer.json (a HF-layout model directory needs one)")
-        tok = tokenizers.Tokenizer.from_file(tj)
-        tcfg = _read_json(os.path.join(path, "tokenizer_config.json"))
+        try:
+            tok = tokenizers.Tokenizer.from_file(tj)
+        except Exception as exc:   # noqa: BLE001 - the tokenizers library raises a bare Exception
+            raise ValueError(f"{tj}: not a readable tokenizer file ({exc})") from None
+        tc_path = os.path.join(path, "tokenizer_config.json")
+        tcfg = _read_json(tc_path)
         gcfg = _read_json(os.path.join(path, "generation_config.json"))
         template = tcfg.get("chat_template")
         if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+            if not all(isinstance(t, dict) for t in template):
+                raise ValueError(f'{tc_path}: chat_template must be a string or a list of {{"name": ..., '
+                                 f'"template": ...}} objects, got {json.dumps(template)[:60]}')
             named = {t.get("name"): t.get("template") for t in template}
             template = named.get("default") or next(iter(named.values()), None)
+        if template is not None and not isinstance(template, str):
+            raise ValueError(f"{tc_path}: chat_template must be a string (jinja2 source), got "
+                             f"{type(template).__name__}")
         jinja_file = os.path.join(path, "chat_template.jinja")
         if template is None and os.path.isfile(jinja_file):
             with open(jinja_file, encoding="utf-8") as f:
@@ -128,10 +138,10 @@ class Tokenizer:
         for e in ([gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])):
             if e not in eos:
                 eos.append(e)
-        eos_text = _token_text(tcfg.get("eos_token"))
+        eos_text = _token_text(tcfg.get("eos_token"), "eos_token", tc_path)
         if eos_text is not None and tok.token_to_id(eos_text) is not None and tok.token_to_id(eos_text) not in eos:
             eos.append(tok.token_to_id(eos_text))
-        bos_text = _token_text(tcfg.get("bos_token"))
+        bos_text = _token_text(tcfg.get("bos_token"), "bos_token", tc_path)
         if bos_token_id is None and bos_text is not None:
             bos_token_id = tok.token_to_id(bos_text)
         return cls(tok, eos, bos_token_id, template, add_bos=False)
@@ -242,13 +252,25 @@ class Tokenizer:
 
 
 def _read_json(path: str) -> dict:
+    """The JSON object in `path` ({} when there is no such file); ValueError naming the file when
+    it is not UTF-8 JSON or not an object."""
     if not os.path.isfile(path):
         return {}
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except ValueError as exc:   # json.JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"{path}: invalid JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    return obj
 
 
-def _token_text(t) -> str | None:
+def _token_text(t, name: str = "token", where: str = "tokenizer_config.json") -> str | None:
+    """The text of a special token written as a string or {"content": str} (None when absent);
+    ValueError naming `name` and the file `where` otherwise."""
     if isinstance(t, dict):
-        return t.get("content")
+        t = t.get("content")
+    if t is not None and not isinstance(t, str):
+        raise ValueError(f"{where}: {name} must be a string or {{\"content\": string}}, got {json.dumps(t)[:60]}")
     return t

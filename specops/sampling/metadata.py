@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import torch
 
 from specops import rng
-from specops._arg_checks import as_device, check_int, check_not_meta, check_real, check_seed
+from specops._arg_checks import as_data_device, check_int, check_not_meta, check_real, check_seed
 
 from .logits_processors.interface import LogitsRows, to_device
 from .logits_processors.loader import LogitsProcessors
@@ -558,9 +558,7 @@ class SamplingMetadata:
         """The tensors of checked, normalised host lists: two copies to the device (all fp32
         rows in one, all int64 rows in the other), then views and a few device ops."""
         n = len(temps)
-        dev = as_device("device", device)
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device {device!r}: this torch has no CUDA device")
+        dev = as_data_device("device", device)
         if rep is not None:
             for name, t in (("prompt_mask", prompt_mask), ("output_counts", output_counts)):
                 if t.device.type != dev.type or (dev.index is not None and t.device.index != dev.index):

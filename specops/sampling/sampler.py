@@ -90,6 +90,20 @@ class SamplerOutput:
     result: SampleResult
 
 
+def _check_identity_rows(procs, num_rows: int) -> None:
+    """Raise ValueError when `metadata.rows` is None (row i is persistent-batch index i) but an
+    active processor holds fewer than `num_rows` indices: its state cannot describe every row
+    (the min_p processor's [max_num_reqs] values broadcast over the rows, silently applying
+    request 0's min_p to every row when max_num_reqs is 1)."""
+    for proc in procs.all:
+        limit = getattr(proc, "max_num_reqs", None)
+        if (isinstance(limit, int) and not isinstance(limit, bool) and num_rows > limit
+                and proc.is_active()):
+            raise ValueError(f"metadata.rows is None, so logits row i is persistent-batch index i, but the "
+                             f"logits have {num_rows} rows and {type(proc).__name__} holds max_num_reqs={limit} "
+                             f"indices: give metadata.rows (LogitsRows) naming each row's batch index")
+
+
 def _penalties_op():
     try:
         from specops import ops
@@ -197,6 +211,8 @@ class Sampler:
         if resolve_backend(self.backend, logits.device) == "triton":   # errors before anything is written
             check_kernel_option_values(self.kernel_options, V)
         procs = metadata.logitsprocs
+        if procs is not None and metadata.rows is None:
+            _check_identity_rows(procs, R)   # before anything is written
         active = [p for p in procs.non_argmax_invariant if p.is_active()] if procs is not None else []
         want_raw = metadata.max_num_logprobs is not None and self.logprobs_mode.startswith("raw")
         writes = (metadata.allowed_token_mask is not None or bool(metadata.bad_words_token_ids)

@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from specops._arg_checks import as_device, check_not_meta
+from specops._arg_checks import as_data_device, check_not_meta
 
 MAX_SPEC_LEN = 128
 """Largest number of drafts per request (K) that the builder and the rejection kernels accept."""
@@ -178,7 +178,7 @@ def build_spec_decode_metadata(
             raise ValueError(f"input_ids has {input_ids.shape[0]} tokens, cu_num_scheduled_tokens "
                              f"needs {int(cu[-1])}")
     device = (torch.device("cpu") if input_ids is None else input_ids.device) if device is None else \
-        as_device("device", device)
+        as_data_device("device", device)
     if input_ids is not None and input_ids.device != device and not (
             device.type == "cuda" and device.index is None and input_ids.device.type == "cuda"):
         raise ValueError(f"input_ids must be on device {device}, got {input_ids.device}")

@@ -293,6 +293,10 @@ class MinPLogitsProcessor(LogitsProcessor):
             return None
         if self._device_min_p is None or self._device_min_p.device != torch.device(device):
             self._device_min_p = to_device(self.min_p.tolist(), torch.float32, device)   # no wait on the GPU
+        if rows is None and num_rows > self.max_num_reqs:
+            # identity rows past the batch: a slice of max_num_reqs values would broadcast over them
+            raise ValueError(f"MinPLogitsProcessor: rows is None (row i is batch index i) but there are "
+                             f"{num_rows} rows and max_num_reqs={self.max_num_reqs}: give rows (LogitsRows)")
         if rows is None or rows.req_indices == list(range(num_rows)):
             return self._device_min_p[:num_rows]
         return self._device_min_p.index_select(0, rows.req_index_tensor(device))
