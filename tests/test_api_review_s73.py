@@ -84,3 +84,19 @@ def test_builders_still_take_cpu():
     assert build_spec_decode_metadata([1], [2], device="cpu").cu_num_draft_tokens.device.type == "cpu"
     assert SamplingMetadata.from_params([1.0], vocab_size=5, device=torch.device("cpu")).device.type == "cpu"
     assert specops.MAX_SPEC_LEN == 128
+
+
+def test_rows_made_for_a_larger_vocabulary_are_normalised_or_refused():
+    """from_rows trusted RowParams checked against another vocabulary: a top_k past this one
+    (off, by the convention of from_params) and an allowed token past it (refused by name)
+    failed later, inside torch, with an index error."""
+    from specops.engine.sampling_params import SamplingParams
+    from specops.sampling.metadata import RowParams
+    big_k = RowParams.from_sampling_params(SamplingParams(temperature=1.0, top_k=50), 100)
+    md = specops.SamplingMetadata.from_rows([big_k], vocab_size=20)
+    assert md.top_k is None
+    logits = torch.randn(1, 20)
+    assert 0 <= int(specops.Sampler(backend="torch")(logits, md).sampled_token_ids[0]) < 20
+    far = RowParams.from_sampling_params(SamplingParams(temperature=1.0, allowed_token_ids=[3, 60]), 100)
+    with pytest.raises(ValueError, match=r"allowed_token_ids of row 1: token id 60 is outside the vocabulary"):
+        specops.SamplingMetadata.from_rows([big_k, far], vocab_size=20)

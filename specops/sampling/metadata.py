@@ -530,7 +530,7 @@ class SamplingMetadata:
         V = check_int("vocab_size", vocab_size, lo=1)
         n = len(params)
         temps = [r.temperature for r in params]
-        ks = [r.top_k for r in params]
+        ks = [0 if r.top_k >= V else r.top_k for r in params]   # a row made for a larger vocabulary: off
         ps = [r.top_p for r in params]
         mps = [r.min_p for r in params]
         rep = [r.repetition_penalty for r in params]
@@ -540,6 +540,10 @@ class SamplingMetadata:
             rep = freq = pres = None
         _check_penalty_state(rep is not None, prompt_mask, output_counts, n, V)
         allowed = [r.allowed_token_ids for r in params]
+        for i, a in enumerate(allowed):   # checked when made, perhaps against a larger vocabulary
+            if a and max(a) >= V:
+                raise ValueError(f"allowed_token_ids of row {i}: token id {max(a)} is outside the vocabulary "
+                                 f"[0, {V}) (the RowParams was made for a larger one)")
         nlp = [check_int(f"num_logprobs of row {i}", r.num_logprobs, 0, V)
                for i, r in enumerate(params) if r.num_logprobs is not None]
         seeds = [0 if r.seed is None else r.seed for r in params]
