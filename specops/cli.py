@@ -77,6 +77,16 @@ def _probability(text: str) -> float:
 
 
 # How each SamplingParams field is read from the command line (annotation -> argparse settings).
+class _MergeDicts(argparse.Action):
+    """A repeated dict option merges its objects (a later key wins), as the list options
+    append: the last one alone used to stand, dropping the earlier ones unsaid."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        merged = dict(getattr(namespace, self.dest, None) or {})
+        merged.update(values)
+        setattr(namespace, self.dest, merged)
+
+
 _KINDS = {
     "int": dict(type=int),
     "int | None": dict(type=int),
@@ -84,7 +94,7 @@ _KINDS = {
     "bool": dict(action=argparse.BooleanOptionalAction),
     "list[str] | None": dict(action="append", metavar="STR"),
     "list[int] | None": dict(type=_token_ids, action="extend", metavar="ID[,ID...]"),
-    "dict[int, float] | None": dict(type=_logit_bias, metavar="JSON"),
+    "dict[int, float] | None": dict(type=_logit_bias, action=_MergeDicts, metavar="JSON"),
 }
 _HELP = {
     "n": "number of samples per prompt",
@@ -95,7 +105,7 @@ _HELP = {
     "repetition_penalty": "penalise tokens of the prompt and output (1 = off)",
     "frequency_penalty": "subtract this x the token's output count",
     "presence_penalty": "subtract this if the token is in the output",
-    "logit_bias": 'JSON object {"token_id": bias}',
+    "logit_bias": 'JSON object {"token_id": bias} (repeatable: the objects merge)',
     "allowed_token_ids": "only these token ids can be sampled (comma-separated; repeatable)",
     "bad_words": "a word never to complete (repeatable)",
     "min_tokens": "no end of sequence before this many tokens",

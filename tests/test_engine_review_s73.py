@@ -123,3 +123,13 @@ def test_a_batch_line_with_n_samples_gives_each_samples_tokens_and_finish_reason
     assert [s["text"] for s in row["samples"]] == row["texts"] == [c.text for c in want]
     assert [s["finish_reason"] for s in row["samples"]] == [c.finish_reason for c in want]
     assert row["token_ids"] == want[0].token_ids and len({tuple(c.token_ids) for c in want}) > 1
+
+
+def test_a_repeated_logit_bias_merges():
+    """A second --logit-bias replaced the first, dropping its tokens unsaid (the list options
+    append); the objects now merge, a later key winning."""
+    from specops.cli import build_parser
+    args = build_parser().parse_args(["generate", "hi", "--logit-bias", '{"5": 1, "7": 4}', "--logit-bias",
+                                      '{"6": 2, "5": 3}'])
+    assert args.sp_logit_bias == {5: 3, 6: 2, 7: 4}
+    assert build_parser().parse_args(["generate", "hi"]).sp_logit_bias is None
