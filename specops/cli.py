@@ -13,6 +13,7 @@ marker unconstrained. They apply to every prompt (batch mode too).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -143,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: float32 on CPU, bfloat16 on CUDA")
     g.add_argument("--prompts-file", default=None, metavar="IN.jsonl",
                    help='batch mode: one prompt per line, a JSON string or {"prompt"|"messages": ..., '
-                        '"id": ..., <sampling field>: ...}')
+                        '"id": ..., <sampling field>: ...}; "-" reads standard input')
     g.add_argument("--output", default=None, metavar="OUT.jsonl", help="batch mode: where results go (default stdout)")
     e = g.add_argument_group("engine (defaults: EngineConfig's)")
     e.add_argument("--max-model-len", type=int, default=None, metavar="N", help="most tokens per sequence")
@@ -342,17 +343,20 @@ def _refuse_json_constant(name: str):
 def _read_prompts(path: str, chat: bool = False) -> list[dict]:
     """The lines of a prompts file, checked before the model loads: each a JSON string or an
     object with "prompt" (a string with `chat`) or "messages" (chat messages), "id" and
-    SamplingParams fields."""
+    SamplingParams fields. `path` "-" reads standard input; a UTF-8 byte-order mark (as some
+    editors write) is skipped."""
     from specops.engine.model.tokenizer import check_messages
     from specops.engine.sampling_params import SamplingParams
     sampling_fields = SamplingParams.field_names()
     items = []
-    with open(path, "rb") as f:
+    with (contextlib.nullcontext(sys.stdin.buffer) if path == "-" else open(path, "rb")) as f:
         for lineno, raw in enumerate(f, 1):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise ValueError(f"{path}:{lineno}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+            if lineno == 1:
+                line = line.removeprefix("\ufeff")
             line = line.strip()
             if not line:
                 continue

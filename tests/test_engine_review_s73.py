@@ -133,3 +133,21 @@ def test_a_repeated_logit_bias_merges():
                                       '{"6": 2, "5": 3}'])
     assert args.sp_logit_bias == {5: 3, 6: 2, 7: 4}
     assert build_parser().parse_args(["generate", "hi"]).sp_logit_bias is None
+
+
+def test_prompts_file_from_standard_input_and_with_a_byte_order_mark(tiny_checkpoint, tmp_path):  # noqa: F811
+    """`--prompts-file -` was taken as a file named "-", and a file an editor had begun with a
+    UTF-8 byte-order mark was refused as not JSON at line 1."""
+    import subprocess
+    import sys
+    lines = json.dumps({"id": "a", "prompt": "hello"}) + "\n" + json.dumps("world") + "\n"
+    base = [sys.executable, "-m", "specops.cli", "generate", "--model", tiny_checkpoint, "--device", "cpu",
+            "--max-tokens", "3"]
+    r = subprocess.run(base + ["--prompts-file", "-"], input=lines.encode(), capture_output=True)
+    assert r.returncode == 0, r.stderr.decode()
+    rows = [json.loads(x) for x in r.stdout.decode().splitlines()]
+    assert [x["id"] for x in rows] == ["a", 1] and all(x["error"] is None for x in rows)
+    src = tmp_path / "bom.jsonl"
+    src.write_bytes(b"\xef\xbb\xbf" + lines.encode())
+    r2 = subprocess.run(base + ["--prompts-file", str(src)], capture_output=True)
+    assert r2.returncode == 0 and r2.stdout == r.stdout, r2.stderr.decode()
