@@ -11,8 +11,10 @@ import sys
 
 
 def _interrupted(signum, frame) -> None:
-    print("\ninterrupted", file=sys.stderr, flush=True)
-    os._exit(130)
+    try:
+        print("\ninterrupted", file=sys.stderr, flush=True)
+    finally:   # even when stderr cannot be written (its reader gone): nothing may raise here
+        os._exit(130)
 
 
 def main() -> None:
@@ -20,7 +22,9 @@ def main() -> None:
     catch = signal.getsignal(signal.SIGINT) is signal.default_int_handler
     if catch:
         signal.signal(signal.SIGINT, _interrupted)
-    from specops.cli import run
-    if catch:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        from specops.cli import run
+    finally:
+        if catch:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
     run()

@@ -106,7 +106,8 @@ class LLMEngine:
                 raise ValueError(f"the KV cache holds {num_blocks * config.block_size} tokens, fewer than "
                                  f"max_model_len={max_len}: raise num_kv_blocks/kv_cache_memory or lower max_model_len")
             max_len = num_blocks * config.block_size
-            self._context_limit = "what the KV cache holds: num_kv_blocks x block_size"
+            self._context_limit = (f"what the KV cache holds: {num_blocks} blocks of {config.block_size} tokens, "
+                                   f"sized by {self._kv_sized_by}")
         self.max_model_len = max_len
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self._init_spec(num_blocks, draft_loaded)
@@ -166,6 +167,7 @@ class LLMEngine:
         cfg, mc = self.config, self.model_config
         itemsize = torch.empty((), dtype=self.model.dtype if hasattr(self.model, "dtype") else torch.float32).element_size()
         per_block = mc.num_layers * 2 * cfg.block_size * mc.num_kv_heads * mc.head_dim * itemsize
+        self._kv_sized_by = "num_kv_blocks"   # for the error of a prompt that fills a context the pool cut
         if cfg.num_kv_blocks is not None:
             limit, where = self._kv_limit()
             if limit is not None and cfg.num_kv_blocks * per_block > limit:
@@ -186,6 +188,7 @@ class LLMEngine:
                     f"block_size={cfg.block_size}: one KV block takes {per_block} bytes, more than {where} "
                     f"({budget} bytes)")
             raise ValueError(head)
+        self._kv_sized_by = where
         per_seq = -(-max_len // cfg.block_size)
         return max(1, min(budget // per_block, per_seq * cfg.max_num_seqs + 1))
 

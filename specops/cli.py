@@ -349,12 +349,15 @@ def _read_prompts(path: str, chat: bool = False) -> list[dict]:
     from specops.engine.sampling_params import SamplingParams
     sampling_fields = SamplingParams.field_names()
     items = []
+    where = "<stdin>" if path == "-" else path   # in the errors of a line
+    if path == "-" and getattr(sys.stdin, "buffer", None) is None:
+        raise ValueError("--prompts-file -: standard input is closed")
     with (contextlib.nullcontext(sys.stdin.buffer) if path == "-" else open(path, "rb")) as f:
         for lineno, raw in enumerate(f, 1):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+                raise ValueError(f"{where}:{lineno}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
             if lineno == 1:
                 line = line.removeprefix("\ufeff")
             line = line.strip()
@@ -363,31 +366,31 @@ def _read_prompts(path: str, chat: bool = False) -> list[dict]:
             try:
                 obj = json.loads(line, parse_constant=_refuse_json_constant)
             except ValueError as exc:   # json.JSONDecodeError, or NaN / Infinity (not JSON)
-                raise ValueError(f"{path}:{lineno}: not JSON ({exc})") from None
+                raise ValueError(f"{where}:{lineno}: not JSON ({exc})") from None
             if isinstance(obj, str):
                 obj = {"prompt": obj}
             if not isinstance(obj, dict) or not ("prompt" in obj or "messages" in obj):
-                raise ValueError(f'{path}:{lineno}: expected a JSON string or an object with "prompt" or "messages"')
+                raise ValueError(f'{where}:{lineno}: expected a JSON string or an object with "prompt" or "messages"')
             if "prompt" in obj and "messages" in obj:   # one would be dropped without a word
-                raise ValueError(f'{path}:{lineno}: a line takes "prompt" or "messages", not both')
+                raise ValueError(f'{where}:{lineno}: a line takes "prompt" or "messages", not both')
             unknown = sorted(set(obj) - {"prompt", "messages", "id"} - set(sampling_fields) - set(_LINE_OBJECTS))
             if unknown:   # a misspelt field ("temprature") would otherwise be dropped without a word
-                raise ValueError(f"{path}:{lineno}: unknown key {unknown[0]!r}; a line takes \"prompt\" or "
+                raise ValueError(f"{where}:{lineno}: unknown key {unknown[0]!r}; a line takes \"prompt\" or "
                                  f"\"messages\", \"id\" and SamplingParams fields: "
                                  f"{', '.join(sampling_fields + list(_LINE_OBJECTS))}")
             problem = _line_object_problem(obj)
             if problem:
-                raise ValueError(f"{path}:{lineno}: {problem}")
+                raise ValueError(f"{where}:{lineno}: {problem}")
             if "messages" in obj:
                 try:
                     check_messages(obj["messages"])
                 except ValueError as exc:
-                    raise ValueError(f"{path}:{lineno}: {exc}") from None
+                    raise ValueError(f"{where}:{lineno}: {exc}") from None
             elif chat and not isinstance(obj["prompt"], str):
-                raise ValueError(f"{path}:{lineno}: with --chat, \"prompt\" must be a string (the user message), "
+                raise ValueError(f"{where}:{lineno}: with --chat, \"prompt\" must be a string (the user message), "
                                  f"got {type(obj['prompt']).__name__}")
             elif not _is_prompt(obj["prompt"]):   # a bare number would be read as one token id
-                raise ValueError(f"{path}:{lineno}: \"prompt\" must be a string or a list of token ids (ints), "
+                raise ValueError(f"{where}:{lineno}: \"prompt\" must be a string or a list of token ids (ints), "
                                  f"got {json.dumps(obj['prompt'])[:60]}")
             items.append(obj)
     return items

@@ -103,10 +103,21 @@ def test_a_prompt_that_fills_the_context_says_what_sets_the_context(tiny_checkpo
     max_model_len the user never gave, set the context's length."""
     llm = LLM(tiny_checkpoint, num_kv_blocks=4, block_size=16)
     out = llm.generate([list(range(5, 75))], GREEDY)[0]
-    assert "the context holds 64 (what the KV cache holds: num_kv_blocks x block_size)" in out.error, out.error
+    assert "the context holds 64 (what the KV cache holds: 4 blocks of 16 tokens, sized by num_kv_blocks)" in out.error, out.error
     llm = LLM(tiny_checkpoint, max_model_len=32)
     out = llm.generate([list(range(5, 45))], GREEDY)[0]
     assert "prompt has 40 tokens but the context holds 32 (max_model_len)" in out.error, out.error
+    llm = LLM(tiny_checkpoint, kv_cache_memory=3 * _block_bytes(llm),
+              max_num_seqs=1, block_size=16)
+    out = llm.generate([list(range(5, 75))], GREEDY)[0]
+    assert "the context holds 48 (what the KV cache holds: 3 blocks of 16 tokens, sized by kv_cache_memory)" \
+        in out.error, out.error
+
+
+def _block_bytes(llm) -> int:
+    """Bytes of one KV block of 16 tokens of `llm`'s model in its dtype."""
+    mc = llm.engine.model_config
+    return mc.num_layers * 2 * 16 * mc.num_kv_heads * mc.head_dim * 4
 
 
 def test_a_batch_line_with_n_samples_gives_each_samples_tokens_and_finish_reason(tiny_checkpoint, tmp_path):  # noqa: F811
@@ -151,3 +162,13 @@ def test_prompts_file_from_standard_input_and_with_a_byte_order_mark(tiny_checkp
     src.write_bytes(b"\xef\xbb\xbf" + lines.encode())
     r2 = subprocess.run(base + ["--prompts-file", str(src)], capture_output=True)
     assert r2.returncode == 0 and r2.stdout == r.stdout, r2.stderr.decode()
+
+
+def test_prompts_file_from_a_closed_standard_input_is_an_error():
+    """`--prompts-file -` with standard input closed (`<&-`) raised AttributeError (a traceback)."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "specops.cli", "generate", "--prompts-file", "-", "--model",
+                        "/nonexistent"], stdin=None, capture_output=True, text=True,
+                       preexec_fn=lambda: __import__("os").close(0))
+    assert r.returncode == 2 and r.stderr.strip() == "error: --prompts-file -: standard input is closed", r.stderr
