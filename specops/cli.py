@@ -77,7 +77,6 @@ def _probability(text: str) -> float:
     return value
 
 
-# How each SamplingParams field is read from the command line (annotation -> argparse settings).
 class _MergeDicts(argparse.Action):
     """A repeated dict option merges its objects (a later key wins), as the list options
     append: the last one alone used to stand, dropping the earlier ones unsaid."""
@@ -88,6 +87,7 @@ class _MergeDicts(argparse.Action):
         setattr(namespace, self.dest, merged)
 
 
+# How each SamplingParams field is read from the command line (annotation -> argparse settings).
 _KINDS = {
     "int": dict(type=int),
     "int | None": dict(type=int),
