@@ -202,7 +202,7 @@ def test_bad_requests_fail_alone(tiny_checkpoint):  # noqa: F811
     bad = [
         ("", GREEDY, "prompt is empty"),
         ([], GREEDY, "prompt is empty"),
-        (list(range(3, 70)), GREEDY, "max_model_len=64"),
+        (list(range(3, 70)), GREEDY, "the context holds 64 (max_model_len)"),
         ([5, 9999], GREEDY, "token ids must be in"),
         (3.5, GREEDY, "prompt must be a string"),
         ([5, True], GREEDY, "token ids must be ints, got bool at index 1"),
